@@ -1,0 +1,2 @@
+//! Demonstration of what the framework has so far.
+fn main() {}
