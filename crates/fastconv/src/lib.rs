@@ -5,3 +5,15 @@
 //! N-dimensional tile, and the products of the transformed domain run as batched GEMMs.
 //!
 //! Layering: `core-blas` ← `conv-ops` ← **`fastconv`** ← `nn` ← `dist`.
+//!
+//! Modules:
+//! - [`rational`]: exact rationals, interpolation [`Point`]s, polynomials over ℚ.
+//! - [`synthesis`]: [`WinogradTransform::synthesize`] (Cook-Toom / CRT) and its exact self-proof.
+
+pub mod error;
+pub mod rational;
+pub mod synthesis;
+
+pub use error::{FastconvError, Result};
+pub use rational::Point;
+pub use synthesis::{DenseMatrix, WinogradTransform};
