@@ -2,9 +2,9 @@
 //!
 //! Layouts are PyTorch's (row-major): input `x` is N×C×(D×)H×W, weights `w` are
 //! K×(C/G)×(T×)R×S, output `y` is N×K×(Do×)Ho×Wo. A geometry has 1, 2 or 3 spatial
-//! dimensions; per-dimension quantities are stored in arrays of [`MAX_RANK`] entries whose unused
-//! trailing entries are neutral (size 1, stride 1, dilation 1, padding 0), so kernels can always
-//! loop over three dimensions.
+//! dimensions; per-dimension quantities are stored right-aligned in arrays of [`MAX_RANK`] entries
+//! whose unused leading entries are neutral (size 1, stride 1, dilation 1, padding 0), so kernels
+//! can always loop over three dimensions and the contiguous (innermost) one is always index 2.
 
 use crate::error::{ConvError, Result};
 
@@ -48,9 +48,10 @@ fn per_dim(
     neutral: usize,
 ) -> Result<[usize; MAX_RANK]> {
     let mut out = [neutral; MAX_RANK];
+    let lead = MAX_RANK - rank;
     match values.len() {
-        1 => out[..rank].fill(values[0]),
-        n if n == rank => out[..rank].copy_from_slice(values),
+        1 => out[lead..].fill(values[0]),
+        n if n == rank => out[lead..].copy_from_slice(values),
         n => {
             return Err(ConvError::FieldRank {
                 field,
@@ -153,7 +154,7 @@ impl ConvGeometry {
                 });
             }
         }
-        for d in 0..self.rank {
+        for d in MAX_RANK - self.rank..MAX_RANK {
             for (field, v) in [
                 ("input", self.input[d]),
                 ("kernel", self.kernel[d]),
@@ -161,7 +162,10 @@ impl ConvGeometry {
                 ("dilation", self.dilation[d]),
             ] {
                 if v == 0 {
-                    return Err(ConvError::Zero { field, dim: d });
+                    return Err(ConvError::Zero {
+                        field,
+                        dim: d + self.rank - MAX_RANK,
+                    });
                 }
             }
             let extent = self.dilation[d]
@@ -174,7 +178,7 @@ impl ConvGeometry {
                 .ok_or(ConvError::Overflow { field: "padding" })?;
             if extent > padded {
                 return Err(ConvError::KernelTooLarge {
-                    dim: d,
+                    dim: d + self.rank - MAX_RANK,
                     extent,
                     padded,
                     input: self.input[d],
@@ -243,34 +247,34 @@ impl ConvGeometry {
     }
     /// Input spatial size.
     pub fn input(&self) -> &[usize] {
-        &self.input[..self.rank]
+        &self.input[MAX_RANK - self.rank..]
     }
     /// Kernel spatial size.
     pub fn kernel(&self) -> &[usize] {
-        &self.kernel[..self.rank]
+        &self.kernel[MAX_RANK - self.rank..]
     }
     /// Stride per dimension.
     pub fn stride(&self) -> &[usize] {
-        &self.stride[..self.rank]
+        &self.stride[MAX_RANK - self.rank..]
     }
     /// Dilation per dimension.
     pub fn dilation(&self) -> &[usize] {
-        &self.dilation[..self.rank]
+        &self.dilation[MAX_RANK - self.rank..]
     }
     /// Zero padding before each dimension.
     pub fn pad_before(&self) -> &[usize] {
-        &self.pad_before[..self.rank]
+        &self.pad_before[MAX_RANK - self.rank..]
     }
     /// Zero padding after each dimension.
     pub fn pad_after(&self) -> &[usize] {
-        &self.pad_after[..self.rank]
+        &self.pad_after[MAX_RANK - self.rank..]
     }
     /// Output spatial size.
     pub fn output(&self) -> &[usize] {
-        &self.output[..self.rank]
+        &self.output[MAX_RANK - self.rank..]
     }
 
-    /// The per-dimension arrays padded to three dimensions with neutral values, in the order
+    /// The per-dimension arrays right-aligned in three dimensions with neutral leading values, in the order
     /// (input, kernel, stride, dilation, pad_before, output): what the kernels loop over.
     pub fn dims3(&self) -> Dims3 {
         Dims3 {
@@ -344,7 +348,7 @@ impl ConvGeometry {
     }
 }
 
-/// Per-dimension quantities padded to three dimensions (see [`ConvGeometry::dims3`]).
+/// Per-dimension quantities right-aligned in three dimensions (see [`ConvGeometry::dims3`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dims3 {
     /// Input size.
