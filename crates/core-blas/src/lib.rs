@@ -1,8 +1,149 @@
 //! # core-blas: the GEMM everything fast stands on
 //!
 //! A BLIS-style single-precision matrix multiply: the five loops (jc, pc, ic, jr, ir), packing into
-//! reusable aligned buffers, register-blocked micro-kernels per instruction set selected once at run
-//! time, and rayon threads over the jc and ic loops.
+//! reusable 64-byte aligned buffers, register-blocked micro-kernels per instruction set selected
+//! once at run time, and rayon threads over the jc and ic loops.
 //!
 //! Layering: `core-blas` is the bottom crate. It knows matrices, nothing of convolution; its packing
 //! and store steps are the extension points that `conv-ops` and `fastconv` plug into.
+//!
+//! ## Entry points
+//! - [`sgemm`]: the cblas row-major contract, `C := alpha · op(A) · op(B) + beta · C`.
+//! - [`gemm`]: the same on strided views ([`MatRef`], [`MatMut`]: any row and column stride).
+//! - [`gemm_with`]: A and B from any [`PackA`] / [`PackB`] source, C through any [`Store`].
+//! - [`sgemm_batched`], [`Gemm::gemm_batched_with`]: many independent products of one shape
+//!   (Winograd's α^N products) under one parallel schedule.
+//! - [`isa`]: the kernel in use; [`Gemm`] builds a context for a chosen family ([`Isa`]) or block
+//!   sizes ([`BlockSizes`]); [`peak::fma_peak_gflops`] measures the FMA roofline.
+//!
+//! ## Kernel families
+//! `scalar` (portable, every target; it serves aarch64: no NEON family is built because no aarch64
+//! target could be installed to test one), `avx2` (AVX2 + FMA) and `avx512` (AVX-512F). The best
+//! available is chosen once; `CORE_BLAS_ISA=scalar|avx2|avx512|neon` forces one and every entry
+//! point returns [`Error::IsaUnavailable`] if the CPU lacks it. Kernels are named
+//! `{family}-f32-{MR}x{NR}`. All variables are listed in [`mod@isa`]'s documentation.
+//!
+//! ## Extension-point contract
+//! - **B source** ([`PackB`]): asked to pack the `kc × nc` block at `(pc, jc)` into `NR`-wide
+//!   micro-panels (row `p` of a panel = `NR` consecutive values of row `pc + p`, zero-padded). This is
+//!   where convgemm reads im2col(x) straight from a tensor. **A source** ([`PackA`]): the same for
+//!   `mc × kc` blocks at `(ic, pc)` in `MR`-tall micro-panels. Layouts: [`mod@pack`].
+//! - **Store** ([`Store`]): receives each `MR × NR` micro-tile of the product with its `(i, j)`
+//!   coordinates and k-pass flags ([`Tile`]); it may scatter through an index map (col2im for
+//!   deconvgemm), add a bias, apply ReLU. [`DenseStore`] (alpha/beta, [`Bias`], ReLU) is the
+//!   default and writes from registers straight into C. Concurrency and k-pass rules: [`mod@store`].
+//! - Sources and stores are generic parameters: the driver is monomorphized per kernel family and
+//!   per source/store type, so the dense defaults cost nothing for being generic.
+//!
+//! ## Threads
+//! rayon's current pool (`RAYON_NUM_THREADS`). Products below about 2·10⁶ multiply-adds, and every
+//! product in a 1-thread pool, run on the calling thread without any rayon dispatch.
+//!
+//! ## Example
+//! ```
+//! use core_blas::{Bias, DenseStore, MatMut, MatRef};
+//!
+//! // C (2×2) = A (2×3) · B (3×2), row-major.
+//! let a = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+//! let b = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0];
+//! let mut c = [f32::NAN; 4]; // beta = 0 never reads C
+//! core_blas::sgemm(false, false, 2, 2, 3, 1.0, &a, 3, &b, 2, 0.0, &mut c, 2)?;
+//! assert_eq!(c, [4.0, 5.0, 10.0, 11.0]);
+//!
+//! // The same through the generic entry point, with a per-row bias and ReLU fused into the store.
+//! let bias = [-10.0, 0.0];
+//! let mut c2 = [0.0; 4];
+//! let mut store = DenseStore::new(MatMut::row_major("c", &mut c2, 2, 2, 2)?, 1.0, 0.0)
+//!     .with_bias(Bias::PerRow(&bias))?
+//!     .with_relu();
+//! let a = MatRef::row_major("a", &a, 2, 3, 3)?;
+//! let b = MatRef::row_major("b", &b, 3, 2, 2)?;
+//! core_blas::gemm_with(&a, &b, &mut store)?;
+//! assert_eq!(c2, [0.0, 0.0, 10.0, 11.0]);
+//! println!("kernel: {}", core_blas::isa()?);
+//! # Ok::<(), core_blas::Error>(())
+//! ```
+
+mod blocking;
+mod driver;
+mod error;
+mod gemm;
+pub mod isa;
+mod kernel;
+pub mod pack;
+pub mod peak;
+pub mod store;
+mod view;
+
+pub use blocking::{BlockSizes, CacheSizes};
+pub use error::Error;
+pub use gemm::Gemm;
+pub use isa::{Isa, isa};
+pub use pack::{PackA, PackB};
+pub use store::{Bias, DenseStore, Store, Tile};
+pub use view::{MatMut, MatRef};
+
+/// cblas row-major `sgemm` with the process-wide kernel: `C := alpha · op(A) · op(B) + beta · C`,
+/// `op(A)` `m × k`, `op(B)` `k × n`. See [`Gemm::sgemm`].
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm(
+    transa: bool,
+    transb: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    beta: f32,
+    c: &mut [f32],
+    ldc: usize,
+) -> Result<(), Error> {
+    Gemm::global()?.sgemm(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+}
+
+/// `C := alpha · A · B + beta · C` on strided views with the process-wide kernel. See [`Gemm::gemm`].
+pub fn gemm(
+    alpha: f32,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    beta: f32,
+    c: MatMut<'_>,
+) -> Result<(), Error> {
+    Gemm::global()?.gemm(alpha, a, b, beta, c)
+}
+
+/// The generic product through the extension points with the process-wide kernel. See
+/// [`Gemm::gemm_with`].
+pub fn gemm_with<A: PackA, B: PackB, S: Store>(a: &A, b: &B, store: &mut S) -> Result<(), Error> {
+    Gemm::global()?.gemm_with(a, b, store)
+}
+
+/// Strided batched `sgemm` with the process-wide kernel. See [`Gemm::sgemm_batched`].
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_batched(
+    transa: bool,
+    transb: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &[f32],
+    lda: usize,
+    stride_a: usize,
+    b: &[f32],
+    ldb: usize,
+    stride_b: usize,
+    beta: f32,
+    c: &mut [f32],
+    ldc: usize,
+    stride_c: usize,
+    batch: usize,
+) -> Result<(), Error> {
+    Gemm::global()?.sgemm_batched(
+        transa, transb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c,
+        batch,
+    )
+}

@@ -1,0 +1,258 @@
+//! The five-loop driver (BLIS `frame/3/gemm`): jc over n by NC, pc over k by KC (pack B into Bc),
+//! ic over m by MC (pack A into Ac), then the macro-kernel: jr over NR micro-panels of Bc, ir over
+//! MR micro-panels of Ac, one micro-kernel call per `MR × NR` tile.
+//!
+//! Threads (rayon) split C into a `tm × tn` grid of row (ic) and column (jc) ranges, cut at MR / NR
+//! multiples; each thread runs the five loops on its range with its own thread-local, reused
+//! packing buffers. The grid minimises redundant packing (`tm − 1` extra packings of B, `tn − 1`
+//! of A). Small products and 1-thread pools run on the calling thread without touching rayon.
+
+use rayon::prelude::*;
+
+use crate::BlockSizes;
+use crate::kernel::Kernel;
+use crate::pack::{PackA, PackB, Workspace, with_workspace};
+use crate::store::{DirectRaw, Store, Tile};
+
+/// Below this many multiply-adds (`m · n · k`) a product stays on one thread.
+pub(crate) const PAR_MIN_MNK: usize = 1 << 21;
+/// Each thread should get at least this many multiply-adds.
+const PAR_MIN_MNK_PER_THREAD: usize = 1 << 20;
+
+/// Largest register tile (`MR · NR`) of any family: the size of the tile buffer for custom stores.
+const MAX_TILE: usize = 1024;
+
+/// Where tiles go: straight into a dense C, or through a store.
+struct Sink<'s, S> {
+    direct: Option<DirectRaw>,
+    store: &'s S,
+}
+
+/// How many threads a product of this size should use, given a pool of `pool` threads.
+pub(crate) fn plan_threads(m: usize, n: usize, k: usize, pool: usize) -> usize {
+    let mnk = m.saturating_mul(n).saturating_mul(k.max(1));
+    if pool <= 1 || mnk < PAR_MIN_MNK {
+        return 1;
+    }
+    pool.min(mnk / PAR_MIN_MNK_PER_THREAD).max(1)
+}
+
+/// Split `nt` threads into `tm × tn` with the least redundant packing that leaves every thread
+/// at least one micro-tile row and column.
+fn grid(nt: usize, m: usize, n: usize, mr: usize, nr: usize) -> (usize, usize) {
+    let (um, un) = (m.div_ceil(mr), n.div_ceil(nr));
+    let mut best = (1, 1, usize::MAX);
+    for tm in 1..=nt {
+        if !nt.is_multiple_of(tm) {
+            continue;
+        }
+        let tn = nt / tm;
+        if tm > um || tn > un {
+            continue;
+        }
+        let cost = (tm - 1) * n + (tn - 1) * m;
+        if cost < best.2 {
+            best = (tm, tn, cost);
+        }
+    }
+    (best.0, best.1)
+}
+
+/// `[start, end)` of part `t` of `parts` over `len` elements, cut at multiples of `unit`.
+fn part(len: usize, unit: usize, parts: usize, t: usize) -> (usize, usize) {
+    let units = len.div_ceil(unit);
+    let lo = (t * units / parts * unit).min(len);
+    let hi = ((t + 1) * units / parts * unit).min(len);
+    (lo, hi)
+}
+
+/// Run the product `C = A · B` (with whatever the store combines) on at most `max_threads`
+/// threads. `bs` must be valid; `a`, `b`, `store` must agree on shapes (checked by the caller).
+pub(crate) fn gemm<K: Kernel, A: PackA, B: PackB, S: Store>(
+    kern: K,
+    bs: BlockSizes,
+    a: &A,
+    b: &B,
+    store: &mut S,
+    max_threads: usize,
+) {
+    let (m, k, n) = (a.rows(), a.cols(), b.cols());
+    debug_assert_eq!(b.rows(), k);
+    debug_assert_eq!((store.rows(), store.cols()), (m, n));
+    if m == 0 || n == 0 {
+        return;
+    }
+    let concurrent = store.concurrent();
+    let bs = if store.whole_k() {
+        BlockSizes { kc: k.max(1), ..bs }
+    } else {
+        bs
+    };
+    let direct = store.direct().map(|d| d.raw);
+    let sink = Sink {
+        direct,
+        store: &*store,
+    };
+
+    let nt = if concurrent
+        && max_threads > 1
+        && m.saturating_mul(n).saturating_mul(k.max(1)) >= PAR_MIN_MNK
+    {
+        plan_threads(m, n, k, max_threads.min(rayon::current_num_threads()))
+    } else {
+        1
+    };
+    let (tm, tn) = grid(nt, m, n, K::MR, K::NR);
+    if tm * tn <= 1 {
+        with_workspace(|ws| serial(kern, bs, (0, m), (0, n), k, a, b, &sink, ws));
+        return;
+    }
+    (0..tm * tn).into_par_iter().for_each(|t| {
+        let rows = part(m, K::MR, tm, t / tn);
+        let cols = part(n, K::NR, tn, t % tn);
+        if rows.0 < rows.1 && cols.0 < cols.1 {
+            with_workspace(|ws| serial(kern, bs, rows, cols, k, a, b, &sink, ws));
+        }
+    });
+}
+
+/// The five loops over the rows `rows` and columns `cols` of C, on the current thread.
+#[allow(clippy::too_many_arguments)]
+fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
+    kern: K,
+    bs: BlockSizes,
+    rows: (usize, usize),
+    cols: (usize, usize),
+    k: usize,
+    a: &A,
+    b: &B,
+    sink: &Sink<'_, S>,
+    ws: &mut Workspace,
+) {
+    let (mr, nr) = (K::MR, K::NR);
+    let mc_max = bs.mc.div_ceil(mr) * mr;
+    let nc_max = bs.nc.div_ceil(nr) * nr;
+    let kc_max = bs.kc.min(k).max(1);
+    let b_len = nc_max.min((cols.1 - cols.0).div_ceil(nr) * nr) * kc_max;
+    let a_len = mc_max.min((rows.1 - rows.0).div_ceil(mr) * mr) * kc_max;
+    let bc = ws.b.get(b_len);
+    let ac = ws.a.get(a_len);
+
+    let mut jc = cols.0;
+    while jc < cols.1 {
+        let nc = nc_max.min(cols.1 - jc);
+        let mut pc = 0;
+        loop {
+            let kc = kc_max.min(k - pc);
+            let (first, last) = (pc == 0, pc + kc >= k);
+            b.pack_b(pc, kc, jc, nc, nr, bc);
+            let mut ic = rows.0;
+            while ic < rows.1 {
+                let mc = mc_max.min(rows.1 - ic);
+                a.pack_a(ic, mc, pc, kc, mr, ac);
+                macro_kernel(kern, (ic, jc), (mc, nc, kc), ac, bc, first, last, sink);
+                ic += mc;
+            }
+            pc += kc;
+            if pc >= k {
+                break;
+            }
+        }
+        jc += nc;
+    }
+}
+
+/// Loops jr and ir over the packed blocks `ac` (`mc × kc`) and `bc` (`kc × nc`) for the block of C
+/// at `(ic, jc)`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn macro_kernel<K: Kernel, S: Store>(
+    kern: K,
+    (ic, jc): (usize, usize),
+    (mc, nc, kc): (usize, usize, usize),
+    ac: &[f32],
+    bc: &[f32],
+    first: bool,
+    last: bool,
+    sink: &Sink<'_, S>,
+) {
+    let (mr, nr) = (K::MR, K::NR);
+    debug_assert!(ac.len() >= mc.div_ceil(mr) * mr * kc);
+    debug_assert!(bc.len() >= nc.div_ceil(nr) * nr * kc);
+    let mut tile = [0.0f32; MAX_TILE];
+    debug_assert!(mr * nr <= MAX_TILE);
+    let mut jr = 0;
+    while jr < nc {
+        let n = nr.min(nc - jr);
+        let bp = bc[jr * kc..].as_ptr();
+        let mut ir = 0;
+        while ir < mc {
+            let m = mr.min(mc - ir);
+            let ap = ac[ir * kc..].as_ptr();
+            let (i, j) = (ic + ir, jc + jr);
+            match sink.direct {
+                Some(d) => {
+                    let beta = if first { d.beta } else { 1.0 };
+                    // SAFETY: `ap`/`bp` start micro-panels of `kc · MR` / `kc · NR` packed values
+                    // (buffer sizes asserted above); the `m × n` window at (i, j) lies inside C
+                    // (validated by the public entry point) and belongs to this thread's range.
+                    unsafe {
+                        let cp = d.ptr.add(i * d.rs + j * d.cs);
+                        kern.run(kc, d.alpha, ap, bp, beta, cp, d.rs, d.cs, m, n);
+                        if last && d.has_epilogue() {
+                            d.epilogue(i, j, m, n);
+                        }
+                    }
+                }
+                None => {
+                    // SAFETY: packed micro-panels as above; the tile buffer holds MR × NR values
+                    // with row stride NR; beta = 0 so it is not read.
+                    unsafe { kern.run(kc, 1.0, ap, bp, 0.0, tile.as_mut_ptr(), nr, 1, m, n) };
+                    let t = Tile {
+                        i,
+                        j,
+                        rows: m,
+                        cols: n,
+                        data: &tile[..],
+                        ld: nr,
+                        first,
+                        last,
+                    };
+                    sink.store.store_tile(&t);
+                }
+            }
+            ir += mr;
+        }
+        jr += nr;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_cover_exactly() {
+        for len in [0, 1, 7, 32, 33, 100, 1000] {
+            for parts in 1..5 {
+                let mut next = 0;
+                for t in 0..parts {
+                    let (lo, hi) = part(len, 8, parts, t);
+                    assert_eq!(lo, next.min(len));
+                    assert!(hi >= lo);
+                    assert!(lo % 8 == 0 || lo == len);
+                    next = hi;
+                }
+                assert_eq!(next, len);
+            }
+        }
+    }
+
+    #[test]
+    fn grid_prefers_the_long_side() {
+        assert_eq!(grid(2, 64, 50176, 8, 32), (1, 2));
+        assert_eq!(grid(2, 50176, 64, 8, 32), (2, 1));
+        assert_eq!(grid(2, 4, 50176, 8, 32), (1, 2));
+        assert_eq!(grid(4, 1000, 1000, 8, 32), (2, 2));
+    }
+}

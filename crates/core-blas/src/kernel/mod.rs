@@ -1,0 +1,187 @@
+//! Micro-kernels: the only code that knows an instruction set.
+//!
+//! A kernel family is a zero-sized type implementing [`Kernel`]; constructing it (`new`) returns
+//! `None` when the CPU lacks its features, so holding a value proves the ISA is present. All
+//! families share one `#[inline(always)]` body, [`ukr`], written against the tiny [`Simd`]
+//! vocabulary (load, broadcast, FMA, store) and wrapped per ISA in a `#[target_feature]` function,
+//! so the driver is monomorphized per kernel with no dynamic dispatch inside the loops.
+//!
+//! Micro-kernel contract (after BLIS `docs/KernelsHowTo.md`), for `m <= MR`, `n <= NR`:
+//! `C[0..m, 0..n] := alpha · Ap · Bp + beta · C[0..m, 0..n]`, where `Ap` is a packed micro-panel of
+//! `k` columns of `MR` values and `Bp` a packed micro-panel of `k` rows of `NR` values. `C` has
+//! arbitrary strides `rs_c`, `cs_c`. When `beta == 0`, `C` is never read, so NaN or
+//! uninitialised-looking garbage in the output cannot leak into the result.
+
+pub(crate) mod portable;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86;
+
+/// The SIMD vocabulary a micro-kernel body is written in. Implementations are thin wrappers around
+/// intrinsics; they are only sound to call inside a function compiled with the matching target
+/// features (the callers are `#[target_feature]` wrappers).
+pub(crate) trait Simd: Copy {
+    /// One vector register of `LANES` f32 values, laid out contiguously in memory.
+    type V: Copy;
+    /// Lanes per vector.
+    const LANES: usize;
+    /// All-zero vector.
+    unsafe fn zero() -> Self::V;
+    /// Every lane = `x`.
+    unsafe fn splat(x: f32) -> Self::V;
+    /// Unaligned load of `LANES` values.
+    unsafe fn load(p: *const f32) -> Self::V;
+    /// Broadcast of one value read from memory.
+    unsafe fn bcast(p: *const f32) -> Self::V;
+    /// `a * b + c`.
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// `a * b`.
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    /// Unaligned store of `LANES` values.
+    unsafe fn store(p: *mut f32, v: Self::V);
+    /// Hint that the cache line at `p` is needed soon (no-op by default).
+    #[inline(always)]
+    unsafe fn prefetch(_p: *const f32) {}
+}
+
+/// A micro-kernel family: register tile `MR × NR`, a name, and one unsafe entry point.
+pub(crate) trait Kernel: Copy + Send + Sync + 'static {
+    /// Rows of the register tile (the broadcast side, packed A micro-panels are `MR` wide).
+    const MR: usize;
+    /// Columns of the register tile (the vector side, packed B micro-panels are `NR` wide).
+    const NR: usize;
+    /// `{family}-f32-{MR}x{NR}`.
+    const NAME: &'static str;
+
+    /// The kernel if the running CPU supports it.
+    fn new() -> Option<Self>;
+
+    /// `C[0..m, 0..n] := alpha · Ap · Bp + beta · C`; `C` is not read when `beta == 0`.
+    ///
+    /// # Safety
+    /// `a` points to `k * MR` readable f32, `b` to `k * NR`; `m <= MR`, `n <= NR`; for every
+    /// `i < m, j < n`, `c + i * rs_c + j * cs_c` is valid for reads and writes and not accessed by
+    /// anyone else during the call.
+    unsafe fn run(
+        self,
+        k: usize,
+        alpha: f32,
+        a: *const f32,
+        b: *const f32,
+        beta: f32,
+        c: *mut f32,
+        rs_c: usize,
+        cs_c: usize,
+        m: usize,
+        n: usize,
+    );
+}
+
+/// The shared micro-kernel body: `MR` rows × `NV` vectors of `S::LANES` columns.
+///
+/// # Safety
+/// As [`Kernel::run`] with `NR = NV * S::LANES`, and the caller is compiled with `S`'s features.
+#[inline(always)]
+pub(crate) unsafe fn ukr<S: Simd, const MR: usize, const NV: usize>(
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    b: *const f32,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+    cs_c: usize,
+    m: usize,
+    n: usize,
+) {
+    let nr = NV * S::LANES;
+    debug_assert!(m <= MR && n <= nr);
+    // SAFETY: the caller guarantees the target features of `S`, `k * MR` values behind `a`,
+    // `k * nr` values behind `b`, and an exclusive `m × n` window of C at (rs_c, cs_c).
+    unsafe {
+        let mut acc = [[S::zero(); NV]; MR];
+        if cs_c == 1 {
+            for r in 0..m {
+                S::prefetch(c.add(r * rs_c));
+                S::prefetch(c.add(r * rs_c + n - 1));
+            }
+        }
+        let mut a = a;
+        let mut b = b;
+        let mut p = 0;
+        while p + 4 <= k {
+            step::<S, MR, NV>(&mut acc, a, b);
+            step::<S, MR, NV>(&mut acc, a.add(MR), b.add(nr));
+            step::<S, MR, NV>(&mut acc, a.add(2 * MR), b.add(2 * nr));
+            step::<S, MR, NV>(&mut acc, a.add(3 * MR), b.add(3 * nr));
+            S::prefetch(b.add(16 * nr));
+            a = a.add(4 * MR);
+            b = b.add(4 * nr);
+            p += 4;
+        }
+        while p < k {
+            step::<S, MR, NV>(&mut acc, a, b);
+            a = a.add(MR);
+            b = b.add(nr);
+            p += 1;
+        }
+
+        let va = S::splat(alpha);
+        if m == MR && n == nr && cs_c == 1 {
+            if beta == 0.0 {
+                for r in 0..MR {
+                    for v in 0..NV {
+                        S::store(c.add(r * rs_c + v * S::LANES), S::mul(acc[r][v], va));
+                    }
+                }
+            } else if beta == 1.0 {
+                for r in 0..MR {
+                    for v in 0..NV {
+                        let cp = c.add(r * rs_c + v * S::LANES);
+                        S::store(cp, S::fma(acc[r][v], va, S::load(cp)));
+                    }
+                }
+            } else {
+                let vb = S::splat(beta);
+                for r in 0..MR {
+                    for v in 0..NV {
+                        let cp = c.add(r * rs_c + v * S::LANES);
+                        S::store(cp, S::fma(acc[r][v], va, S::mul(S::load(cp), vb)));
+                    }
+                }
+            }
+        } else {
+            // Edge tile or non-unit column stride: spill the accumulators, then store element-wise.
+            let tile: [[S::V; NV]; MR] = acc;
+            let t = (&raw const tile).cast::<f32>();
+            for r in 0..m {
+                for j in 0..n {
+                    let x = alpha * *t.add(r * nr + j);
+                    let cp = c.add(r * rs_c + j * cs_c);
+                    *cp = if beta == 0.0 { x } else { x + beta * *cp };
+                }
+            }
+        }
+    }
+}
+
+/// One rank-1 update of the register tile.
+#[inline(always)]
+unsafe fn step<S: Simd, const MR: usize, const NV: usize>(
+    acc: &mut [[S::V; NV]; MR],
+    a: *const f32,
+    b: *const f32,
+) {
+    // SAFETY: `a` holds MR values and `b` holds NV * LANES values (caller's contract).
+    unsafe {
+        let mut bv = [S::zero(); NV];
+        for v in 0..NV {
+            bv[v] = S::load(b.add(v * S::LANES));
+        }
+        for r in 0..MR {
+            let av = S::bcast(a.add(r));
+            for v in 0..NV {
+                acc[r][v] = S::fma(av, bv[v], acc[r][v]);
+            }
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! x86_64 families: AVX2+FMA on 256-bit registers and AVX-512F on 512-bit registers.
+//!
+//! On Zen 4 both reach the same FMA peak (two 256-bit FMA pipes; AVX-512 is double-pumped), so the
+//! AVX-512 family wins only through its 32 registers (a larger register tile, fewer loads per FMA).
+
+use core::arch::x86_64::*;
+
+use super::{Kernel, Simd, ukr};
+
+/// 256-bit vectors (AVX + FMA).
+#[derive(Clone, Copy)]
+pub(crate) struct V256;
+
+impl Simd for V256 {
+    type V = __m256;
+    const LANES: usize = 8;
+    #[inline(always)]
+    unsafe fn zero() -> Self::V {
+        // SAFETY: only called from functions compiled with `avx`.
+        unsafe { _mm256_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self::V {
+        // SAFETY: as above.
+        unsafe { _mm256_set1_ps(x) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self::V {
+        // SAFETY: `avx` present; the caller guarantees 8 readable values.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn bcast(p: *const f32) -> Self::V {
+        // SAFETY: `avx` present; the caller guarantees one readable value.
+        unsafe { _mm256_broadcast_ss(&*p) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+        // SAFETY: only called from functions compiled with `fma`.
+        unsafe { _mm256_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
+        // SAFETY: `avx` present.
+        unsafe { _mm256_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: Self::V) {
+        // SAFETY: `avx` present; the caller guarantees 8 writable values.
+        unsafe { _mm256_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn prefetch(p: *const f32) {
+        // SAFETY: prefetch never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+    }
+}
+
+/// 512-bit vectors (AVX-512F).
+#[derive(Clone, Copy)]
+pub(crate) struct V512;
+
+impl Simd for V512 {
+    type V = __m512;
+    const LANES: usize = 16;
+    #[inline(always)]
+    unsafe fn zero() -> Self::V {
+        // SAFETY: only called from functions compiled with `avx512f`.
+        unsafe { _mm512_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self::V {
+        // SAFETY: as above.
+        unsafe { _mm512_set1_ps(x) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self::V {
+        // SAFETY: `avx512f` present; the caller guarantees 16 readable values.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn bcast(p: *const f32) -> Self::V {
+        // SAFETY: `avx512f` present; the caller guarantees one readable value.
+        unsafe { _mm512_set1_ps(*p) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+        // SAFETY: `avx512f` present.
+        unsafe { _mm512_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
+        // SAFETY: `avx512f` present.
+        unsafe { _mm512_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: Self::V) {
+        // SAFETY: `avx512f` present; the caller guarantees 16 writable values.
+        unsafe { _mm512_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn prefetch(p: *const f32) {
+        // SAFETY: prefetch never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+    }
+}
+
+/// AVX2 register tile: rows × vectors of 8.
+const AVX2_MR: usize = 6;
+const AVX2_NV: usize = 2;
+
+/// `avx2-f32-6x16`: 12 accumulators + 2 B vectors + 1 broadcast of the 16 ymm registers.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Avx2(());
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2_ukr(
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    b: *const f32,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+    cs_c: usize,
+    m: usize,
+    n: usize,
+) {
+    // SAFETY: compiled with avx2+fma; the memory contract is the caller's.
+    unsafe { ukr::<V256, AVX2_MR, AVX2_NV>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
+}
+
+impl Kernel for Avx2 {
+    const MR: usize = AVX2_MR;
+    const NR: usize = AVX2_NV * 8;
+    const NAME: &'static str = "avx2-f32-6x16";
+
+    fn new() -> Option<Self> {
+        (is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")).then_some(Self(()))
+    }
+
+    #[inline]
+    unsafe fn run(
+        self,
+        k: usize,
+        alpha: f32,
+        a: *const f32,
+        b: *const f32,
+        beta: f32,
+        c: *mut f32,
+        rs_c: usize,
+        cs_c: usize,
+        m: usize,
+        n: usize,
+    ) {
+        // SAFETY: holding `Avx2` proves avx2+fma (only `new` constructs it); memory per contract.
+        unsafe { avx2_ukr(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
+    }
+}
+
+/// AVX-512 register tile: rows × vectors of 16.
+const AVX512_MR: usize = 8;
+const AVX512_NV: usize = 2;
+
+/// `avx512-f32-8x32`: 16 accumulators in zmm registers, 2 B vectors, 1 broadcast.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Avx512(());
+
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn avx512_ukr(
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    b: *const f32,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+    cs_c: usize,
+    m: usize,
+    n: usize,
+) {
+    // SAFETY: compiled with avx512f; the memory contract is the caller's.
+    unsafe { ukr::<V512, AVX512_MR, AVX512_NV>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
+}
+
+impl Kernel for Avx512 {
+    const MR: usize = AVX512_MR;
+    const NR: usize = AVX512_NV * 16;
+    const NAME: &'static str = "avx512-f32-8x32";
+
+    fn new() -> Option<Self> {
+        (is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma"))
+        .then_some(Self(()))
+    }
+
+    #[inline]
+    unsafe fn run(
+        self,
+        k: usize,
+        alpha: f32,
+        a: *const f32,
+        b: *const f32,
+        beta: f32,
+        c: *mut f32,
+        rs_c: usize,
+        cs_c: usize,
+        m: usize,
+        n: usize,
+    ) {
+        // SAFETY: holding `Avx512` proves avx512f+avx2+fma; memory per contract.
+        unsafe { avx512_ukr(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
+    }
+}

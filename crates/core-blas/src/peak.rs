@@ -1,0 +1,111 @@
+//! Measured FMA peak: how many f32 flop/s the running CPU sustains with nothing but independent
+//! fused multiply-adds in registers, per kernel family, on 1 or n threads. Benchmarks quote GEMM
+//! rates as a fraction of this figure measured in the same run.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use crate::kernel::Simd;
+use crate::kernel::portable::Lanes8;
+#[cfg(target_arch = "x86_64")]
+use crate::kernel::x86::{V256, V512};
+use crate::{Error, Isa};
+
+/// `iters` rounds of `N` independent FMA chains; returns a value that depends on all of them.
+#[inline(always)]
+unsafe fn chains<S: Simd, const N: usize>(iters: u64, x: f32, y: f32) -> f32 {
+    // SAFETY: the caller is compiled with `S`'s target features; the only memory touched is the
+    // local array `out`, `S::LANES` values per vector.
+    unsafe {
+        let (a, b) = (S::splat(x), S::splat(y));
+        let mut acc = [S::splat(1.0); N];
+        for _ in 0..iters {
+            for v in acc.iter_mut() {
+                *v = S::fma(*v, a, b);
+            }
+        }
+        let mut out = [0.0f32; 16];
+        let mut sum = 0.0;
+        for v in acc {
+            S::store(out.as_mut_ptr(), v);
+            sum += out[0];
+        }
+        sum
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn chains_avx512(iters: u64, x: f32, y: f32) -> f32 {
+    // SAFETY: compiled with avx512f. 16 chains cover latency 4 × 2 pipes with room to spare.
+    unsafe { chains::<V512, 16>(iters, x, y) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn chains_avx2(iters: u64, x: f32, y: f32) -> f32 {
+    // SAFETY: compiled with avx2+fma; 12 chains + 2 constants fit the 16 ymm registers.
+    unsafe { chains::<V256, 12>(iters, x, y) }
+}
+
+/// Flops per iteration and the loop of a family.
+type PeakLoop = (u64, fn(u64) -> f32);
+
+fn loop_for(isa: Isa) -> Result<PeakLoop, Error> {
+    if !isa.is_available() {
+        return Err(Error::IsaUnavailable {
+            requested: isa.name(),
+            available: Isa::available()
+                .iter()
+                .map(|i| i.name())
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    }
+    Ok(match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: availability of avx512f checked above.
+        Isa::Avx512 => (16 * 16 * 2, |n| unsafe {
+            chains_avx512(n, black_box(0.999), black_box(1e-3))
+        }),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: availability of avx2+fma checked above.
+        Isa::Avx2 => (12 * 8 * 2, |n| unsafe {
+            chains_avx2(n, black_box(0.999), black_box(1e-3))
+        }),
+        // SAFETY: `Lanes8` needs no target feature.
+        _ => (8 * 8 * 2, |n| unsafe {
+            chains::<Lanes8, 8>(n, black_box(0.999), black_box(1e-3))
+        }),
+    })
+}
+
+/// Measured peak in GFLOP/s of `threads` threads each running FMA chains of family `isa` for about
+/// `duration` (best of several short trials). Threads are plain OS threads, started together.
+pub fn fma_peak_gflops(isa: Isa, threads: usize, duration: Duration) -> Result<f64, Error> {
+    let (flops_per_iter, f) = loop_for(isa)?;
+    let threads = threads.max(1);
+    // Calibrate the iteration count of one ~5 ms trial on this thread.
+    let mut iters = 1u64 << 12;
+    loop {
+        let t = Instant::now();
+        black_box(f(iters));
+        if t.elapsed() >= Duration::from_millis(5) || iters >= 1 << 40 {
+            break;
+        }
+        iters *= 2;
+    }
+    let start = Instant::now();
+    let mut best = 0.0f64;
+    while best == 0.0 || start.elapsed() < duration {
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| black_box(f(iters)));
+            }
+        });
+        let secs = t.elapsed().as_secs_f64();
+        best = best.max((flops_per_iter * iters * threads as u64) as f64 / secs / 1e9);
+    }
+    Ok(best)
+}
