@@ -86,3 +86,8 @@ pub enum ConvError {
 
 /// Result alias of `conv-ops`.
 pub type Result<T> = std::result::Result<T, ConvError>;
+
+/// Wraps an error of the GEMM underneath.
+pub(crate) fn gemm_err(e: core_blas::Error) -> ConvError {
+    ConvError::Gemm(e.to_string())
+}

@@ -201,7 +201,7 @@ impl ConvGeometry {
     fn x_len_checked(&self) -> Option<usize> {
         self.input
             .iter()
-            .try_fold(self.batch * 1, |a, &b| a.checked_mul(b))?
+            .try_fold(self.batch, |a, &b| a.checked_mul(b))?
             .checked_mul(self.in_channels)
     }
     fn w_len_checked(&self) -> Option<usize> {

@@ -17,11 +17,24 @@
 //! # Ok::<(), conv_ops::ConvError>(())
 //! ```
 
+mod algo;
+mod convgemm;
+mod convgemm_trans;
+mod deconvgemm;
 mod error;
 mod geometry;
 pub mod im2col;
+mod layout;
+mod ops;
 pub mod reference;
+mod reindex;
 pub mod testing;
 
+pub use algo::{
+    BackwardDataAlgo, BackwardFilterAlgo, ForwardAlgo, Pass, Preset, Workspace, workspace_bytes,
+};
+pub use convgemm::Im2colB;
+pub use convgemm_trans::Im2colTB;
 pub use error::{ConvError, Result};
 pub use geometry::{ConvGeometry, Dims3, MAX_RANK};
+pub use ops::{backward_data, backward_filter, bias_grad, forward};

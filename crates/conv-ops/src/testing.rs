@@ -33,7 +33,8 @@ impl Tolerance {
         let bound = self.abs + self.rel * scale;
         for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
             let err = (g as f64 - w as f64).abs();
-            if !(err <= bound) {
+            // NaN fails too: `err <= bound` is false for it.
+            if err.is_nan() || err > bound {
                 return Err(format!(
                     "{what}[{i}]: got {g}, want {w}, |error| {err:.3e} > bound {bound:.3e} \
                      (rel {:.1e} · max|want| {scale:.3e} + abs {:.1e})",

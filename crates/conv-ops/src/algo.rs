@@ -1,0 +1,230 @@
+//! Algorithm choices per pass, the presets of the convgemm paper's Table 2, and the workspace
+//! each choice needs.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::ConvError;
+use crate::geometry::ConvGeometry;
+
+/// How to compute the forward pass y = conv(x, w).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ForwardAlgo {
+    /// Explicit im2col(x) buffer, then GEMM (`base`).
+    Im2colGemm,
+    /// im2col fused into the packing of B: no buffer (convgemm).
+    Convgemm,
+}
+
+/// How to compute the data gradient dx.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BackwardDataAlgo {
+    /// GEMM Wᵀ·dY into an explicit buffer, then col2im (`base`, `rdx`, `cgt`).
+    GemmCol2im,
+    /// col2im fused into the store of C: no buffer (deconvgemm, `cgt+dg`).
+    Deconvgemm,
+}
+
+/// How to compute the weight gradient dw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BackwardFilterAlgo {
+    /// Explicit im2col(x) buffer, then dY·im2col(x)ᵀ (`base`).
+    Im2colGemmT,
+    /// The Reindex transform of x into an explicit buffer, then convgemm on it (`rdx`).
+    ReindexConvgemm,
+    /// im2col(x)ᵀ packed straight from x: no buffer (transposed convgemm, `cgt`).
+    ConvgemmTrans,
+}
+
+/// One of the three passes of a convolution layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Pass {
+    /// y = conv(x, w).
+    Forward(ForwardAlgo),
+    /// dx from dy and w.
+    BackwardData(BackwardDataAlgo),
+    /// dw from x and dy.
+    BackwardFilter(BackwardFilterAlgo),
+}
+
+/// The algorithm of every pass, plus whether workspaces persist across calls (`+pm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Preset {
+    /// Forward algorithm.
+    pub forward: ForwardAlgo,
+    /// Backward-data algorithm.
+    pub backward_data: BackwardDataAlgo,
+    /// Backward-filter algorithm.
+    pub backward_filter: BackwardFilterAlgo,
+    /// Keep workspaces allocated between calls (`+pm`): faster, more memory.
+    pub persistent: bool,
+}
+
+impl Preset {
+    /// `base`: explicit im2col / col2im everywhere.
+    pub const BASE: Preset = Preset {
+        forward: ForwardAlgo::Im2colGemm,
+        backward_data: BackwardDataAlgo::GemmCol2im,
+        backward_filter: BackwardFilterAlgo::Im2colGemmT,
+        persistent: false,
+    };
+    /// `rdx`: convgemm forward, Reindex + convgemm for dw, GEMM + col2im for dx.
+    pub const RDX: Preset = Preset {
+        forward: ForwardAlgo::Convgemm,
+        backward_data: BackwardDataAlgo::GemmCol2im,
+        backward_filter: BackwardFilterAlgo::ReindexConvgemm,
+        persistent: false,
+    };
+    /// `cgt`: convgemm forward, transposed convgemm for dw, GEMM + col2im for dx.
+    pub const CGT: Preset = Preset {
+        forward: ForwardAlgo::Convgemm,
+        backward_data: BackwardDataAlgo::GemmCol2im,
+        backward_filter: BackwardFilterAlgo::ConvgemmTrans,
+        persistent: false,
+    };
+    /// `cgt+dg`: no workspace that grows with the batch in any pass.
+    pub const CGT_DG: Preset = Preset {
+        forward: ForwardAlgo::Convgemm,
+        backward_data: BackwardDataAlgo::Deconvgemm,
+        backward_filter: BackwardFilterAlgo::ConvgemmTrans,
+        persistent: false,
+    };
+    /// The same preset with persistent workspaces (`+pm`).
+    pub const fn pm(self) -> Preset {
+        Preset {
+            persistent: true,
+            ..self
+        }
+    }
+    /// The three passes of this preset.
+    pub fn passes(&self) -> [Pass; 3] {
+        [
+            Pass::Forward(self.forward),
+            Pass::BackwardData(self.backward_data),
+            Pass::BackwardFilter(self.backward_filter),
+        ]
+    }
+}
+
+impl FromStr for Preset {
+    type Err = ConvError;
+    /// `base`, `rdx`, `cgt`, `cgt+dg`, each optionally followed by `+pm`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (name, pm) = match s.strip_suffix("+pm") {
+            Some(name) => (name, true),
+            None => (s, false),
+        };
+        let p = match name {
+            "base" => Preset::BASE,
+            "rdx" => Preset::RDX,
+            "cgt" => Preset::CGT,
+            "cgt+dg" => Preset::CGT_DG,
+            _ => {
+                return Err(ConvError::Unsupported {
+                    algo: "preset",
+                    reason: format!(
+                        "unknown preset `{s}` (expected base, rdx, cgt or cgt+dg, optionally +pm)"
+                    ),
+                });
+            }
+        };
+        Ok(if pm { p.pm() } else { p })
+    }
+}
+
+impl fmt::Display for Preset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match (self.forward, self.backward_data, self.backward_filter) {
+            (
+                ForwardAlgo::Im2colGemm,
+                BackwardDataAlgo::GemmCol2im,
+                BackwardFilterAlgo::Im2colGemmT,
+            ) => "base",
+            (
+                ForwardAlgo::Convgemm,
+                BackwardDataAlgo::GemmCol2im,
+                BackwardFilterAlgo::ReindexConvgemm,
+            ) => "rdx",
+            (
+                ForwardAlgo::Convgemm,
+                BackwardDataAlgo::GemmCol2im,
+                BackwardFilterAlgo::ConvgemmTrans,
+            ) => "cgt",
+            (
+                ForwardAlgo::Convgemm,
+                BackwardDataAlgo::Deconvgemm,
+                BackwardFilterAlgo::ConvgemmTrans,
+            ) => "cgt+dg",
+            _ => "custom",
+        };
+        write!(f, "{name}{}", if self.persistent { "+pm" } else { "" })
+    }
+}
+
+/// Bytes of workspace that `conv-ops` allocates for one pass beyond its inputs and outputs:
+/// the im2col / GEMM-result buffer of the `base` algorithms (one group at a time), the Reindex
+/// buffer of `rdx`, zero for the fused algorithms. Not counted: the GEMM's packing buffers
+/// (per thread, bounded by the cache blocking, independent of the batch) and the micro-tile
+/// the store receives.
+pub fn workspace_bytes(g: &ConvGeometry, pass: Pass) -> usize {
+    let (rows, cols) = crate::im2col::im2col_shape(g);
+    let buffer = rows * cols * size_of::<f32>();
+    match pass {
+        Pass::Forward(ForwardAlgo::Convgemm)
+        | Pass::BackwardData(BackwardDataAlgo::Deconvgemm)
+        | Pass::BackwardFilter(BackwardFilterAlgo::ConvgemmTrans) => 0,
+        Pass::Forward(ForwardAlgo::Im2colGemm)
+        | Pass::BackwardData(BackwardDataAlgo::GemmCol2im)
+        | Pass::BackwardFilter(BackwardFilterAlgo::Im2colGemmT)
+        | Pass::BackwardFilter(BackwardFilterAlgo::ReindexConvgemm) => buffer,
+    }
+}
+
+/// A workspace for the algorithms that need one. With `persistent` (`+pm`) the buffer is kept
+/// between calls (and grows to the largest request); otherwise it is freed after every call.
+#[derive(Debug, Default)]
+pub struct Workspace {
+    buf: Vec<f32>,
+    persistent: bool,
+    peak_bytes: usize,
+}
+
+impl Workspace {
+    /// An empty workspace; `persistent` keeps buffers across calls.
+    pub fn new(persistent: bool) -> Self {
+        Workspace {
+            buf: Vec::new(),
+            persistent,
+            peak_bytes: 0,
+        }
+    }
+    /// The workspace a preset asks for.
+    pub fn for_preset(p: &Preset) -> Self {
+        Self::new(p.persistent)
+    }
+    /// Bytes held right now.
+    pub fn allocated_bytes(&self) -> usize {
+        self.buf.capacity() * size_of::<f32>()
+    }
+    /// The most bytes ever held at once.
+    pub fn peak_bytes(&self) -> usize {
+        self.peak_bytes
+    }
+    /// A buffer of exactly `len` values (contents unspecified).
+    pub(crate) fn take(&mut self, len: usize) -> &mut [f32] {
+        if self.buf.len() < len {
+            self.buf.clear();
+            self.buf.shrink_to_fit();
+            self.buf.reserve_exact(len);
+            self.buf.resize(len, 0.0);
+        }
+        self.peak_bytes = self.peak_bytes.max(self.allocated_bytes());
+        &mut self.buf[..len]
+    }
+    /// End of a call: frees the buffer unless persistent.
+    pub(crate) fn release(&mut self) {
+        if !self.persistent {
+            self.buf = Vec::new();
+        }
+    }
+}

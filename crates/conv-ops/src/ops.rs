@@ -1,0 +1,183 @@
+//! The three passes of a convolution layer, each with its choice of algorithm.
+
+use core_blas::{DenseStore, MatMut, MatRef};
+use rayon::prelude::*;
+
+use crate::algo::{BackwardDataAlgo, BackwardFilterAlgo, ForwardAlgo, Workspace};
+use crate::convgemm::Im2colB;
+use crate::convgemm_trans::Im2colTB;
+use crate::error::{Result, gemm_err};
+use crate::geometry::ConvGeometry;
+use crate::im2col::{col2im_add, im2col, im2col_shape};
+use crate::layout::{ChannelMajor, ChannelMajorStore, Epilogue};
+
+/// The weights of group `grp` as a (K/G) × (C/G·R) row-major matrix.
+fn weights<'a>(g: &ConvGeometry, grp: usize, w: &'a [f32]) -> Result<MatRef<'a>> {
+    let (kg, cols) = (
+        g.out_channels_per_group(),
+        g.in_channels_per_group() * g.kernel_len(),
+    );
+    MatRef::row_major("w", &w[grp * kg * cols..][..kg * cols], kg, cols, cols).map_err(gemm_err)
+}
+
+/// dy (or y) of group `grp` as the (K/G) × (N·O) matrix of the GEMMs.
+fn out_channels<'a>(g: &ConvGeometry, grp: usize, dy: &'a [f32]) -> ChannelMajor<'a> {
+    let kg = g.out_channels_per_group();
+    ChannelMajor {
+        data: dy,
+        channels: g.out_channels(),
+        plane: g.output_spatial_len(),
+        c0: grp * kg,
+        rows: kg,
+        n0: 0,
+        batch: g.batch(),
+    }
+}
+
+/// y = conv(x, w) (+ bias[k]) (then ReLU when `relu`), by `algo`.
+///
+/// Layouts: x N×C×spatial, w K×(C/G)×kernel, y N×K×output spatial, bias K (see
+/// [`ConvGeometry`]). `ws` holds the buffer of the `base` algorithm.
+#[allow(clippy::too_many_arguments)]
+pub fn forward(
+    g: &ConvGeometry,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    relu: bool,
+    y: &mut [f32],
+    algo: ForwardAlgo,
+    ws: &mut Workspace,
+) -> Result<()> {
+    g.check_len("x", x.len(), g.x_len())?;
+    g.check_len("w", w.len(), g.w_len())?;
+    g.check_len("y", y.len(), g.y_len())?;
+    if let Some(b) = bias {
+        g.check_len("bias", b.len(), g.out_channels())?;
+    }
+    let (kg, olen) = (g.out_channels_per_group(), g.output_spatial_len());
+    let epi = Epilogue {
+        alpha: 1.0,
+        beta: 0.0,
+        bias,
+        relu,
+    };
+    let result = (|| {
+        for grp in 0..g.groups() {
+            let a = weights(g, grp, w)?;
+            let mut store = ChannelMajorStore::new(y, g.out_channels(), olen, grp * kg, kg, epi);
+            match algo {
+                ForwardAlgo::Convgemm => {
+                    core_blas::gemm_with(&a, &Im2colB::new(g, grp, x), &mut store)
+                }
+                ForwardAlgo::Im2colGemm => {
+                    let (rows, cols) = im2col_shape(g);
+                    let col = ws.take(rows * cols);
+                    im2col(g, grp, x, col)?;
+                    let b = MatRef::row_major("col", col, rows, cols, cols).map_err(gemm_err)?;
+                    core_blas::gemm_with(&a, &b, &mut store)
+                }
+            }
+            .map_err(gemm_err)?;
+        }
+        Ok(())
+    })();
+    ws.release();
+    result
+}
+
+/// dx = the gradient of ⟨conv(x, w), dy⟩ with respect to x, by `algo` (dx is overwritten).
+pub fn backward_data(
+    g: &ConvGeometry,
+    dy: &[f32],
+    w: &[f32],
+    dx: &mut [f32],
+    algo: BackwardDataAlgo,
+    ws: &mut Workspace,
+) -> Result<()> {
+    g.check_len("dy", dy.len(), g.y_len())?;
+    g.check_len("w", w.len(), g.w_len())?;
+    g.check_len("dx", dx.len(), g.x_len())?;
+    let result = match algo {
+        BackwardDataAlgo::Deconvgemm => crate::deconvgemm::backward_data(g, dy, w, dx),
+        BackwardDataAlgo::GemmCol2im => (|| {
+            dx.fill(0.0);
+            let (rows, cols) = im2col_shape(g);
+            let col = ws.take(rows * cols);
+            for grp in 0..g.groups() {
+                let a = weights(g, grp, w)?.t();
+                let c = MatMut::row_major("col", col, rows, cols, cols).map_err(gemm_err)?;
+                let mut store = DenseStore::new(c, 1.0, 0.0);
+                core_blas::gemm_with(&a, &out_channels(g, grp, dy), &mut store)
+                    .map_err(gemm_err)?;
+                col2im_add(g, grp, col, dx)?;
+            }
+            Ok(())
+        })(),
+    };
+    ws.release();
+    result
+}
+
+/// dw = the gradient of ⟨conv(x, w), dy⟩ with respect to w, by `algo` (dw is overwritten).
+pub fn backward_filter(
+    g: &ConvGeometry,
+    x: &[f32],
+    dy: &[f32],
+    dw: &mut [f32],
+    algo: BackwardFilterAlgo,
+    ws: &mut Workspace,
+) -> Result<()> {
+    g.check_len("x", x.len(), g.x_len())?;
+    g.check_len("dy", dy.len(), g.y_len())?;
+    g.check_len("dw", dw.len(), g.w_len())?;
+    let (kg, wcols) = (
+        g.out_channels_per_group(),
+        g.in_channels_per_group() * g.kernel_len(),
+    );
+    let result = (|| {
+        for grp in 0..g.groups() {
+            let a = out_channels(g, grp, dy);
+            let dwg = &mut dw[grp * kg * wcols..][..kg * wcols];
+            let c = MatMut::row_major("dw", dwg, kg, wcols, wcols).map_err(gemm_err)?;
+            let mut store = DenseStore::new(c, 1.0, 0.0);
+            match algo {
+                BackwardFilterAlgo::ConvgemmTrans => {
+                    core_blas::gemm_with(&a, &Im2colTB::new(g, grp, x), &mut store)
+                }
+                BackwardFilterAlgo::Im2colGemmT => {
+                    let (rows, cols) = im2col_shape(g);
+                    let col = ws.take(rows * cols);
+                    im2col(g, grp, x, col)?;
+                    let b = MatRef::row_major("col", col, rows, cols, cols).map_err(gemm_err)?;
+                    core_blas::gemm_with(&a, &b.t(), &mut store)
+                }
+                BackwardFilterAlgo::ReindexConvgemm => {
+                    let (gr, xr) = crate::reindex::reindex(g, grp, x, ws)?;
+                    core_blas::gemm_with(&a, &Im2colB::new(&gr, 0, xr), &mut store)
+                }
+            }
+            .map_err(gemm_err)?;
+        }
+        Ok(())
+    })();
+    ws.release();
+    result
+}
+
+/// db[k] = Σ over images and output positions of dy[n][k][..] (the bias gradient).
+pub fn bias_grad(g: &ConvGeometry, dy: &[f32], db: &mut [f32]) -> Result<()> {
+    g.check_len("dy", dy.len(), g.y_len())?;
+    g.check_len("db", db.len(), g.out_channels())?;
+    let (k, olen) = (g.out_channels(), g.output_spatial_len());
+    db.par_iter_mut().enumerate().for_each(|(ch, out)| {
+        // Pairwise-ish: sum each plane in f32 lanes, planes in f64.
+        let mut acc = 0f64;
+        for n in 0..g.batch() {
+            let plane = &dy[(n * k + ch) * olen..][..olen];
+            acc += plane.iter().sum::<f32>() as f64;
+        }
+        *out = acc as f32;
+    });
+    Ok(())
+}

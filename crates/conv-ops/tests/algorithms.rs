@@ -1,0 +1,205 @@
+//! Every algorithm of every pass against the naive reference on random geometries, the adjoint
+//! identities, and `workspace_bytes` against what the workspace really allocated.
+
+mod common;
+
+use conv_ops::testing::{Tolerance, dot, uniform};
+use conv_ops::{
+    BackwardDataAlgo, BackwardFilterAlgo, ConvGeometry, ForwardAlgo, Pass, Preset, Workspace,
+    backward_data, backward_filter, bias_grad, forward, reference, workspace_bytes,
+};
+use proptest::prelude::*;
+
+const FORWARD: [ForwardAlgo; 2] = [ForwardAlgo::Im2colGemm, ForwardAlgo::Convgemm];
+const BACKWARD_DATA: [BackwardDataAlgo; 2] =
+    [BackwardDataAlgo::GemmCol2im, BackwardDataAlgo::Deconvgemm];
+const BACKWARD_FILTER: [BackwardFilterAlgo; 3] = [
+    BackwardFilterAlgo::Im2colGemmT,
+    BackwardFilterAlgo::ReindexConvgemm,
+    BackwardFilterAlgo::ConvgemmTrans,
+];
+
+/// Sums of products of values in [−1, 1]: the error grows with the number of terms.
+fn tol(terms: usize) -> Tolerance {
+    Tolerance::for_f32_sum(terms)
+}
+
+fn check_all(g: &ConvGeometry, seed: u64) -> Result<(), String> {
+    let x = uniform(seed, g.x_len());
+    let w = uniform(seed ^ 0x11, g.w_len());
+    let dy = uniform(seed ^ 0x22, g.y_len());
+    let bias = uniform(seed ^ 0x33, g.out_channels());
+    let fwd_terms = g.in_channels_per_group() * g.kernel_len();
+    // Each dx element sums at most K/G · R products; each dw element N · O.
+    let bwd_data_terms = g.out_channels_per_group() * g.kernel_len();
+    let bwd_filter_terms = g.batch() * g.output_spatial_len();
+
+    let mut y_ref = vec![0f32; g.y_len()];
+    reference::forward(g, &x, &w, Some(&bias), &mut y_ref).unwrap();
+    let mut dx_ref = vec![0f32; g.x_len()];
+    reference::backward_data(g, &dy, &w, &mut dx_ref).unwrap();
+    let mut dw_ref = vec![0f32; g.w_len()];
+    reference::backward_filter(g, &x, &dy, &mut dw_ref).unwrap();
+
+    for algo in FORWARD {
+        let mut ws = Workspace::new(false);
+        let mut y = vec![f32::NAN; g.y_len()];
+        forward(g, &x, &w, Some(&bias), false, &mut y, algo, &mut ws).map_err(|e| e.to_string())?;
+        tol(fwd_terms).check(&format!("{algo:?} y"), &y, &y_ref)?;
+        check_workspace(g, Pass::Forward(algo), &ws)?;
+        // Fused ReLU equals ReLU of the result.
+        forward(g, &x, &w, Some(&bias), true, &mut y, algo, &mut ws).map_err(|e| e.to_string())?;
+        let relu_ref: Vec<f32> = y_ref.iter().map(|v| v.max(0.0)).collect();
+        tol(fwd_terms).check(&format!("{algo:?} relu(y)"), &y, &relu_ref)?;
+    }
+    for algo in BACKWARD_DATA {
+        let mut ws = Workspace::new(false);
+        let mut dx = vec![f32::NAN; g.x_len()];
+        backward_data(g, &dy, &w, &mut dx, algo, &mut ws).map_err(|e| e.to_string())?;
+        tol(bwd_data_terms).check(&format!("{algo:?} dx"), &dx, &dx_ref)?;
+        check_workspace(g, Pass::BackwardData(algo), &ws)?;
+    }
+    for algo in BACKWARD_FILTER {
+        let mut ws = Workspace::new(false);
+        let mut dw = vec![f32::NAN; g.w_len()];
+        backward_filter(g, &x, &dy, &mut dw, algo, &mut ws).map_err(|e| e.to_string())?;
+        tol(bwd_filter_terms).check(&format!("{algo:?} dw"), &dw, &dw_ref)?;
+        check_workspace(g, Pass::BackwardFilter(algo), &ws)?;
+    }
+    let mut db = vec![0f32; g.out_channels()];
+    let mut db_ref = vec![0f32; g.out_channels()];
+    bias_grad(g, &dy, &mut db).unwrap();
+    reference::bias_grad(g, &dy, &mut db_ref).unwrap();
+    tol(bwd_filter_terms).check("db", &db, &db_ref)?;
+    Ok(())
+}
+
+fn check_workspace(g: &ConvGeometry, pass: Pass, ws: &Workspace) -> Result<(), String> {
+    let want = workspace_bytes(g, pass);
+    if ws.peak_bytes() != want {
+        return Err(format!(
+            "{pass:?}: allocated {} bytes, workspace_bytes says {want}",
+            ws.peak_bytes()
+        ));
+    }
+    if ws.allocated_bytes() != 0 {
+        return Err(format!(
+            "{pass:?}: a non-persistent workspace kept {} bytes",
+            ws.allocated_bytes()
+        ));
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_algorithm_matches_the_reference(g in common::geometry(3), seed in any::<u64>()) {
+        check_all(&g, seed).map_err(|e| TestCaseError::fail(format!("{g:?}: {e}")))?;
+    }
+
+    /// ⟨conv(x, w), y⟩ = ⟨x, backward_data(y, w)⟩ = ⟨w, backward_filter(x, y)⟩ with the fused
+    /// (memory-lean) algorithms.
+    #[test]
+    fn adjoint_identities(g in common::geometry(3), seed in any::<u64>()) {
+        let x = uniform(seed, g.x_len());
+        let w = uniform(seed ^ 1, g.w_len());
+        let y = uniform(seed ^ 2, g.y_len());
+        let mut ws = Workspace::new(false);
+        let mut cx = vec![0f32; g.y_len()];
+        forward(&g, &x, &w, None, false, &mut cx, ForwardAlgo::Convgemm, &mut ws).unwrap();
+        let mut dx = vec![0f32; g.x_len()];
+        backward_data(&g, &y, &w, &mut dx, BackwardDataAlgo::Deconvgemm, &mut ws).unwrap();
+        let mut dw = vec![0f32; g.w_len()];
+        backward_filter(&g, &x, &y, &mut dw, BackwardFilterAlgo::ConvgemmTrans, &mut ws).unwrap();
+        let (a, b, c) = (dot(&cx, &y), dot(&x, &dx), dot(&w, &dw));
+        let scale = 1.0 + a.abs().max(b.abs()).max(c.abs());
+        prop_assert!((a - b).abs() <= 1e-4 * scale, "<conv(x,w),y> {a} vs <x,dx> {b}");
+        prop_assert!((a - c).abs() <= 1e-4 * scale, "<conv(x,w),y> {a} vs <w,dw> {c}");
+    }
+}
+
+/// Layers large enough to take the multi-threaded and multi-block paths of the GEMM (KC and
+/// NC splits, several rayon tasks in deconvgemm), including a 3-D one and a strided one.
+#[test]
+fn realistic_layers() {
+    let layers = [
+        ConvGeometry::new(2, 32, 48, &[15, 17], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+        ConvGeometry::new(3, 20, 24, &[13, 11], &[3, 3])
+            .unwrap()
+            .with_stride(&[2])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+        ConvGeometry::new(2, 8, 16, &[6, 7, 9], &[3, 3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+        ConvGeometry::new(1, 40, 40, &[9, 9], &[5, 5])
+            .unwrap()
+            .with_padding(&[2])
+            .unwrap()
+            .with_groups(4)
+            .unwrap(),
+        ConvGeometry::new(4, 300, 70, &[4, 4], &[1, 1]).unwrap(),
+    ];
+    for g in &layers {
+        check_all(g, 42).unwrap_or_else(|e| panic!("{g:?}: {e}"));
+    }
+}
+
+#[test]
+fn persistent_workspace_keeps_its_buffer() {
+    let g = ConvGeometry::new(2, 4, 4, &[8, 8], &[3, 3]).unwrap();
+    let p: Preset = "base+pm".parse().unwrap();
+    let mut ws = Workspace::for_preset(&p);
+    let (x, w) = (uniform(1, g.x_len()), uniform(2, g.w_len()));
+    let mut y = vec![0f32; g.y_len()];
+    forward(&g, &x, &w, None, false, &mut y, p.forward, &mut ws).unwrap();
+    assert_eq!(
+        ws.allocated_bytes(),
+        workspace_bytes(&g, Pass::Forward(p.forward))
+    );
+    assert_eq!(workspace_bytes(&g, Pass::Forward(ForwardAlgo::Convgemm)), 0);
+}
+
+#[test]
+fn presets_parse_and_print() {
+    for name in ["base", "rdx", "cgt", "cgt+dg", "base+pm", "cgt+dg+pm"] {
+        let p: Preset = name.parse().unwrap();
+        assert_eq!(p.to_string(), name);
+    }
+    assert!("fast".parse::<Preset>().is_err());
+}
+
+#[test]
+fn bad_buffers_are_named() {
+    let g = ConvGeometry::new(1, 2, 2, &[5, 5], &[3, 3]).unwrap();
+    let mut ws = Workspace::new(false);
+    let err = forward(
+        &g,
+        &[0.0; 50],
+        &[0.0; 35],
+        None,
+        false,
+        &mut [0.0; 18],
+        ForwardAlgo::Convgemm,
+        &mut ws,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("`w`"), "{err}");
+    let err = backward_filter(
+        &g,
+        &[0.0; 50],
+        &[0.0; 17],
+        &mut [0.0; 36],
+        BackwardFilterAlgo::ConvgemmTrans,
+        &mut ws,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("`dy`"), "{err}");
+}
