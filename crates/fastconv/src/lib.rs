@@ -9,11 +9,17 @@
 //! Modules:
 //! - [`rational`]: exact rationals, interpolation [`Point`]s, polynomials over ℚ.
 //! - [`synthesis`]: [`WinogradTransform::synthesize`] (Cook-Toom / CRT) and its exact self-proof.
+//! - [`ntransform`]: sparse mode-n products and the N-d tile transforms ([`TileTransforms`]).
+//! - [`accuracy`]: f32 error of a transform against an f64 direct correlation.
 
+pub mod accuracy;
 pub mod error;
+pub mod ntransform;
 pub mod rational;
 pub mod synthesis;
 
+pub use accuracy::{ErrorStats, correlate_nd_f64, measure_error};
 pub use error::{FastconvError, Result};
+pub use ntransform::{SparseTransform, TileTransforms, mode_n_product, multi_mode_product};
 pub use rational::Point;
 pub use synthesis::{DenseMatrix, WinogradTransform};

@@ -1,0 +1,445 @@
+//! N-dimensional transforms as mode-n products (eq. 3-4 of Budden et al.) with sparse matrices.
+//!
+//! The fast algorithm for an N-d tile applies the 1-D transform of each dimension along its mode:
+//!
+//! ```text
+//! S = [ (G ×₁ G₁ ×₂ … ×_N G_N) ⊙ (D ×₁ B₁ᵀ ×₂ … ×_N B_Nᵀ) ] ×₁ A₁ᵀ ×₂ … ×_N A_Nᵀ
+//! ```
+//!
+//! Each dimension may use a different F(m_n, r_n). The transform matrices are sparse (Table 1 of
+//! the paper), so [`SparseTransform`] keeps, per row, only the exact nonzeros of the rational
+//! matrix, and [`mode_n_product`] traverses the matrix in the outermost loops (as the paper does)
+//! with a contiguous innermost loop over the trailing modes, which the compiler vectorizes. A
+//! trailing batch mode (many tiles) therefore makes every product a run of long AXPYs.
+
+use std::ops::AddAssign;
+
+use num_rational::BigRational;
+use num_traits::{Float, NumCast, Zero};
+
+use crate::error::{FastconvError, Result};
+use crate::rational::to_f64;
+use crate::synthesis::{DenseMatrix, WinogradTransform};
+
+/// Floating-point element type of the transforms (`f32` for execution, `f64` for references and
+/// the kernel transform).
+pub trait Real: Float + AddAssign + Send + Sync + std::fmt::Debug + 'static {}
+impl Real for f32 {}
+impl Real for f64 {}
+
+/// A transform matrix stored as per-row lists of its nonzero entries (zeros skipped exactly, as
+/// decided on the exact rationals, never by a float threshold).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SparseTransform<T> {
+    rows: usize,
+    cols: usize,
+    /// Row `i`'s entries are `entries[row_start[i]..row_start[i + 1]]`.
+    row_start: Vec<usize>,
+    /// `(column, value)` pairs.
+    entries: Vec<(usize, T)>,
+}
+
+impl<T: Real> SparseTransform<T> {
+    /// From an exact rational matrix: exact zeros are dropped, the rest rounded to `T`.
+    pub fn from_rational(m: &DenseMatrix<BigRational>) -> Self {
+        let mut row_start = Vec::with_capacity(m.rows + 1);
+        let mut entries = Vec::new();
+        row_start.push(0);
+        for i in 0..m.rows {
+            for j in 0..m.cols {
+                let q = m.at(i, j);
+                if !q.is_zero() {
+                    // A rounded f64 always converts to f32/f64.
+                    let v = <T as NumCast>::from(to_f64(q)).unwrap_or_else(T::nan);
+                    entries.push((j, v));
+                }
+            }
+            row_start.push(entries.len());
+        }
+        SparseTransform {
+            rows: m.rows,
+            cols: m.cols,
+            row_start,
+            entries,
+        }
+    }
+
+    /// From a dense floating-point matrix, dropping entries that are exactly zero.
+    pub fn from_dense(m: &DenseMatrix<T>) -> Result<Self> {
+        if m.data.len() != m.rows * m.cols {
+            return Err(FastconvError::BufferLength {
+                arg: "m.data",
+                got: m.data.len(),
+                expected: m.rows * m.cols,
+            });
+        }
+        let mut row_start = vec![0];
+        let mut entries = Vec::new();
+        for i in 0..m.rows {
+            for j in 0..m.cols {
+                let v = *m.at(i, j);
+                if v != T::zero() {
+                    entries.push((j, v));
+                }
+            }
+            row_start.push(entries.len());
+        }
+        Ok(SparseTransform {
+            rows: m.rows,
+            cols: m.cols,
+            row_start,
+            entries,
+        })
+    }
+
+    /// Number of rows (the mode size after the product).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Number of columns (the mode size before the product).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Number of stored nonzeros.
+    pub fn nonzeros(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The nonzeros of row `i` as `(column, value)`.
+    pub fn row(&self, i: usize) -> &[(usize, T)] {
+        debug_assert!(i < self.rows);
+        &self.entries[self.row_start[i]..self.row_start[i + 1]]
+    }
+
+    /// Back to a dense matrix (for tests and inspection).
+    pub fn to_dense(&self) -> DenseMatrix<T> {
+        let mut d = DenseMatrix {
+            rows: self.rows,
+            cols: self.cols,
+            data: vec![T::zero(); self.rows * self.cols],
+        };
+        for i in 0..self.rows {
+            for &(j, v) in self.row(i) {
+                d.data[i * self.cols + j] = v;
+            }
+        }
+        d
+    }
+}
+
+/// The shape after a mode-`mode` product with a matrix of `rows` rows.
+fn replaced(dims: &[usize], mode: usize, rows: usize) -> Vec<usize> {
+    let mut out = dims.to_vec();
+    out[mode] = rows;
+    out
+}
+
+/// `Y = X ×_mode U` for a row-major tensor `x` of shape `dims` (eq. 3): `Y` has shape `dims` with
+/// `dims[mode]` replaced by `U.rows()`, and `Y[.., j, ..] = Σ_c U[j, c] X[.., c, ..]` over the
+/// nonzeros of `U` only.
+///
+/// Errors name the argument: `mode` out of range, `dims` containing 0, `U.cols() != dims[mode]`,
+/// or `x`/`y` of the wrong length.
+pub fn mode_n_product<T: Real>(
+    x: &[T],
+    dims: &[usize],
+    mode: usize,
+    u: &SparseTransform<T>,
+    y: &mut [T],
+) -> Result<()> {
+    if mode >= dims.len() {
+        return Err(FastconvError::Shape {
+            arg: "mode",
+            detail: format!("mode {mode} of a tensor with {} modes", dims.len()),
+        });
+    }
+    if dims.contains(&0) {
+        return Err(FastconvError::Zero { arg: "dims" });
+    }
+    if u.cols() != dims[mode] {
+        return Err(FastconvError::Shape {
+            arg: "u",
+            detail: format!(
+                "{} columns but mode {mode} has size {}",
+                u.cols(),
+                dims[mode]
+            ),
+        });
+    }
+    let n: usize = dims.iter().product();
+    if x.len() != n {
+        return Err(FastconvError::BufferLength {
+            arg: "x",
+            got: x.len(),
+            expected: n,
+        });
+    }
+    let n_out: usize = replaced(dims, mode, u.rows()).iter().product();
+    if y.len() != n_out {
+        return Err(FastconvError::BufferLength {
+            arg: "y",
+            got: y.len(),
+            expected: n_out,
+        });
+    }
+    mode_n_product_unchecked(x, dims, mode, u, y);
+    Ok(())
+}
+
+/// [`mode_n_product`] without validation: shapes are `debug_assert!`ed.
+pub(crate) fn mode_n_product_unchecked<T: Real>(
+    x: &[T],
+    dims: &[usize],
+    mode: usize,
+    u: &SparseTransform<T>,
+    y: &mut [T],
+) {
+    let outer: usize = dims[..mode].iter().product();
+    let n_in = dims[mode];
+    let inner: usize = dims[mode + 1..].iter().product();
+    let n_out = u.rows();
+    debug_assert_eq!(u.cols(), n_in);
+    debug_assert_eq!(x.len(), outer * n_in * inner);
+    debug_assert_eq!(y.len(), outer * n_out * inner);
+    for o in 0..outer {
+        let xs = &x[o * n_in * inner..(o + 1) * n_in * inner];
+        let ys = &mut y[o * n_out * inner..(o + 1) * n_out * inner];
+        for (j, yrow) in ys.chunks_exact_mut(inner).enumerate() {
+            let entries = u.row(j);
+            let Some((&(c0, u0), rest)) = entries.split_first() else {
+                yrow.fill(T::zero());
+                continue;
+            };
+            let x0 = &xs[c0 * inner..(c0 + 1) * inner];
+            for (yv, &xv) in yrow.iter_mut().zip(x0) {
+                *yv = u0 * xv;
+            }
+            for &(c, uc) in rest {
+                let xc = &xs[c * inner..(c + 1) * inner];
+                for (yv, &xv) in yrow.iter_mut().zip(xc) {
+                    *yv += uc * xv;
+                }
+            }
+        }
+    }
+}
+
+/// Applies `mats[n]` along mode `n` for every `n < mats.len()` (trailing modes of `dims` beyond
+/// `mats.len()`, such as a batch of tiles, are left alone): `X ×₁ U₁ ×₂ … ×_k U_k`. Returns the
+/// result and its shape. `scratch` is reused between calls to avoid allocation.
+///
+/// Errors as [`mode_n_product`], plus `mats` longer than `dims`.
+pub fn multi_mode_product<T: Real>(
+    x: &[T],
+    dims: &[usize],
+    mats: &[&SparseTransform<T>],
+    scratch: &mut Vec<T>,
+    out: &mut Vec<T>,
+) -> Result<Vec<usize>> {
+    if mats.len() > dims.len() {
+        return Err(FastconvError::Rank {
+            arg: "mats",
+            got: mats.len(),
+            expected: dims.len(),
+        });
+    }
+    if dims.contains(&0) {
+        return Err(FastconvError::Zero { arg: "dims" });
+    }
+    let n: usize = dims.iter().product();
+    if x.len() != n {
+        return Err(FastconvError::BufferLength {
+            arg: "x",
+            got: x.len(),
+            expected: n,
+        });
+    }
+    let mut shape = dims.to_vec();
+    for (mode, u) in mats.iter().enumerate() {
+        if u.cols() != shape[mode] {
+            return Err(FastconvError::Shape {
+                arg: "mats",
+                detail: format!(
+                    "matrix {mode} has {} columns but mode {mode} has size {}",
+                    u.cols(),
+                    shape[mode]
+                ),
+            });
+        }
+        shape[mode] = u.rows();
+    }
+    multi_mode_product_unchecked(x, dims, mats, scratch, out);
+    Ok(shape)
+}
+
+/// [`multi_mode_product`] without validation.
+pub(crate) fn multi_mode_product_unchecked<T: Real>(
+    x: &[T],
+    dims: &[usize],
+    mats: &[&SparseTransform<T>],
+    scratch: &mut Vec<T>,
+    out: &mut Vec<T>,
+) {
+    let mut shape = dims.to_vec();
+    out.clear();
+    out.extend_from_slice(x);
+    for (mode, u) in mats.iter().enumerate() {
+        let next = replaced(&shape, mode, u.rows());
+        scratch.clear();
+        scratch.resize(next.iter().product(), T::zero());
+        mode_n_product_unchecked(out, &shape, mode, u, scratch);
+        std::mem::swap(out, scratch);
+        shape = next;
+    }
+}
+
+/// The transforms of an N-d tile: one F(m_n, r_n) per spatial dimension, as sparse `f32` Aᵀ and
+/// Bᵀ for execution and sparse `f64` G for the kernel transform (computed once per weight update,
+/// in double precision, then rounded: it costs nothing per tile and removes one source of error).
+#[derive(Debug, Clone)]
+pub struct TileTransforms {
+    m: Vec<usize>,
+    r: Vec<usize>,
+    at: Vec<SparseTransform<f32>>,
+    bt: Vec<SparseTransform<f32>>,
+    g: Vec<SparseTransform<f64>>,
+}
+
+impl TileTransforms {
+    /// One transform per spatial dimension (at least one).
+    pub fn new(per_dim: &[WinogradTransform]) -> Result<Self> {
+        if per_dim.is_empty() {
+            return Err(FastconvError::Rank {
+                arg: "per_dim",
+                got: 0,
+                expected: 1,
+            });
+        }
+        Ok(TileTransforms {
+            m: per_dim.iter().map(WinogradTransform::m).collect(),
+            r: per_dim.iter().map(WinogradTransform::r).collect(),
+            at: per_dim
+                .iter()
+                .map(|t| SparseTransform::from_rational(t.at()))
+                .collect(),
+            bt: per_dim
+                .iter()
+                .map(|t| SparseTransform::from_rational(t.bt()))
+                .collect(),
+            g: per_dim
+                .iter()
+                .map(|t| SparseTransform::from_rational(t.g()))
+                .collect(),
+        })
+    }
+
+    /// Number of spatial dimensions N.
+    pub fn rank(&self) -> usize {
+        self.m.len()
+    }
+
+    /// Output tile shape (m_1, …, m_N).
+    pub fn out_tile(&self) -> &[usize] {
+        &self.m
+    }
+
+    /// Kernel shape (r_1, …, r_N).
+    pub fn kernel(&self) -> &[usize] {
+        &self.r
+    }
+
+    /// Input tile shape (α_1, …, α_N), α_n = m_n + r_n − 1.
+    pub fn in_tile(&self) -> Vec<usize> {
+        self.m.iter().zip(&self.r).map(|(m, r)| m + r - 1).collect()
+    }
+
+    /// The sparse f32 Bᵀ of every dimension.
+    pub fn bt(&self) -> Vec<&SparseTransform<f32>> {
+        self.bt.iter().collect()
+    }
+
+    /// The sparse f32 Aᵀ of every dimension.
+    pub fn at(&self) -> Vec<&SparseTransform<f32>> {
+        self.at.iter().collect()
+    }
+
+    /// Kernel transform `U = g ×₁ G₁ … ×_N G_N` of `batch` kernels stored kernel-minor, i.e. `g` of
+    /// shape (r_1, …, r_N, batch) row-major, computed in f64 and rounded to f32; the result has
+    /// shape (α_1, …, α_N, batch).
+    pub fn kernel_transform(&self, g: &[f32], batch: usize) -> Result<Vec<f32>> {
+        if batch == 0 {
+            return Err(FastconvError::Zero { arg: "batch" });
+        }
+        let mut dims = self.r.clone();
+        dims.push(batch);
+        let g64: Vec<f64> = g.iter().map(|&v| <f64 as From<f32>>::from(v)).collect();
+        let mats: Vec<&SparseTransform<f64>> = self.g.iter().collect();
+        let (mut scratch, mut out) = (Vec::new(), Vec::new());
+        multi_mode_product(&g64, &dims, &mats, &mut scratch, &mut out)
+            .map_err(|e| rename(e, "g"))?;
+        Ok(out.iter().map(|&v| v as f32).collect())
+    }
+
+    /// Input transform `V = d ×₁ B₁ᵀ … ×_N B_Nᵀ` of `batch` tiles, `d` of shape
+    /// (α_1, …, α_N, batch); result (α_1, …, α_N, batch) in `out`.
+    pub fn input_transform(
+        &self,
+        d: &[f32],
+        batch: usize,
+        scratch: &mut Vec<f32>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        if batch == 0 {
+            return Err(FastconvError::Zero { arg: "batch" });
+        }
+        let mut dims = self.in_tile();
+        dims.push(batch);
+        multi_mode_product(d, &dims, &self.bt(), scratch, out).map_err(|e| rename(e, "d"))?;
+        Ok(())
+    }
+
+    /// Output transform `Y = M ×₁ A₁ᵀ … ×_N A_Nᵀ` of `batch` transformed tiles, `m` of shape
+    /// (α_1, …, α_N, batch); result (m_1, …, m_N, batch) in `out`.
+    pub fn output_transform(
+        &self,
+        m: &[f32],
+        batch: usize,
+        scratch: &mut Vec<f32>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        if batch == 0 {
+            return Err(FastconvError::Zero { arg: "batch" });
+        }
+        let mut dims = self.in_tile();
+        dims.push(batch);
+        multi_mode_product(m, &dims, &self.at(), scratch, out).map_err(|e| rename(e, "m"))?;
+        Ok(())
+    }
+
+    /// The whole fast algorithm on one tile in f32 (kernel transform in f64): `d` of shape
+    /// (α_1, …, α_N), `g` of shape (r_1, …, r_N); returns the (m_1, …, m_N) correlation outputs.
+    pub fn correlate_tile(&self, d: &[f32], g: &[f32]) -> Result<Vec<f32>> {
+        let u = self.kernel_transform(g, 1)?;
+        let (mut scratch, mut v, mut y) = (Vec::new(), Vec::new(), Vec::new());
+        self.input_transform(d, 1, &mut scratch, &mut v)?;
+        for (vi, ui) in v.iter_mut().zip(&u) {
+            *vi *= ui;
+        }
+        self.output_transform(&v, 1, &mut scratch, &mut y)?;
+        Ok(y)
+    }
+}
+
+/// Renames the generic `x` of a buffer error to the caller's argument name.
+fn rename(e: FastconvError, arg: &'static str) -> FastconvError {
+    match e {
+        FastconvError::BufferLength {
+            arg: "x",
+            got,
+            expected,
+        } => FastconvError::BufferLength { arg, got, expected },
+        other => other,
+    }
+}
