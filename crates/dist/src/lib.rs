@@ -5,3 +5,37 @@
 //! communicator runs every distributed code path unchanged.
 //!
 //! Layering: `core-blas` ← `conv-ops` ← `fastconv` ← `nn` ← **`dist`**.
+//!
+//! ## Communicators
+//!
+//! [`Runtime::init`] sets up the communication layer once per process (MPI with the `mpi`
+//! feature) and [`Runtime::world`] returns the communicator of all processes. Collectives are
+//! methods of the [`Communicator`] trait: [`Communicator::allreduce_sum`] (in place, f32),
+//! [`Communicator::allreduce_mean`], [`Communicator::broadcast`], [`Communicator::barrier`], and
+//! [`Communicator::split_by_color`] for sub-communicators (rows and columns of a processor grid),
+//! which get the same collectives.
+//!
+//! ```
+//! use dist::{Communicator, Runtime};
+//!
+//! let runtime = Runtime::init()?;
+//! let world = runtime.world();
+//! let mut grad = vec![1.0f32; 8];
+//! world.allreduce_sum(&mut grad)?;
+//! assert_eq!(grad[0], world.size() as f32);
+//! # Ok::<(), dist::DistError>(())
+//! ```
+
+mod comm;
+mod error;
+#[cfg(feature = "mpi")]
+mod mpi_comm;
+mod runtime;
+mod single;
+
+pub use comm::{Communicator, MAX_COUNT};
+pub use error::{DistError, Result};
+#[cfg(feature = "mpi")]
+pub use mpi_comm::{MpiCommunicator, MpiEnvironment, REQUESTED_THREADING};
+pub use runtime::{Runtime, World};
+pub use single::SingleProcess;

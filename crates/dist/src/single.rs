@@ -1,0 +1,129 @@
+//! The single-process communicator: size 1, every collective is the identity.
+
+use crate::comm::{Communicator, check_count, check_rank, check_split_value};
+use crate::error::Result;
+
+/// A communicator with exactly one process, rank 0.
+///
+/// Used when `dist` is built without the `mpi` feature, or when a program runs without a
+/// launcher. Collectives validate their arguments exactly as the MPI communicator does, so a call
+/// that would fail under `mpirun` fails here too, and otherwise leave the data unchanged (the sum
+/// or broadcast over one rank is the rank's own data).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SingleProcess;
+
+impl SingleProcess {
+    /// The single-process communicator.
+    pub fn new() -> Self {
+        Self
+    }
+}
+
+impl Communicator for SingleProcess {
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn size(&self) -> usize {
+        1
+    }
+
+    fn allreduce_sum(&self, buf: &mut [f32]) -> Result<()> {
+        check_count("buf", buf.len())
+    }
+
+    fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()> {
+        check_rank("root", root, 1)?;
+        check_count("buf", buf.len())
+    }
+
+    fn barrier(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn split_by_color(&self, color: Option<u32>, key: u32) -> Result<Option<Self>> {
+        check_split_value("key", key)?;
+        match color {
+            Some(c) => {
+                check_split_value("color", c)?;
+                Ok(Some(SingleProcess))
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::DistError;
+
+    #[test]
+    fn rank_and_size() {
+        let c = SingleProcess::new();
+        assert_eq!((c.rank(), c.size()), (0, 1));
+        assert!(c.is_root());
+    }
+
+    #[test]
+    fn allreduce_of_one_rank_is_identity() {
+        let c = SingleProcess;
+        for len in [0usize, 1, 7, 1000] {
+            let orig: Vec<f32> = (0..len).map(|i| i as f32 * 0.5 - 3.0).collect();
+            let mut buf = orig.clone();
+            c.allreduce_sum(&mut buf).unwrap();
+            assert_eq!(buf, orig);
+            c.allreduce_mean(&mut buf).unwrap();
+            assert_eq!(buf, orig);
+        }
+    }
+
+    #[test]
+    fn broadcast_validates_root() {
+        let c = SingleProcess;
+        let mut buf = vec![1.0f32, 2.0];
+        c.broadcast(&mut buf, 0).unwrap();
+        assert_eq!(buf, [1.0, 2.0]);
+        assert_eq!(
+            c.broadcast(&mut buf, 1),
+            Err(DistError::RankOutOfRange {
+                arg: "root",
+                rank: 1,
+                size: 1
+            })
+        );
+        c.barrier().unwrap();
+    }
+
+    #[test]
+    fn split_by_color() {
+        let c = SingleProcess;
+        assert_eq!(c.split_by_color(Some(3), 0), Ok(Some(SingleProcess)));
+        assert_eq!(c.split_by_color(None, 0), Ok(None));
+        let sub = c.split_by_color(Some(0), 5).unwrap().unwrap();
+        assert_eq!(sub.size(), 1);
+        assert!(matches!(
+            c.split_by_color(Some(u32::MAX), 0),
+            Err(DistError::ValueOutOfRange { arg: "color", .. })
+        ));
+        assert!(matches!(
+            c.split_by_color(Some(0), u32::MAX),
+            Err(DistError::ValueOutOfRange { arg: "key", .. })
+        ));
+    }
+
+    #[test]
+    fn count_limit_is_checked() {
+        assert!(check_count("buf", MAX_COUNT).is_ok());
+        assert_eq!(
+            check_count("buf", MAX_COUNT + 1),
+            Err(DistError::CountTooLarge {
+                arg: "buf",
+                len: MAX_COUNT + 1,
+                max: MAX_COUNT
+            })
+        );
+    }
+
+    use crate::comm::MAX_COUNT;
+}
