@@ -6,6 +6,8 @@
 //! that share (image, outer output coordinates) read a run of the input's innermost dimension,
 //! contiguous when the stride is 1, so packing is mostly copies with zero fill at the borders.
 
+use std::cell::RefCell;
+
 use core_blas::PackB;
 
 use crate::geometry::{ConvGeometry, Dims3};
@@ -94,23 +96,33 @@ impl<'a> Im2colB<'a> {
         count
     }
 
-    /// Fills `out[run.start..run.start+run.len]` for B row `(c, taps)`.
+    /// The decomposition of B row `row` (channel, kernel taps) that [`Self::fill_run`] needs.
+    fn row(&self, row: usize) -> Row {
+        let d = &self.d;
+        let (c, r) = (row / self.rlen, row % self.rlen);
+        let rk = split3(r, &d.kernel);
+        let off = |i: usize| (rk[i] * d.dilation[i]) as isize - d.pad[i] as isize;
+        Row {
+            plane: self.group_off + c * self.ilen,
+            off: [off(0), off(1), off(2)],
+        }
+    }
+
+    /// Fills `out[run.start..run.start+run.len]` for B row `row`.
     #[inline(always)]
-    fn fill_run(&self, run: &Run, c: usize, rk: [usize; 3], out: &mut [f32]) {
+    fn fill_run(&self, run: &Run, row: &Row, out: &mut [f32]) {
         let d = &self.d;
         let dst = &mut out[run.start..run.start + run.len];
-        let i0 = d.input_coord(0, run.o0, rk[0]);
-        let i1 = d.input_coord(1, run.o1, rk[1]);
+        let i0 = (run.o0 * d.stride[0]) as isize + row.off[0];
+        let i1 = (run.o1 * d.stride[1]) as isize + row.off[1];
         if i0 < 0 || i0 >= d.input[0] as isize || i1 < 0 || i1 >= d.input[1] as isize {
             dst.fill(0.0);
             return;
         }
-        let line = self.group_off
-            + run.n * self.image
-            + c * self.ilen
-            + (i0 as usize * d.input[1] + i1 as usize) * d.input[2];
+        let line =
+            row.plane + run.n * self.image + (i0 as usize * d.input[1] + i1 as usize) * d.input[2];
         let line = &self.x[line..line + d.input[2]];
-        let first = d.input_coord(2, run.o2, rk[2]);
+        let first = (run.o2 * d.stride[2]) as isize + row.off[2];
         let (s, wid) = (d.stride[2] as isize, d.input[2] as isize);
         if s == 1 {
             // Contiguous: zeros where the run hangs over the padding, one copy in between.
@@ -133,16 +145,9 @@ impl<'a> Im2colB<'a> {
             }
         }
     }
-}
 
-impl PackB for Im2colB<'_> {
-    fn rows(&self) -> usize {
-        self.rows
-    }
-    fn cols(&self) -> usize {
-        self.cols
-    }
-    fn pack_b(&self, pc: usize, kc: usize, jc: usize, nc: usize, nr: usize, dst: &mut [f32]) {
+    fn pack_panels(&self, rows: &[Row], jc: usize, nc: usize, nr: usize, dst: &mut [f32]) {
+        let kc = rows.len();
         let mut runs = [Run::default(); MAX_RUN_COLS];
         for (q, panel) in dst
             .chunks_exact_mut(kc * nr)
@@ -155,13 +160,10 @@ impl PackB for Im2colB<'_> {
             while done < w {
                 let chunk = (w - done).min(MAX_RUN_COLS);
                 let count = self.runs(j0 + done, chunk, &mut runs);
-                for (p, out) in panel.chunks_exact_mut(nr).enumerate() {
-                    let row = pc + p;
-                    let (c, r) = (row / self.rlen, row % self.rlen);
-                    let rk = split3(r, &self.d.kernel);
+                for (row, out) in rows.iter().zip(panel.chunks_exact_mut(nr)) {
                     let out = &mut out[done..done + chunk];
                     for run in &runs[..count] {
-                        self.fill_run(run, c, rk, out);
+                        self.fill_run(run, row, out);
                     }
                 }
                 done += chunk;
@@ -172,5 +174,34 @@ impl PackB for Im2colB<'_> {
                 }
             }
         }
+    }
+}
+
+/// One row of B = (channel, kernel taps): the channel plane's offset in x (without the image)
+/// and, per dimension, tap · dilation − padding.
+#[derive(Clone, Copy)]
+struct Row {
+    plane: usize,
+    off: [isize; 3],
+}
+
+thread_local! {
+    /// The rows of the block being packed, reused across calls (no allocation in steady state).
+    static ROWS: RefCell<Vec<Row>> = const { RefCell::new(Vec::new()) };
+}
+
+impl PackB for Im2colB<'_> {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn pack_b(&self, pc: usize, kc: usize, jc: usize, nc: usize, nr: usize, dst: &mut [f32]) {
+        ROWS.with_borrow_mut(|rows| {
+            rows.clear();
+            rows.extend((pc..pc + kc).map(|row| self.row(row)));
+            self.pack_panels(rows, jc, nc, nr, dst);
+        });
     }
 }
