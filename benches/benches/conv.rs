@@ -1,0 +1,169 @@
+//! conv-ops: every pass of every algorithm on the layers of the conv-ops issue's table, at 1 and
+//! 2 threads, beside the GEMM-only bound (the same M, N, K on dense, already-built operands), so
+//! the cost of the fused transforms is visible. Extra records: workspace bytes per algorithm.
+//!
+//! `cargo bench -p benches --bench conv` (all layers), `CONV_LAYERS=r50_3x3_c64_56,...` to pick.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use benches::{emit_record, flop_group};
+use conv_ops::{
+    BackwardDataAlgo, BackwardFilterAlgo, ConvGeometry, ForwardAlgo, Pass, Workspace,
+    backward_data, backward_filter, forward, im2col, testing::uniform, workspace_bytes,
+};
+use core_blas::{MatMut, MatRef};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+
+/// name, N, C, K, input, kernel, stride, pad (the PyTorch anchor's names, conv_layers.py).
+type Layer = (
+    &'static str,
+    usize,
+    usize,
+    usize,
+    &'static [usize],
+    &'static [usize],
+    usize,
+    usize,
+);
+const LAYERS: &[Layer] = &[
+    ("r50_3x3_c64_56", 8, 64, 64, &[56, 56], &[3, 3], 1, 1),
+    ("r50_3x3_c128_28", 8, 128, 128, &[28, 28], &[3, 3], 1, 1),
+    ("r50_3x3_c256_14", 8, 256, 256, &[14, 14], &[3, 3], 1, 1),
+    ("r50_3x3_c512_7", 8, 512, 512, &[7, 7], &[3, 3], 1, 1),
+    ("r50_3x3s2_c128_56", 8, 128, 128, &[56, 56], &[3, 3], 2, 1),
+    ("r50_1x1_256to64_56", 8, 256, 64, &[56, 56], &[1, 1], 1, 0),
+    ("vgg_conv1_2_64", 1, 64, 64, &[224, 224], &[3, 3], 1, 1),
+    (
+        "c3d_64_8x56x56_b1",
+        1,
+        64,
+        64,
+        &[8, 56, 56],
+        &[3, 3, 3],
+        1,
+        1,
+    ),
+];
+
+fn geometry(l: &Layer) -> ConvGeometry {
+    ConvGeometry::new(l.1, l.2, l.3, l.4, l.5)
+        .and_then(|g| g.with_stride(&[l.6]))
+        .and_then(|g| g.with_padding(&[l.7]))
+        .expect("benchmark layer geometry")
+}
+
+fn pass_name(p: Pass) -> &'static str {
+    match p {
+        Pass::Forward(ForwardAlgo::Im2colGemm) => "fwd/im2col+gemm",
+        Pass::Forward(ForwardAlgo::Convgemm) => "fwd/convgemm",
+        Pass::BackwardData(BackwardDataAlgo::GemmCol2im) => "bwd-data/gemm+col2im",
+        Pass::BackwardData(BackwardDataAlgo::Deconvgemm) => "bwd-data/deconvgemm",
+        Pass::BackwardFilter(BackwardFilterAlgo::Im2colGemmT) => "bwd-filter/im2col+gemmT",
+        Pass::BackwardFilter(BackwardFilterAlgo::ReindexConvgemm) => "bwd-filter/reindex+convgemm",
+        Pass::BackwardFilter(BackwardFilterAlgo::ConvgemmTrans) => "bwd-filter/convgemm-trans",
+    }
+}
+
+const PASSES: [Pass; 7] = [
+    Pass::Forward(ForwardAlgo::Im2colGemm),
+    Pass::Forward(ForwardAlgo::Convgemm),
+    Pass::BackwardData(BackwardDataAlgo::GemmCol2im),
+    Pass::BackwardData(BackwardDataAlgo::Deconvgemm),
+    Pass::BackwardFilter(BackwardFilterAlgo::Im2colGemmT),
+    Pass::BackwardFilter(BackwardFilterAlgo::ReindexConvgemm),
+    Pass::BackwardFilter(BackwardFilterAlgo::ConvgemmTrans),
+];
+
+fn bench_conv(c: &mut Criterion) {
+    let wanted = std::env::var("CONV_LAYERS").ok();
+    let pools: Vec<(usize, rayon::ThreadPool)> = [1usize, 2]
+        .into_iter()
+        .map(|t| {
+            (
+                t,
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(t)
+                    .build()
+                    .expect("thread pool"),
+            )
+        })
+        .collect();
+    for l in LAYERS {
+        if let Some(w) = &wanted
+            && !w.split(',').any(|n| n == l.0)
+        {
+            continue;
+        }
+        let g = geometry(l);
+        let (x, w) = (uniform(1, g.x_len()), uniform(2, g.w_len()));
+        let dy = uniform(3, g.y_len());
+        let (mut y, mut dx, mut dw) = (
+            vec![0f32; g.y_len()],
+            vec![0f32; g.x_len()],
+            vec![0f32; g.w_len()],
+        );
+        // The GEMM-only bound: im2col(x) built once, dense A and B, dense C.
+        let (rows, cols) = im2col::im2col_shape(&g);
+        let mut col = vec![0f32; rows * cols];
+        im2col::im2col(&g, 0, &x, &mut col).expect("im2col");
+        let mut cbuf = vec![0f32; g.out_channels() * cols];
+
+        let mut group = c.benchmark_group(flop_group(&format!("conv/{}", l.0)));
+        group.throughput(Throughput::Elements(g.flops()));
+        group
+            .sample_size(10)
+            .warm_up_time(Duration::from_millis(500))
+            .measurement_time(Duration::from_secs(3));
+        for (threads, pool) in &pools {
+            group.bench_function(format!("gemm-bound/t{threads}"), |b| {
+                pool.install(|| {
+                    b.iter(|| {
+                        let a =
+                            MatRef::row_major("w", &w, g.out_channels(), rows, rows).expect("A");
+                        let bm = MatRef::row_major("col", &col, rows, cols, cols).expect("B");
+                        let cm = MatMut::row_major("c", &mut cbuf, g.out_channels(), cols, cols)
+                            .expect("C");
+                        core_blas::gemm(1.0, a, bm, 0.0, cm).expect("gemm");
+                    })
+                })
+            });
+            for pass in PASSES {
+                let mut ws = Workspace::new(false);
+                group.bench_function(format!("{}/t{threads}", pass_name(pass)), |b| {
+                    pool.install(|| {
+                        b.iter(|| {
+                            match pass {
+                                Pass::Forward(a) => {
+                                    forward(&g, &x, &w, None, false, &mut y, a, &mut ws)
+                                }
+                                Pass::BackwardData(a) => {
+                                    backward_data(&g, &dy, &w, &mut dx, a, &mut ws)
+                                }
+                                Pass::BackwardFilter(a) => {
+                                    backward_filter(&g, &x, &dy, &mut dw, a, &mut ws)
+                                }
+                            }
+                            .expect("conv pass")
+                        })
+                    })
+                });
+            }
+        }
+        group.finish();
+        for pass in PASSES {
+            emit_record(
+                "conv",
+                &format!("{}/{}", l.0, pass_name(pass)),
+                "workspace",
+                workspace_bytes(&g, pass) as f64,
+                "bytes",
+            )
+            .expect("bench record");
+        }
+        black_box((&y, &dx, &dw));
+    }
+}
+
+criterion_group!(benches, bench_conv);
+criterion_main!(benches);
