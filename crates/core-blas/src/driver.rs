@@ -22,6 +22,9 @@ const PAR_MIN_MNK_PER_THREAD: usize = 1 << 20;
 /// Largest register tile (`MR · NR`) of any family: the size of the tile buffer for custom stores.
 const MAX_TILE: usize = 1024;
 
+/// `(pc, kc, jc, nc)` of a B block.
+type BlockCoords = (usize, usize, usize, usize);
+
 /// Where tiles go: straight into a dense C, or through a store.
 struct Sink<'s, S> {
     direct: Option<DirectRaw>,
@@ -130,9 +133,16 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     ws: &mut Workspace,
 ) {
     let (mr, nr) = (K::MR, K::NR);
-    let mc_max = bs.mc.div_ceil(mr) * mr;
+    // Balance the blocks: k = 576 with KC = 256 runs three passes of 192, not 256 + 256 + 64 (a
+    // short last pass pays the C-tile traffic for little work); likewise for mc.
+    let kc_max = k.div_ceil(k.div_ceil(bs.kc.max(1)).max(1)).max(1);
+    let m_len = rows.1 - rows.0;
+    let mc_max = m_len
+        .div_ceil(m_len.div_ceil(bs.mc.max(1)).max(1))
+        .div_ceil(mr)
+        .max(1)
+        * mr;
     let nc_max = bs.nc.div_ceil(nr) * nr;
-    let kc_max = bs.kc.min(k).max(1);
     let b_len = nc_max.min((cols.1 - cols.0).div_ceil(nr) * nr) * kc_max;
     let a_len = mc_max.min((rows.1 - rows.0).div_ceil(mr) * mr) * kc_max;
     let bc = ws.b.get(b_len);
@@ -146,11 +156,34 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
             let kc = kc_max.min(k - pc);
             let (first, last) = (pc == 0, pc + kc >= k);
             b.pack_b(pc, kc, jc, nc, nr, bc);
+            // The B block packed after this one: its reads are spread over the last ic block.
+            let next = if !last {
+                Some((pc + kc, kc_max.min(k - pc - kc), jc, nc))
+            } else if jc + nc < cols.1 {
+                Some((0, kc_max.min(k), jc + nc, nc_max.min(cols.1 - jc - nc)))
+            } else {
+                None
+            };
             let mut ic = rows.0;
             while ic < rows.1 {
                 let mc = mc_max.min(rows.1 - ic);
                 a.pack_a(ic, mc, pc, kc, mr, ac);
-                macro_kernel(kern, (ic, jc), (mc, nc, kc), ac, bc, first, last, sink);
+                let prefetch = if ic + mc >= rows.1 {
+                    next.map(|n| (b, n))
+                } else {
+                    None
+                };
+                macro_kernel(
+                    kern,
+                    (ic, jc),
+                    (mc, nc, kc),
+                    ac,
+                    bc,
+                    first,
+                    last,
+                    sink,
+                    prefetch,
+                );
                 ic += mc;
             }
             pc += kc;
@@ -166,7 +199,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
 /// at `(ic, jc)`.
 #[allow(clippy::too_many_arguments)]
 #[inline]
-fn macro_kernel<K: Kernel, S: Store>(
+fn macro_kernel<K: Kernel, S: Store, B: PackB>(
     kern: K,
     (ic, jc): (usize, usize),
     (mc, nc, kc): (usize, usize, usize),
@@ -175,7 +208,13 @@ fn macro_kernel<K: Kernel, S: Store>(
     first: bool,
     last: bool,
     sink: &Sink<'_, S>,
+    prefetch: Option<(&B, BlockCoords)>,
 ) {
+    // Slices of the next B block to prefetch, one per jr iteration.
+    let steps = nc.div_ceil(K::NR);
+    let slice = prefetch.map_or(0, |(_, (_, _, _, nc2))| {
+        nc2.div_ceil(steps).div_ceil(16) * 16
+    });
     let (mr, nr) = (K::MR, K::NR);
     debug_assert!(ac.len() >= mc.div_ceil(mr) * mr * kc);
     debug_assert!(bc.len() >= nc.div_ceil(nr) * nr * kc);
@@ -185,6 +224,13 @@ fn macro_kernel<K: Kernel, S: Store>(
     while jr < nc {
         let n = nr.min(nc - jr);
         let bp = bc[jr * kc..].as_ptr();
+        if let Some((b, (pc2, kc2, jc2, nc2))) = prefetch {
+            let lo = (jr / nr * slice).min(nc2);
+            let hi = (lo + slice).min(nc2);
+            if lo < hi {
+                b.prefetch_b(pc2, kc2, jc2 + lo, hi - lo);
+            }
+        }
         let mut ir = 0;
         while ir < mc {
             let m = mr.min(mc - ir);

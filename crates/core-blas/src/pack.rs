@@ -29,6 +29,13 @@ pub trait PackB: Sync {
     /// Pack the `kc × nc` block at `(pc, jc)` into `nr`-wide micro-panels (layout in the module
     /// doc). `dst.len() >= nc.div_ceil(nr) * nr * kc`; the block lies inside the matrix.
     fn pack_b(&self, pc: usize, kc: usize, jc: usize, nc: usize, nr: usize, dst: &mut [f32]);
+    /// Hint: the `kc × nc` block at `(pc, jc)` will be packed soon. The driver calls it in small
+    /// slices while the micro-kernels work on the previous block, so that a source streamed from
+    /// memory overlaps its reads with computation. The default does nothing.
+    #[inline]
+    fn prefetch_b(&self, pc: usize, kc: usize, jc: usize, nc: usize) {
+        let _ = (pc, kc, jc, nc);
+    }
 }
 
 /// A source for the left operand A (`m × k`) that packs itself.
@@ -54,6 +61,35 @@ impl PackB for MatRef<'_> {
         // B[p, j] as A'[j, p] with A' = Bᵀ: the same panel layout with the roles of the strides swapped.
         pack_panels(self.data, self.cs, self.rs, jc, nc, pc, kc, nr, dst);
     }
+    #[inline]
+    fn prefetch_b(&self, pc: usize, kc: usize, jc: usize, nc: usize) {
+        if self.cs != 1 || kc == 0 || nc == 0 {
+            return;
+        }
+        for p in pc..pc + kc {
+            let row = p * self.rs;
+            let mut j = jc;
+            while j < jc + nc {
+                prefetch(self.data, row + j);
+                j += 16;
+            }
+            prefetch(self.data, row + jc + nc - 1);
+        }
+    }
+}
+
+/// Bring the cache line holding `data[idx]` toward L2 (no-op off x86_64 or out of bounds).
+#[inline(always)]
+fn prefetch(data: &[f32], idx: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if idx < data.len() {
+        use core::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
+        // SAFETY: `idx` is in bounds; prefetch has no architectural effect and needs only SSE,
+        // which every x86_64 CPU has.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(data.as_ptr().add(idx).cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, idx);
 }
 
 impl PackA for MatRef<'_> {
@@ -88,17 +124,35 @@ fn pack_panels(
     }
     let panels = w.div_ceil(r);
     debug_assert!(dst.len() >= panels * r * kc);
+    if sx == 1 {
+        // The x values of one p are contiguous in the source (row-major B, column-major A): walk
+        // the source line by line so reads stream sequentially (one hardware-prefetch stream), and
+        // scatter each line's r-chunks to the panels (the destination block is cache-resident).
+        // The common panel widths get a fixed-size copy the compiler turns into vector moves.
+        match r {
+            4 => pack_lines::<4>(data, sp, x0, w, p0, kc, dst),
+            6 => pack_lines::<6>(data, sp, x0, w, p0, kc, dst),
+            8 => pack_lines::<8>(data, sp, x0, w, p0, kc, dst),
+            16 => pack_lines::<16>(data, sp, x0, w, p0, kc, dst),
+            24 => pack_lines::<24>(data, sp, x0, w, p0, kc, dst),
+            32 => pack_lines::<32>(data, sp, x0, w, p0, kc, dst),
+            _ => {
+                for p in 0..kc {
+                    let line = &data[(p0 + p) * sp + x0..][..w];
+                    for (q, chunk) in line.chunks(r).enumerate() {
+                        let out = &mut dst[q * r * kc + p * r..][..r];
+                        out[..chunk.len()].copy_from_slice(chunk);
+                        out[chunk.len()..].fill(0.0);
+                    }
+                }
+            }
+        }
+        return;
+    }
     for (q, panel) in dst.chunks_exact_mut(r * kc).take(panels).enumerate() {
         let xq = x0 + q * r;
         let wq = r.min(x0 + w - xq);
-        if sx == 1 {
-            // The r values of one p are contiguous in the source: straight copies.
-            for (p, out) in panel.chunks_exact_mut(r).enumerate() {
-                let start = xq + (p0 + p) * sp;
-                out[..wq].copy_from_slice(&data[start..start + wq]);
-                out[wq..].fill(0.0);
-            }
-        } else if sp == 1 {
+        if sp == 1 {
             // Each x is a contiguous run over p: read runs, write with stride r.
             for x in 0..wq {
                 let run = &data[(xq + x) * sx + p0..][..kc];
@@ -118,6 +172,37 @@ fn pack_panels(
                 }
                 out[wq..].fill(0.0);
             }
+        }
+    }
+}
+
+/// [`pack_panels`] for a unit x-stride and a panel width known at compile time.
+#[inline(always)]
+fn pack_lines<const R: usize>(
+    data: &[f32],
+    sp: usize,
+    x0: usize,
+    w: usize,
+    p0: usize,
+    kc: usize,
+    dst: &mut [f32],
+) {
+    let full = w / R;
+    let tail = w % R;
+    for p in 0..kc {
+        let line = &data[(p0 + p) * sp + x0..][..w];
+        let (body, rest) = line.split_at(full * R);
+        for (q, chunk) in body.chunks_exact(R).enumerate() {
+            let out: &mut [f32; R] = (&mut dst[q * R * kc + p * R..][..R])
+                .try_into()
+                .unwrap_or_else(|_| unreachable!());
+            let src: &[f32; R] = chunk.try_into().unwrap_or_else(|_| unreachable!());
+            *out = *src;
+        }
+        if tail > 0 {
+            let out = &mut dst[full * R * kc + p * R..][..R];
+            out[..tail].copy_from_slice(rest);
+            out[tail..].fill(0.0);
         }
     }
 }

@@ -1,0 +1,200 @@
+//! core-blas SGEMM against matrixmultiply, with the FMA peak measured in the same run.
+//!
+//! Cases: square 64 to 2048 (4096 too unless `--quick`) and three convolution shapes as im2col
+//! GEMMs (ResNet 3×3 layers), on 1 and 2 threads (rayon pools built here). Criterion's throughput
+//! is declared in FLOPs (`Throughput::Elements(2·m·n·k)`, group names end in `@flop`), so its
+//! "elem/s" read as FLOP/s. The bench also measures the FMA peak of the active kernel family on 1
+//! and 2 threads and prints, per case, a summary line with its own median GFLOP/s and % of that
+//! peak (also appended as records for `cargo xtask bench`).
+//!
+//! matrixmultiply decides its thread count once per process from `MATMUL_NUM_THREADS`, so it is
+//! measured only in the group whose thread count equals that variable (default 1 here: run the
+//! bench twice, with `MATMUL_NUM_THREADS=1` and `=2`, to get both reference rows).
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use benches::{emit_record, flop_group};
+use criterion::{BenchmarkId, Criterion, Throughput};
+
+/// `(name, m, n, k)`.
+type Shape = (&'static str, usize, usize, usize);
+
+/// The convolution shapes: ResNet 3×3 layers as im2col GEMMs (m = filters, n = batch·H·W,
+/// k = channels·9).
+const CONV_SHAPES: [Shape; 3] = [
+    ("conv-64x50176x576", 64, 50176, 576),
+    ("conv-256x3136x2304", 256, 3136, 2304),
+    ("conv-512x784x4608", 512, 784, 4608),
+];
+
+fn quick() -> bool {
+    std::env::args().any(|a| a == "--quick")
+}
+
+fn shapes() -> Vec<Shape> {
+    let mut out: Vec<Shape> = vec![
+        ("sq-64", 64, 64, 64),
+        ("sq-128", 128, 128, 128),
+        ("sq-256", 256, 256, 256),
+        ("sq-512", 512, 512, 512),
+        ("sq-1024", 1024, 1024, 1024),
+        ("sq-2048", 2048, 2048, 2048),
+    ];
+    if !quick() {
+        out.push(("sq-4096", 4096, 4096, 4096));
+    }
+    out.extend(CONV_SHAPES);
+    out
+}
+
+fn data(len: usize, seed: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * 7 + seed) % 17) as f32 * 0.0625 - 0.5)
+        .collect()
+}
+
+fn ours(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
+    core_blas::sgemm(false, false, m, n, k, 1.0, a, k, b, n, 0.0, c, n).expect("valid sgemm");
+}
+
+fn reference(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
+    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
+    // SAFETY: the asserted lengths cover the row-major m×k, k×n and m×n matrices.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.as_ptr(),
+            k as isize,
+            1,
+            b.as_ptr(),
+            n as isize,
+            1,
+            0.0,
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+        )
+    }
+}
+
+/// Median seconds of `f` over enough repetitions for about `budget`.
+fn median_secs(budget: Duration, mut f: impl FnMut()) -> f64 {
+    f();
+    let t = Instant::now();
+    f();
+    let one = t.elapsed().as_secs_f64().max(1e-7);
+    let reps = ((budget.as_secs_f64() / one) as usize).clamp(3, 101);
+    let mut times: Vec<f64> = (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+fn record(case: &str, metric: &str, value: f64, unit: &str) {
+    if let Err(e) = emit_record("gemm", case, metric, value, unit) {
+        eprintln!("gemm bench: record {case} {metric}: {e}");
+    }
+}
+
+fn main() {
+    let mut criterion = Criterion::default().configure_from_args();
+    let kernel = core_blas::isa().expect("CORE_BLAS_ISA names an available family");
+    let isa = core_blas::Gemm::global().expect("global context").isa();
+    let mm_threads: usize = std::env::var("MATMUL_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let quick = quick();
+    let peak_time = Duration::from_millis(if quick { 300 } else { 1000 });
+    let summary_budget = Duration::from_millis(if quick { 300 } else { 1500 });
+    let mut summary = Vec::new();
+
+    for threads in [1usize, 2] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("pool");
+        let peak = core_blas::peak::fma_peak_gflops(isa, threads, peak_time).expect("peak");
+        record(&format!("fma-peak-t{threads}"), "gflops", peak, "GFLOP/s");
+        let mut group = criterion.benchmark_group(flop_group(&format!("gemm-t{threads}")));
+        group
+            .sample_size(10)
+            .warm_up_time(Duration::from_millis(200));
+        for (name, m, n, k) in shapes() {
+            let flops = 2.0 * (m * n * k) as f64;
+            group.throughput(Throughput::Elements(flops as u64));
+            group.measurement_time(Duration::from_secs_f64(
+                (flops / 5e10 * 10.0).clamp(if quick { 0.5 } else { 2.0 }, 30.0),
+            ));
+            let a = data(m * k, 1);
+            let b = data(k * n, 2);
+            let mut c = vec![0.0f32; m * n];
+            group.bench_function(BenchmarkId::new(kernel, name), |bch| {
+                pool.install(|| bch.iter(|| ours(m, n, k, black_box(&a), black_box(&b), &mut c)))
+            });
+            let with_mm = threads == mm_threads;
+            if with_mm {
+                group.bench_function(BenchmarkId::new("matrixmultiply", name), |bch| {
+                    bch.iter(|| reference(m, n, k, black_box(&a), black_box(&b), &mut c))
+                });
+            }
+            // Our own medians, side by side, for the % of peak table.
+            let ours_gf = flops
+                / pool.install(|| median_secs(summary_budget, || ours(m, n, k, &a, &b, &mut c)))
+                / 1e9;
+            let mm_gf = with_mm.then(|| {
+                flops / median_secs(summary_budget, || reference(m, n, k, &a, &b, &mut c)) / 1e9
+            });
+            record(&format!("{name}-t{threads}"), "gflops", ours_gf, "GFLOP/s");
+            record(
+                &format!("{name}-t{threads}"),
+                "pct_of_peak",
+                100.0 * ours_gf / peak,
+                "%",
+            );
+            if let Some(mm) = mm_gf {
+                record(
+                    &format!("{name}-t{threads}-matrixmultiply"),
+                    "gflops",
+                    mm,
+                    "GFLOP/s",
+                );
+            }
+            summary.push((name, threads, ours_gf, mm_gf, peak));
+        }
+        group.finish();
+    }
+
+    println!("\ncore-blas {kernel}; load: {}", uptime());
+    println!(
+        "| shape | threads | core-blas GFLOP/s | % of FMA peak | matrixmultiply GFLOP/s | % of peak | FMA peak |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    for (name, threads, ours_gf, mm_gf, peak) in summary {
+        let (mm, mm_pct) = match mm_gf {
+            Some(v) => (format!("{v:.1}"), format!("{:.0}%", 100.0 * v / peak)),
+            None => ("-".into(), "-".into()),
+        };
+        println!(
+            "| {name} | {threads} | {ours_gf:.1} | {:.0}% | {mm} | {mm_pct} | {peak:.1} |",
+            100.0 * ours_gf / peak
+        );
+    }
+    criterion.final_summary();
+}
+
+/// The load average, to judge how noisy the run was.
+fn uptime() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}

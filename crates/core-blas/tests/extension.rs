@@ -1,0 +1,398 @@
+//! The extension points: a virtual B that packs itself, a virtual A, custom stores (scatter with
+//! k-passes, whole-k, serial), the fused bias/ReLU epilogue, generic batched products; and property
+//! tests of `sgemm` against the naive reference.
+
+mod common;
+
+use std::sync::Mutex;
+
+use common::{GEMM_TOL, Strided, assert_close, random, reference};
+use core_blas::{
+    Bias, BlockSizes, DenseStore, Gemm, Isa, MatMut, MatRef, PackA, PackB, Store, Tile,
+};
+use proptest::prelude::*;
+
+fn contexts() -> Vec<Gemm> {
+    let mut out = Vec::new();
+    for isa in Isa::available() {
+        let g = Gemm::new(isa).unwrap();
+        let (mr, nr) = g.tile();
+        out.push(g);
+        out.push(
+            g.with_block_sizes(BlockSizes {
+                mc: mr,
+                kc: 5,
+                nc: nr,
+            })
+            .unwrap(),
+        );
+    }
+    out
+}
+
+/// B[p, j] = f(p, j) computed on the fly: a matrix that exists nowhere in memory (the shape of
+/// convgemm's im2col source).
+struct FormulaB {
+    k: usize,
+    n: usize,
+}
+
+fn fb(p: usize, j: usize) -> f32 {
+    ((p * 31 + j * 17) % 23) as f32 * 0.125 - 1.0
+}
+
+impl PackB for FormulaB {
+    fn rows(&self) -> usize {
+        self.k
+    }
+    fn cols(&self) -> usize {
+        self.n
+    }
+    fn pack_b(&self, pc: usize, kc: usize, jc: usize, nc: usize, nr: usize, dst: &mut [f32]) {
+        for q in 0..nc.div_ceil(nr) {
+            for p in 0..kc {
+                for x in 0..nr {
+                    let j = q * nr + x;
+                    dst[q * kc * nr + p * nr + x] = if j < nc { fb(pc + p, jc + j) } else { 0.0 };
+                }
+            }
+        }
+    }
+}
+
+/// A[i, p] = g(i, p), packed on the fly.
+struct FormulaA {
+    m: usize,
+    k: usize,
+}
+
+fn fa(i: usize, p: usize) -> f32 {
+    ((i * 13 + p * 7) % 19) as f32 * 0.1 - 0.9
+}
+
+impl PackA for FormulaA {
+    fn rows(&self) -> usize {
+        self.m
+    }
+    fn cols(&self) -> usize {
+        self.k
+    }
+    fn pack_a(&self, ic: usize, mc: usize, pc: usize, kc: usize, mr: usize, dst: &mut [f32]) {
+        for q in 0..mc.div_ceil(mr) {
+            for p in 0..kc {
+                for x in 0..mr {
+                    let i = q * mr + x;
+                    dst[q * kc * mr + p * mr + x] = if i < mc { fa(ic + i, pc + p) } else { 0.0 };
+                }
+            }
+        }
+    }
+}
+
+/// Scatter-add into a transposed output through a lock: a linear store that adds every k-pass.
+/// It records how often each element was first-touched to check the k-pass flags.
+struct TransposeAdd {
+    m: usize,
+    n: usize,
+    out: Mutex<Vec<f32>>,
+    firsts: Mutex<Vec<u32>>,
+    lasts: Mutex<Vec<u32>>,
+    concurrent: bool,
+    whole_k: bool,
+}
+
+impl TransposeAdd {
+    fn new(m: usize, n: usize, concurrent: bool, whole_k: bool) -> Self {
+        Self {
+            m,
+            n,
+            out: Mutex::new(vec![0.0; m * n]),
+            firsts: Mutex::new(vec![0; m * n]),
+            lasts: Mutex::new(vec![0; m * n]),
+            concurrent,
+            whole_k,
+        }
+    }
+}
+
+impl Store for TransposeAdd {
+    fn rows(&self) -> usize {
+        self.m
+    }
+    fn cols(&self) -> usize {
+        self.n
+    }
+    fn store_tile(&self, t: &Tile<'_>) {
+        let mut out = self.out.lock().unwrap();
+        let mut firsts = self.firsts.lock().unwrap();
+        let mut lasts = self.lasts.lock().unwrap();
+        for r in 0..t.rows() {
+            for c in 0..t.cols() {
+                let (i, j) = (t.i() + r, t.j() + c);
+                out[j * self.m + i] += t.get(r, c);
+                firsts[j * self.m + i] += t.first() as u32;
+                lasts[j * self.m + i] += t.last() as u32;
+            }
+            assert_eq!(t.row(r).len(), t.cols());
+        }
+    }
+    fn concurrent(&self) -> bool {
+        self.concurrent
+    }
+    fn whole_k(&self) -> bool {
+        self.whole_k
+    }
+}
+
+fn formula_reference(m: usize, n: usize, k: usize) -> (Vec<f32>, Vec<f32>) {
+    let a: Vec<f32> = (0..m * k).map(|x| fa(x / k, x % k)).collect();
+    let b: Vec<f32> = (0..k * n).map(|x| fb(x / n, x % n)).collect();
+    (a, b)
+}
+
+#[test]
+fn virtual_sources_and_scatter_store() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    for g in contexts() {
+        for &(m, n, k) in &[(37, 53, 29), (130, 150, 120), (1, 1, 0), (9, 300, 1000)] {
+            for (concurrent, whole_k) in [(true, false), (false, false), (true, true)] {
+                let mut store = TransposeAdd::new(m, n, concurrent, whole_k);
+                let (a, b) = (FormulaA { m, k }, FormulaB { k, n });
+                pool.install(|| g.gemm_with(&a, &b, &mut store)).unwrap();
+                let (ad, bd) = formula_reference(m, n, k);
+                let expect = reference(
+                    m,
+                    n,
+                    k,
+                    1.0,
+                    Strided {
+                        data: &ad,
+                        rs: k,
+                        cs: 1,
+                    },
+                    Strided {
+                        data: &bd,
+                        rs: n,
+                        cs: 1,
+                    },
+                    0.0,
+                    Strided {
+                        data: &[],
+                        rs: 0,
+                        cs: 0,
+                    },
+                    GEMM_TOL,
+                );
+                let out = store.out.into_inner().unwrap();
+                let what = format!(
+                    "{} virtual {m}x{n}x{k} conc={concurrent} whole_k={whole_k}",
+                    g.kernel_name()
+                );
+                assert_close(
+                    &what,
+                    Strided {
+                        data: &out,
+                        rs: 1,
+                        cs: m,
+                    },
+                    m,
+                    n,
+                    &expect,
+                );
+                // Every element sees exactly one first and one last pass.
+                assert!(
+                    store.firsts.into_inner().unwrap().iter().all(|&x| x == 1),
+                    "{what}: first flags"
+                );
+                assert!(
+                    store.lasts.into_inner().unwrap().iter().all(|&x| x == 1),
+                    "{what}: last flags"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn bias_and_relu_epilogue() {
+    for g in contexts() {
+        for &(m, n, k) in &[(23, 41, 19), (70, 90, 300)] {
+            let a = random(m * k, 5);
+            let b = random(k * n, 6);
+            let row_bias = random(m, 7);
+            let col_bias = random(n, 8);
+            for per_row in [true, false] {
+                for relu in [false, true] {
+                    let mut c = random(m * n, 9);
+                    let c0 = c.clone();
+                    let (alpha, beta) = (1.5, 0.5);
+                    let cv = MatMut::row_major("c", &mut c, m, n, n).unwrap();
+                    let bias = if per_row {
+                        Bias::PerRow(&row_bias)
+                    } else {
+                        Bias::PerCol(&col_bias)
+                    };
+                    let mut store = DenseStore::new(cv, alpha, beta).with_bias(bias).unwrap();
+                    if relu {
+                        store = store.with_relu();
+                    }
+                    let av = MatRef::row_major("a", &a, m, k, k).unwrap();
+                    let bv = MatRef::row_major("b", &b, k, n, n).unwrap();
+                    g.gemm_with(&av, &bv, &mut store).unwrap();
+                    let expect = reference(
+                        m,
+                        n,
+                        k,
+                        alpha,
+                        Strided {
+                            data: &a,
+                            rs: k,
+                            cs: 1,
+                        },
+                        Strided {
+                            data: &b,
+                            rs: n,
+                            cs: 1,
+                        },
+                        beta,
+                        Strided {
+                            data: &c0,
+                            rs: n,
+                            cs: 1,
+                        },
+                        GEMM_TOL,
+                    );
+                    for i in 0..m {
+                        for j in 0..n {
+                            let (v, bound) = expect[i * n + j];
+                            let mut v = v + if per_row { row_bias[i] } else { col_bias[j] } as f64;
+                            if relu {
+                                v = v.max(0.0);
+                            }
+                            let got = c[i * n + j] as f64;
+                            assert!(
+                                (got - v).abs() <= bound + 1e-6,
+                                "{} bias C[{i},{j}] {got} vs {v}",
+                                g.kernel_name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // A short bias is an error naming it.
+    let mut c = vec![0.0; 6];
+    let cv = MatMut::row_major("c", &mut c, 2, 3, 3).unwrap();
+    let e = DenseStore::new(cv, 1.0, 0.0)
+        .with_bias(Bias::PerCol(&[1.0, 2.0]))
+        .unwrap_err();
+    assert!(matches!(
+        e,
+        core_blas::Error::SliceTooShort { arg: "bias", .. }
+    ));
+}
+
+#[test]
+fn generic_batched_products() {
+    for g in contexts() {
+        let (m, n, k, batch) = (33, 47, 21, 5);
+        let a: Vec<Vec<f32>> = (0..batch).map(|p| random(m * k, 40 + p as u64)).collect();
+        let b: Vec<Vec<f32>> = (0..batch).map(|p| random(k * n, 50 + p as u64)).collect();
+        let mut c: Vec<Vec<f32>> = (0..batch).map(|_| vec![f32::NAN; m * n]).collect();
+        let av: Vec<MatRef<'_>> = a
+            .iter()
+            .map(|x| MatRef::row_major("a", x, m, k, k).unwrap())
+            .collect();
+        let bv: Vec<MatRef<'_>> = b
+            .iter()
+            .map(|x| MatRef::row_major("b", x, k, n, n).unwrap())
+            .collect();
+        let mut stores: Vec<DenseStore<'_>> = c
+            .iter_mut()
+            .map(|x| DenseStore::new(MatMut::row_major("c", x, m, n, n).unwrap(), 1.0, 0.0))
+            .collect();
+        g.gemm_batched_with(&av, &bv, &mut stores).unwrap();
+        drop(stores);
+        for p in 0..batch {
+            let expect = reference(
+                m,
+                n,
+                k,
+                1.0,
+                Strided {
+                    data: &a[p],
+                    rs: k,
+                    cs: 1,
+                },
+                Strided {
+                    data: &b[p],
+                    rs: n,
+                    cs: 1,
+                },
+                0.0,
+                Strided {
+                    data: &[],
+                    rs: 0,
+                    cs: 0,
+                },
+                GEMM_TOL,
+            );
+            assert_close(
+                &format!("{} generic batch {p}", g.kernel_name()),
+                Strided {
+                    data: &c[p],
+                    rs: n,
+                    cs: 1,
+                },
+                m,
+                n,
+                &expect,
+            );
+        }
+        // Mismatched batch lengths are an error.
+        let mut one: Vec<DenseStore<'_>> = Vec::new();
+        assert!(g.gemm_batched_with(&av, &bv[..1], &mut one).is_err());
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    /// Random shapes, transposes, leading dimensions, alpha/beta and families against the naive
+    /// reference.
+    #[test]
+    fn sgemm_matches_naive(
+        m in 0usize..70, n in 0usize..70, k in 0usize..90,
+        ta in any::<bool>(), tb in any::<bool>(),
+        pad in (0usize..4, 0usize..4, 0usize..4),
+        alpha in prop::sample::select(vec![1.0f32, -1.0, 0.5, 0.0, 3.0]),
+        beta in prop::sample::select(vec![0.0f32, 1.0, -0.5, 2.0]),
+        family in 0usize..8,
+        seed in 0u64..1000,
+    ) {
+        let ctx = contexts();
+        let g = ctx[family % ctx.len()];
+        let lda = if ta { m } else { k }.max(1) + pad.0;
+        let ldb = if tb { k } else { n }.max(1) + pad.1;
+        let ldc = n.max(1) + pad.2;
+        let a = random(lda * if ta { k } else { m }, seed);
+        let b = random(ldb * if tb { n } else { k }, seed + 1);
+        let mut c = if beta == 0.0 { vec![f32::NAN; ldc * m] } else { random(ldc * m, seed + 2) };
+        let c0 = c.clone();
+        let av = if ta { Strided { data: &a, rs: 1, cs: lda } } else { Strided { data: &a, rs: lda, cs: 1 } };
+        let bv = if tb { Strided { data: &b, rs: 1, cs: ldb } } else { Strided { data: &b, rs: ldb, cs: 1 } };
+        let expect = reference(m, n, k, alpha, av, bv, beta, Strided { data: &c0, rs: ldc, cs: 1 }, GEMM_TOL);
+        g.sgemm(ta, tb, m, n, k, alpha, &a, lda, &b, ldb, beta, &mut c, ldc).unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                let (v, bound) = expect[i * n + j];
+                let got = c[i * ldc + j] as f64;
+                prop_assert!((got - v).abs() <= bound, "{} C[{},{}] = {} vs {} ± {}", g.kernel_name(), i, j, got, v, bound);
+            }
+        }
+    }
+}
