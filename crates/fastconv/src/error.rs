@@ -92,6 +92,12 @@ pub enum FastconvError {
         /// Why.
         detail: String,
     },
+    /// The transformed-domain GEMM failed (an internal shape bug, never expected).
+    #[error("core-blas: {0}")]
+    Gemm(#[from] core_blas::Error),
+    /// A geometry could not be built or checked by `conv-ops`.
+    #[error("geometry: {0}")]
+    Geometry(#[from] conv_ops::ConvError),
 }
 
 /// Result alias of `fastconv`.

@@ -114,6 +114,15 @@ impl WinogradTransform {
     /// Errors: `m` or `r` zero, a point count other than `α`, a repeated point (two infinities
     /// count as repeated).
     pub fn synthesize(m: usize, r: usize, points: &[Point]) -> Result<Self> {
+        let t = Self::synthesize_unverified(m, r, points)?;
+        t.verify()?;
+        Ok(t)
+    }
+
+    /// [`WinogradTransform::synthesize`] without the exact self-proof: for screening thousands
+    /// of candidate point sets in [`crate::points::search`], whose chosen set is then synthesized
+    /// and proved with [`WinogradTransform::synthesize`].
+    pub(crate) fn synthesize_unverified(m: usize, r: usize, points: &[Point]) -> Result<Self> {
         if m == 0 {
             return Err(FastconvError::Zero { arg: "m" });
         }

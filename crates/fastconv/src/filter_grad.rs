@@ -1,0 +1,116 @@
+//! Backward-filter by F(r, m′): the roles of kernel and output swapped.
+//!
+//! `dw[k,c,i] = Σ_n Σ_o x[n,c,o+i−p] dy[n,k,o]` is, for every chunk of `m′` outputs `o`, a
+//! correlation of an `α = r + m′ − 1` input segment with an `m′`-tap "kernel" (the chunk of `dy`)
+//! that yields all `r` taps: F(r, m′). The transform is linear, so the products of all tiles and
+//! images are summed in the transformed domain — per ξ one GEMM `M_ξ += U′_ξ · V_ξᵀ`,
+//! (K × T_b)·(T_b × C), accumulated over tile blocks — and one output transform per (k, c) at the
+//! end. Blocks run on rayon's pool, each thread accumulating its own M, summed at the end.
+
+use conv_ops::ConvGeometry;
+use rayon::prelude::*;
+
+use crate::error::Result;
+use crate::ntransform::{TileTransforms, multi_mode_product_unchecked};
+use crate::tiled::{gather_tiles, tiles_per_dim};
+
+/// `dw` (K×C×kernel, overwritten) from `x` and `dy` with the F(r, m′) transforms `tt`
+/// (`tt.out_tile()` = kernel, `tt.kernel()` = m′). Shapes validated by the caller.
+pub(crate) fn backward_filter(
+    g: &ConvGeometry,
+    tt: &TileTransforms,
+    x: &[f32],
+    dy: &[f32],
+    dw: &mut [f32],
+    block_tiles: usize,
+) -> Result<()> {
+    let rank = g.rank();
+    let (c_in, k_out) = (g.in_channels(), g.out_channels());
+    let alpha = tt.in_tile();
+    let a_n: usize = alpha.iter().product();
+    let mp = tt.kernel().to_vec();
+    let mp_n: usize = mp.iter().product();
+    let taps = g.kernel_len();
+    debug_assert_eq!(tt.out_tile(), g.kernel());
+    let tpd = tiles_per_dim(g.output(), &mp);
+    let total = g.batch() * tpd.iter().product::<usize>();
+    let block = block_tiles.clamp(1, total.max(1));
+    let n_blocks = total.div_ceil(block);
+    let pad: Vec<isize> = g.pad_before().iter().map(|&p| p as isize).collect();
+    let zero_pad = vec![0isize; rank];
+
+    let run_block = |mut acc: Vec<f32>, b: usize| -> Result<Vec<f32>> {
+        let t0 = b * block;
+        let tb = ((b + 1) * block).min(total) - t0;
+        let mut d = vec![0.0f32; a_n * c_in * tb];
+        gather_tiles(x, g.input(), c_in, &alpha, &mp, &pad, &tpd, t0, tb, &mut d);
+        let mut dims = alpha.clone();
+        dims.push(c_in * tb);
+        let (mut scratch, mut v) = (Vec::new(), Vec::new());
+        multi_mode_product_unchecked(&d, &dims, &tt.bt(), &mut scratch, &mut v);
+        drop(d);
+        let mut e = vec![0.0f32; mp_n * k_out * tb];
+        gather_tiles(
+            dy,
+            g.output(),
+            k_out,
+            &mp,
+            &mp,
+            &zero_pad,
+            &tpd,
+            t0,
+            tb,
+            &mut e,
+        );
+        let u = tt.kernel_transform(&e, k_out * tb)?;
+        drop(e);
+        // M_ξ (K × C) += U′_ξ (K × T_b) · V_ξᵀ (T_b × C).
+        core_blas::sgemm_batched(
+            false,
+            true,
+            k_out,
+            c_in,
+            tb,
+            1.0,
+            &u,
+            tb,
+            k_out * tb,
+            &v,
+            tb,
+            c_in * tb,
+            1.0,
+            &mut acc,
+            c_in,
+            k_out * c_in,
+            a_n,
+        )?;
+        Ok(acc)
+    };
+
+    let zero = || vec![0.0f32; a_n * k_out * c_in];
+    let acc = if n_blocks <= 1 || rayon::current_num_threads() <= 1 {
+        (0..n_blocks).try_fold(zero(), run_block)?
+    } else {
+        (0..n_blocks)
+            .into_par_iter()
+            .try_fold(zero, run_block)
+            .try_reduce(zero, |mut a, b| {
+                for (x, y) in a.iter_mut().zip(&b) {
+                    *x += y;
+                }
+                Ok(a)
+            })?
+    };
+    // One output transform: (α^N, K·C) → (r^N, K·C), then to K×C×taps.
+    let mut dims = alpha.clone();
+    dims.push(k_out * c_in);
+    let (mut scratch, mut out) = (Vec::new(), Vec::new());
+    multi_mode_product_unchecked(&acc, &dims, &tt.at(), &mut scratch, &mut out);
+    debug_assert_eq!(out.len(), taps * k_out * c_in);
+    for kc in 0..k_out * c_in {
+        for t in 0..taps {
+            dw[kc * taps + t] = out[t * k_out * c_in + kc];
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,310 @@
+//! [`WinogradPlan`]: the fast algorithm for one convolution geometry, all three training passes.
+//!
+//! A plan fixes the tile (m per spatial dimension; chosen by [`crate::cost::choose_tile`] unless
+//! given), synthesizes the transforms, and caches the transformed kernels until the weights change
+//! (a copy of the weights is kept and compared bit for bit, a memcmp that is cheap next to the
+//! convolution).
+//!
+//! - forward: `y = conv(x, w)` by F(m, r) tiles ([`crate::tiled`]);
+//! - backward-data: the same machinery on the flipped, channel-transposed kernel with padding
+//!   `r − 1 − p` (negative padding crops);
+//! - backward-filter: F(r, m′), the roles of kernel and output swapped: `dy` chunks are the
+//!   "kernels", every tile produces all `r` taps, and the products are accumulated over tiles in
+//!   the transformed domain before a single output transform ([`crate::filter_grad`]).
+//!
+//! Only stride 1, dilation 1 and one group are supported; anything else is refused with
+//! [`FastconvError::Unsupported`] naming the argument, so `nn` falls back to `conv-ops`.
+
+use conv_ops::ConvGeometry;
+
+use crate::error::{FastconvError, Result};
+use crate::ntransform::TileTransforms;
+use crate::points::transform_for;
+use crate::tiled::{Correlation, correlate};
+
+/// Transformed kernels and the weights they were computed from.
+#[derive(Debug, Clone)]
+struct KernelCache {
+    w_bits: Vec<u32>,
+    u: Vec<f32>,
+}
+
+impl KernelCache {
+    fn matches(&self, w: &[f32]) -> bool {
+        self.w_bits.len() == w.len() && self.w_bits.iter().zip(w).all(|(b, v)| *b == v.to_bits())
+    }
+}
+
+/// Default number of tiles per block when none is set: enough columns for an efficient GEMM,
+/// bounded so that V and M of one block stay within about 1 MiB (the L2 of current x86 cores).
+pub fn default_block_tiles(alpha_n: usize, in_channels: usize, out_channels: usize) -> usize {
+    let per_tile_bytes = 4 * alpha_n * (in_channels + out_channels);
+    ((1 << 20) / per_tile_bytes.max(1)).clamp(32, 1024)
+}
+
+/// The Winograd algorithm for one geometry: tile choice, transforms, cached kernel transforms.
+#[derive(Debug, Clone)]
+pub struct WinogradPlan {
+    geom: ConvGeometry,
+    tile: Vec<usize>,
+    filter_tile: Vec<usize>,
+    fwd: TileTransforms,
+    bwd_filter: TileTransforms,
+    block_tiles: Option<usize>,
+    cache_fwd: Option<KernelCache>,
+    cache_bwd: Option<KernelCache>,
+}
+
+/// Refuses what Winograd cannot do, naming the argument.
+pub fn check_supported(geom: &ConvGeometry) -> Result<()> {
+    if let Some(s) = geom.stride().iter().find(|&&s| s != 1) {
+        return Err(FastconvError::Unsupported {
+            arg: "stride",
+            detail: format!("{s} (only stride 1; use conv-ops)"),
+        });
+    }
+    if let Some(d) = geom.dilation().iter().find(|&&d| d != 1) {
+        return Err(FastconvError::Unsupported {
+            arg: "dilation",
+            detail: format!("{d} (only dilation 1; use conv-ops)"),
+        });
+    }
+    if geom.groups() != 1 {
+        return Err(FastconvError::Unsupported {
+            arg: "groups",
+            detail: format!("{} (only 1 group; use conv-ops)", geom.groups()),
+        });
+    }
+    if geom.batch() == 0 {
+        return Err(FastconvError::Zero { arg: "batch" });
+    }
+    if geom.in_channels() == 0 {
+        return Err(FastconvError::Zero { arg: "in_channels" });
+    }
+    if geom.out_channels() == 0 {
+        return Err(FastconvError::Zero {
+            arg: "out_channels",
+        });
+    }
+    Ok(())
+}
+
+/// Broadcasts a per-dimension argument (one entry for all dimensions, or one per dimension).
+fn per_dim(arg: &'static str, v: &[usize], rank: usize) -> Result<Vec<usize>> {
+    let out = match v.len() {
+        1 => vec![v[0]; rank],
+        n if n == rank => v.to_vec(),
+        n => {
+            return Err(FastconvError::Rank {
+                arg,
+                got: n,
+                expected: rank,
+            });
+        }
+    };
+    if out.contains(&0) {
+        return Err(FastconvError::Zero { arg });
+    }
+    Ok(out)
+}
+
+impl WinogradPlan {
+    /// A plan for `geom` with output tile `tile` (m per spatial dimension, or one value for all);
+    /// `None` lets the cost model choose ([`crate::cost::choose_tile`]). The backward-filter pass
+    /// uses F(r, m′) with m′ = the forward tile.
+    ///
+    /// Errors: stride, dilation or groups not 1 (`Unsupported`), a tile of wrong rank or zero, or
+    /// an F(m, r) whose transform cannot be built.
+    pub fn new(geom: &ConvGeometry, tile: Option<&[usize]>) -> Result<Self> {
+        check_supported(geom)?;
+        let rank = geom.rank();
+        let tile = match tile {
+            Some(t) => per_dim("tile", t, rank)?,
+            None => crate::cost::choose_tile(geom, &crate::cost::CostModel::default())?,
+        };
+        Self::with_filter_tile(geom, &tile, &tile)
+    }
+
+    /// As [`WinogradPlan::new`] with an explicit tile for each pass: `tile` (m of F(m, r), forward
+    /// and backward-data) and `filter_tile` (m′ of F(r, m′), backward-filter).
+    pub fn with_filter_tile(
+        geom: &ConvGeometry,
+        tile: &[usize],
+        filter_tile: &[usize],
+    ) -> Result<Self> {
+        check_supported(geom)?;
+        let rank = geom.rank();
+        let tile = per_dim("tile", tile, rank)?;
+        let filter_tile = per_dim("filter_tile", filter_tile, rank)?;
+        let kernel = geom.kernel();
+        let fwd: Vec<_> = tile
+            .iter()
+            .zip(kernel)
+            .map(|(&m, &r)| transform_for(m, r))
+            .collect::<Result<_>>()?;
+        let bf: Vec<_> = filter_tile
+            .iter()
+            .zip(kernel)
+            .map(|(&mp, &r)| transform_for(r, mp))
+            .collect::<Result<_>>()?;
+        Ok(WinogradPlan {
+            geom: *geom,
+            tile,
+            filter_tile,
+            fwd: TileTransforms::new(&fwd)?,
+            bwd_filter: TileTransforms::new(&bf)?,
+            block_tiles: None,
+            cache_fwd: None,
+            cache_bwd: None,
+        })
+    }
+
+    /// The geometry.
+    pub fn geometry(&self) -> &ConvGeometry {
+        &self.geom
+    }
+
+    /// Output tile m per spatial dimension (forward and backward-data).
+    pub fn tile(&self) -> &[usize] {
+        &self.tile
+    }
+
+    /// Tile m′ of F(r, m′) per spatial dimension (backward-filter).
+    pub fn filter_tile(&self) -> &[usize] {
+        &self.filter_tile
+    }
+
+    /// Overrides the number of tiles per block (cache blocking); `0` is refused.
+    pub fn set_block_tiles(&mut self, tiles: usize) -> Result<()> {
+        if tiles == 0 {
+            return Err(FastconvError::Zero { arg: "tiles" });
+        }
+        self.block_tiles = Some(tiles);
+        Ok(())
+    }
+
+    fn block(&self, alpha_n: usize, c: usize, k: usize) -> usize {
+        self.block_tiles
+            .unwrap_or_else(|| default_block_tiles(alpha_n, c, k))
+    }
+
+    fn check(&self, arg: &'static str, got: usize, expected: usize) -> Result<()> {
+        if got != expected {
+            return Err(FastconvError::BufferLength { arg, got, expected });
+        }
+        Ok(())
+    }
+
+    /// Kernel transform of `batch` kernels laid out (taps, batch), cached under `w`'s bits.
+    fn transformed(
+        cache: &mut Option<KernelCache>,
+        tt: &TileTransforms,
+        w: &[f32],
+        layout: impl FnOnce() -> (Vec<f32>, usize),
+    ) -> Result<()> {
+        if cache.as_ref().is_some_and(|c| c.matches(w)) {
+            return Ok(());
+        }
+        let (g, batch) = layout();
+        let u = tt.kernel_transform(&g, batch)?;
+        *cache = Some(KernelCache {
+            w_bits: w.iter().map(|v| v.to_bits()).collect(),
+            u,
+        });
+        Ok(())
+    }
+
+    /// Forward pass `y = conv(x, w)` (no bias): x N×C×spatial, w K×C×kernel, y N×K×output.
+    pub fn forward(&mut self, x: &[f32], w: &[f32], y: &mut [f32]) -> Result<()> {
+        let g = self.geom;
+        self.check("x", x.len(), g.x_len())?;
+        self.check("w", w.len(), g.w_len())?;
+        self.check("y", y.len(), g.y_len())?;
+        let (c, k, taps) = (g.in_channels(), g.out_channels(), g.kernel_len());
+        // U[ξ][c][k] from g[tap][c·K + k] = w[k][c][tap].
+        Self::transformed(&mut self.cache_fwd, &self.fwd, w, || {
+            let mut gl = vec![0.0f32; taps * c * k];
+            for ki in 0..k {
+                for ci in 0..c {
+                    for t in 0..taps {
+                        gl[t * c * k + ci * k + ki] = w[(ki * c + ci) * taps + t];
+                    }
+                }
+            }
+            (gl, c * k)
+        })?;
+        let job = Correlation {
+            batch: g.batch(),
+            in_channels: c,
+            out_channels: k,
+            input: g.input().to_vec(),
+            output: g.output().to_vec(),
+            pad_before: g.pad_before().iter().map(|&p| p as isize).collect(),
+        };
+        let alpha_n: usize = self.fwd.in_tile().iter().product();
+        let block = self.block(alpha_n, c, k);
+        let u = &self
+            .cache_fwd
+            .as_ref()
+            .map(|c| &c.u)
+            .ok_or(FastconvError::Zero { arg: "w" })?;
+        correlate(&job, &self.fwd, u, x, y, block)
+    }
+
+    /// Backward-data pass `dx = ∂⟨y, dy⟩/∂x`: dy N×K×output, w K×C×kernel, dx N×C×input.
+    /// Computed as a forward correlation of `dy` with the flipped, transposed kernel and padding
+    /// `r − 1 − pad_before` per dimension.
+    pub fn backward_data(&mut self, dy: &[f32], w: &[f32], dx: &mut [f32]) -> Result<()> {
+        let g = self.geom;
+        self.check("dy", dy.len(), g.y_len())?;
+        self.check("w", w.len(), g.w_len())?;
+        self.check("dx", dx.len(), g.x_len())?;
+        let (c, k, taps) = (g.in_channels(), g.out_channels(), g.kernel_len());
+        // U[ξ][k][c] from g[s][k·C + c] = w[k][c][flip(s)], flip reverses every spatial index,
+        // which on the row-major flat tap index is taps − 1 − s.
+        Self::transformed(&mut self.cache_bwd, &self.fwd, w, || {
+            let mut gl = vec![0.0f32; taps * c * k];
+            for ki in 0..k {
+                for ci in 0..c {
+                    for s in 0..taps {
+                        gl[s * c * k + ki * c + ci] = w[(ki * c + ci) * taps + (taps - 1 - s)];
+                    }
+                }
+            }
+            (gl, c * k)
+        })?;
+        let job = Correlation {
+            batch: g.batch(),
+            in_channels: k,
+            out_channels: c,
+            input: g.output().to_vec(),
+            output: g.input().to_vec(),
+            pad_before: g
+                .kernel()
+                .iter()
+                .zip(g.pad_before())
+                .map(|(&r, &p)| r as isize - 1 - p as isize)
+                .collect(),
+        };
+        let alpha_n: usize = self.fwd.in_tile().iter().product();
+        let block = self.block(alpha_n, k, c);
+        let u = &self
+            .cache_bwd
+            .as_ref()
+            .map(|c| &c.u)
+            .ok_or(FastconvError::Zero { arg: "w" })?;
+        correlate(&job, &self.fwd, u, dy, dx, block)
+    }
+
+    /// Backward-filter pass `dw = ∂⟨y, dy⟩/∂w`: x N×C×input, dy N×K×output, dw K×C×kernel
+    /// (overwritten), by F(r, m′) accumulated over tiles.
+    pub fn backward_filter(&mut self, x: &[f32], dy: &[f32], dw: &mut [f32]) -> Result<()> {
+        let g = self.geom;
+        self.check("x", x.len(), g.x_len())?;
+        self.check("dy", dy.len(), g.y_len())?;
+        self.check("dw", dw.len(), g.w_len())?;
+        let alpha_n: usize = self.bwd_filter.in_tile().iter().product();
+        let block = self.block(alpha_n, g.in_channels(), g.out_channels());
+        crate::filter_grad::backward_filter(&g, &self.bwd_filter, x, dy, dw, block)
+    }
+}

@@ -1,0 +1,253 @@
+//! Tiled execution of a multi-channel N-d correlation by the fast algorithm (eq. 5, Algorithm 2).
+//!
+//! Four stages per block of tiles, as in NNPACK and the paper:
+//! 1. input transform: gather `T_b` input tiles of every channel into D (α^N × C × T_b, zero
+//!    outside the padded input) and apply Bᵀ along every spatial mode (V = D ×ₙ Bₙᵀ);
+//! 2. for every transformed coordinate ξ ∈ α^N one GEMM `M_ξ = U_ξᵀ · V_ξ`, (K × C)·(C × T_b): all
+//!    α^N of them as one `core_blas::sgemm_batched` call;
+//! 3. output transform Y = M ×ₙ Aₙᵀ (m^N × K × T_b);
+//! 4. scatter the in-range outputs into y.
+//!
+//! The kernel transform U (α^N × C × K) is computed once (see [`crate::plan`]). Blocks of tiles are
+//! sized to stay in cache and run on rayon's pool, a wave of blocks at a time.
+
+use rayon::prelude::*;
+
+use crate::error::Result;
+use crate::ntransform::{TileTransforms, multi_mode_product_unchecked};
+
+/// A stride-1 multi-channel correlation `y[n,k,o] = Σ_c Σ_i x[n,c,o+i−p] w[k,c,i]` with a signed
+/// offset `p` per dimension (negative = cropping, used by backward-data) and explicit output size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Correlation {
+    pub batch: usize,
+    pub in_channels: usize,
+    pub out_channels: usize,
+    pub input: Vec<usize>,
+    pub output: Vec<usize>,
+    pub pad_before: Vec<isize>,
+}
+
+/// Row-major strides of a shape.
+pub(crate) fn strides(dims: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; dims.len()];
+    for n in (0..dims.len().saturating_sub(1)).rev() {
+        s[n] = s[n + 1] * dims[n + 1];
+    }
+    s
+}
+
+/// Unravels a flat row-major index.
+pub(crate) fn unravel(mut flat: usize, dims: &[usize], idx: &mut [usize]) {
+    for n in (0..dims.len()).rev() {
+        idx[n] = flat % dims[n];
+        flat /= dims[n];
+    }
+}
+
+/// Tiles per dimension: ⌈output / m⌉.
+pub(crate) fn tiles_per_dim(output: &[usize], m: &[usize]) -> Vec<usize> {
+    output.iter().zip(m).map(|(o, m)| o.div_ceil(*m)).collect()
+}
+
+/// Runs the correlation with transformed kernels `u` (α^N × C × K). Shapes are validated by the
+/// caller (`debug_assert!`ed here).
+pub(crate) fn correlate(
+    job: &Correlation,
+    tt: &TileTransforms,
+    u: &[f32],
+    x: &[f32],
+    y: &mut [f32],
+    block_tiles: usize,
+) -> Result<()> {
+    let rank = job.input.len();
+    let alpha = tt.in_tile();
+    let m = tt.out_tile().to_vec();
+    let (c_in, k_out) = (job.in_channels, job.out_channels);
+    let a_n: usize = alpha.iter().product();
+    let m_n: usize = m.iter().product();
+    let in_len: usize = job.input.iter().product();
+    let out_len: usize = job.output.iter().product();
+    debug_assert_eq!(u.len(), a_n * c_in * k_out);
+    debug_assert_eq!(x.len(), job.batch * c_in * in_len);
+    debug_assert_eq!(y.len(), job.batch * k_out * out_len);
+    debug_assert_eq!(tt.rank(), rank);
+
+    let tpd = tiles_per_dim(&job.output, &m);
+    let tiles_per_image: usize = tpd.iter().product();
+    let total = job.batch * tiles_per_image;
+    let block = block_tiles.clamp(1, total.max(1));
+    let n_blocks = total.div_ceil(block);
+    let threads = rayon::current_num_threads().max(1);
+
+    let out_strides = strides(&job.output);
+
+    // One block: tiles t0..t1 → their outputs, laid out (m^N, K, T_b).
+    let run_block = |t0: usize, t1: usize| -> Result<Vec<f32>> {
+        let tb = t1 - t0;
+        let mut d = vec![0.0f32; a_n * c_in * tb];
+        gather_tiles(
+            x,
+            &job.input,
+            c_in,
+            &alpha,
+            &m,
+            &job.pad_before,
+            &tpd,
+            t0,
+            tb,
+            &mut d,
+        );
+        // Stage 1: V = D ×ₙ Bₙᵀ over the spatial modes; trailing (C, T_b) untouched.
+        let mut dims = alpha.clone();
+        dims.push(c_in * tb);
+        let (mut scratch, mut v) = (Vec::new(), Vec::new());
+        multi_mode_product_unchecked(&d, &dims, &tt.bt(), &mut scratch, &mut v);
+        drop(d);
+        // Stage 2: M_ξ (K × T_b) = U_ξᵀ (K × C) · V_ξ (C × T_b), for all ξ.
+        let mut mm = vec![0.0f32; a_n * k_out * tb];
+        core_blas::sgemm_batched(
+            true,
+            false,
+            k_out,
+            tb,
+            c_in,
+            1.0,
+            u,
+            k_out,
+            c_in * k_out,
+            &v,
+            tb,
+            c_in * tb,
+            0.0,
+            &mut mm,
+            tb,
+            k_out * tb,
+            a_n,
+        )?;
+        // Stage 3: Y = M ×ₙ Aₙᵀ.
+        let mut dims = alpha.clone();
+        dims.push(k_out * tb);
+        let mut yb = Vec::new();
+        multi_mode_product_unchecked(&mm, &dims, &tt.at(), &mut scratch, &mut yb);
+        debug_assert_eq!(yb.len(), m_n * k_out * tb);
+        Ok(yb)
+    };
+
+    // Stage 4: scatter a block's outputs (only the in-range part of edge tiles).
+    let scatter = |y: &mut [f32], t0: usize, t1: usize, yb: &[f32]| {
+        let tb = t1 - t0;
+        let last = rank - 1;
+        let prefix_n: usize = m[..last].iter().product();
+        let mut tidx = vec![0; rank];
+        let mut wi = vec![0; last];
+        for j in 0..tb {
+            let t = t0 + j;
+            let n = t / tiles_per_image;
+            unravel(t % tiles_per_image, &tpd, &mut tidx);
+            let o_last = tidx[last] * m[last];
+            let len = m[last].min(job.output[last] - o_last);
+            'rows: for pf in 0..prefix_n {
+                unravel(pf, &m[..last], &mut wi);
+                let mut off = o_last;
+                for dd in 0..last {
+                    let o = tidx[dd] * m[dd] + wi[dd];
+                    if o >= job.output[dd] {
+                        continue 'rows;
+                    }
+                    off += o * out_strides[dd];
+                }
+                let base = n * k_out * out_len + off;
+                let src = pf * m[last] * k_out * tb + j;
+                for k in 0..k_out {
+                    let dst = &mut y[base + k * out_len..base + k * out_len + len];
+                    for (i, v) in dst.iter_mut().enumerate() {
+                        *v = yb[src + i * k_out * tb + k * tb];
+                    }
+                }
+            }
+        }
+    };
+
+    let mut b = 0;
+    while b < n_blocks {
+        let wave_end = (b + threads).min(n_blocks);
+        let ranges: Vec<(usize, usize)> = (b..wave_end)
+            .map(|i| (i * block, ((i + 1) * block).min(total)))
+            .collect();
+        let outs: Vec<Result<Vec<f32>>> = if ranges.len() == 1 {
+            vec![run_block(ranges[0].0, ranges[0].1)]
+        } else {
+            ranges
+                .par_iter()
+                .map(|&(t0, t1)| run_block(t0, t1))
+                .collect()
+        };
+        for (&(t0, t1), yb) in ranges.iter().zip(outs) {
+            scatter(y, t0, t1, &yb?);
+        }
+        b = wave_end;
+    }
+    Ok(())
+}
+
+/// Gathers `tb` tiles (global tile indices `t0..t0 + tb`) of `channels` channels from `src`
+/// (images × channels × `src_dims`) into `dst` (`tile_dims` × channels × tb), which must be zeroed:
+/// entries outside `src` (padding) are left at zero. Tile `t` of image `n` starts at
+/// `tidx · step − pad` per dimension, `tpd` tiles per dimension. Works row by row along the last
+/// dimension, clipping each row once.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gather_tiles(
+    src: &[f32],
+    src_dims: &[usize],
+    channels: usize,
+    tile_dims: &[usize],
+    step: &[usize],
+    pad: &[isize],
+    tpd: &[usize],
+    t0: usize,
+    tb: usize,
+    dst: &mut [f32],
+) {
+    let rank = src_dims.len();
+    let last = rank - 1;
+    let src_len: usize = src_dims.iter().product();
+    let src_strides = strides(src_dims);
+    let tile_n: usize = tile_dims.iter().product();
+    let prefix_n: usize = tile_dims[..last].iter().product();
+    let per_image: usize = tpd.iter().product();
+    let a_last = tile_dims[last];
+    debug_assert_eq!(dst.len(), tile_n * channels * tb);
+    let (mut tidx, mut xi) = (vec![0; rank], vec![0; last]);
+    for j in 0..tb {
+        let t = t0 + j;
+        let n = t / per_image;
+        unravel(t % per_image, tpd, &mut tidx);
+        // Clip the last dimension once per tile: in-range tile positions [lo, hi).
+        let start = (tidx[last] * step[last]) as isize - pad[last];
+        let lo = (-start).clamp(0, a_last as isize) as usize;
+        let hi = (src_dims[last] as isize - start).clamp(0, a_last as isize) as usize;
+        if lo >= hi {
+            continue;
+        }
+        'rows: for pf in 0..prefix_n {
+            unravel(pf, &tile_dims[..last], &mut xi);
+            let mut off = 0usize;
+            for d in 0..last {
+                let coord = (tidx[d] * step[d] + xi[d]) as isize - pad[d];
+                if coord < 0 || coord as usize >= src_dims[d] {
+                    continue 'rows;
+                }
+                off += coord as usize * src_strides[d];
+            }
+            let row0 = (start + lo as isize) as usize + off;
+            for c in 0..channels {
+                let s = &src[n * channels * src_len + c * src_len + row0..][..hi - lo];
+                let d0 = (pf * a_last + lo) * channels * tb + c * tb + j;
+                for (i, &v) in s.iter().enumerate() {
+                    dst[d0 + i * channels * tb] = v;
+                }
+            }
+        }
+    }
+}

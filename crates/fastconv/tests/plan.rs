@@ -1,0 +1,220 @@
+//! WinogradPlan against conv-ops' naive f64-accumulating reference: forward, backward-data,
+//! backward-filter on random 1-D, 2-D and 3-D geometries with odd sizes, asymmetric padding and
+//! per-dimension tiles; plus the adjoint identities and the refusals.
+
+use conv_ops::ConvGeometry;
+use conv_ops::reference;
+use conv_ops::testing::{dot, max_rel_error, uniform};
+use fastconv::{CostModel, FastconvError, WinogradPlan, choose_tile};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+/// Winograd's error relative to max|y| grows with α and with the number of summed products.
+/// Every tile used here has α ≤ 8, whose tabulated 2-D error is ≤ 2e-5 for one channel; channel
+/// sums of ≤ 6·4³ terms add the usual √terms·ε. 2e-4 is above both by a margin and far below the
+/// O(1) error of any indexing mistake.
+const TOL: f64 = 2e-4;
+
+fn f64s(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| x as f64).collect()
+}
+
+fn random_case(rng: &mut SmallRng) -> (ConvGeometry, Vec<usize>, Vec<usize>) {
+    loop {
+        let rank = rng.random_range(1..=3);
+        let max_in = [0, 19, 11, 7][rank];
+        let input: Vec<usize> = (0..rank).map(|_| rng.random_range(1..=max_in)).collect();
+        let kernel: Vec<usize> = (0..rank).map(|_| rng.random_range(1..=4)).collect();
+        let pb: Vec<usize> = kernel.iter().map(|&r| rng.random_range(0..=r)).collect();
+        let pa: Vec<usize> = kernel.iter().map(|&r| rng.random_range(0..=r)).collect();
+        let (n, c, k) = (
+            rng.random_range(1..=2),
+            rng.random_range(1..=6),
+            rng.random_range(1..=5),
+        );
+        let Ok(g) = ConvGeometry::new(n, c, k, &input, &kernel)
+            .and_then(|g| g.with_padding_per_side(&pb, &pa))
+        else {
+            continue;
+        };
+        // m ≤ 6 with α = m + r − 1 ≤ 8.
+        let tile: Vec<usize> = kernel
+            .iter()
+            .map(|&r| rng.random_range(1..=(9 - r).min(6)))
+            .collect();
+        let ftile: Vec<usize> = kernel
+            .iter()
+            .map(|&r| rng.random_range(1..=(9 - r).min(6)))
+            .collect();
+        return (g, tile, ftile);
+    }
+}
+
+#[test]
+fn three_passes_match_reference_on_random_geometries() {
+    let mut rng = SmallRng::seed_from_u64(2024);
+    for case in 0..60 {
+        let (g, tile, ftile) = random_case(&mut rng);
+        let mut plan = WinogradPlan::with_filter_tile(&g, &tile, &ftile).unwrap();
+        let x = uniform(case, g.x_len());
+        let w = uniform(case + 1000, g.w_len());
+        let dy = uniform(case + 2000, g.y_len());
+        let ctx = format!("case {case}: {g:?} tile {tile:?} filter tile {ftile:?}");
+
+        let mut y = vec![f32::NAN; g.y_len()];
+        plan.forward(&x, &w, &mut y).unwrap();
+        let mut y_ref = vec![0.0; g.y_len()];
+        reference::forward(&g, &x, &w, None, &mut y_ref).unwrap();
+        let e = max_rel_error(&y, &f64s(&y_ref));
+        assert!(e <= TOL, "forward {e:.2e} {ctx}");
+
+        let mut dx = vec![f32::NAN; g.x_len()];
+        plan.backward_data(&dy, &w, &mut dx).unwrap();
+        let mut dx_ref = vec![0.0; g.x_len()];
+        reference::backward_data(&g, &dy, &w, &mut dx_ref).unwrap();
+        let e = max_rel_error(&dx, &f64s(&dx_ref));
+        assert!(e <= TOL, "backward-data {e:.2e} {ctx}");
+
+        let mut dw = vec![f32::NAN; g.w_len()];
+        plan.backward_filter(&x, &dy, &mut dw).unwrap();
+        let mut dw_ref = vec![0.0; g.w_len()];
+        reference::backward_filter(&g, &x, &dy, &mut dw_ref).unwrap();
+        let e = max_rel_error(&dw, &f64s(&dw_ref));
+        assert!(e <= TOL, "backward-filter {e:.2e} {ctx}");
+
+        // ⟨conv(x, w), dy⟩ = ⟨x, backward_data(dy, w)⟩ = ⟨w, backward_filter(x, dy)⟩.
+        let (a, b, c) = (dot(&y, &dy), dot(&x, &dx), dot(&w, &dw));
+        let scale = a.abs().max(1.0) * 1e-3;
+        assert!(
+            (a - b).abs() <= scale && (a - c).abs() <= scale,
+            "adjoint {a} {b} {c} {ctx}"
+        );
+    }
+}
+
+/// Several tile blocks, several threads' worth of blocks, and the kernel cache invalidated when
+/// the weights change.
+#[test]
+fn blocking_and_kernel_cache() {
+    let g = ConvGeometry::new(3, 4, 5, &[13, 10], &[3, 3])
+        .unwrap()
+        .with_padding(&[1])
+        .unwrap();
+    let mut plan = WinogradPlan::new(&g, Some(&[4, 2])).unwrap();
+    plan.set_block_tiles(7).unwrap();
+    let x = uniform(1, g.x_len());
+    let mut w = uniform(2, g.w_len());
+    let mut y_ref = vec![0.0; g.y_len()];
+    let mut y = vec![0.0; g.y_len()];
+    for round in 0..3 {
+        plan.forward(&x, &w, &mut y).unwrap();
+        reference::forward(&g, &x, &w, None, &mut y_ref).unwrap();
+        let e = max_rel_error(&y, &f64s(&y_ref));
+        assert!(e <= TOL, "round {round}: {e:.2e}");
+        w[round * 5] += 0.5; // weights change: the cached transform must be recomputed
+    }
+    let dy = uniform(3, g.y_len());
+    let (mut dw, mut dw_ref) = (vec![0.0; g.w_len()], vec![0.0; g.w_len()]);
+    plan.backward_filter(&x, &dy, &mut dw).unwrap();
+    reference::backward_filter(&g, &x, &dy, &mut dw_ref).unwrap();
+    assert!(max_rel_error(&dw, &f64s(&dw_ref)) <= TOL);
+}
+
+/// The accuracy goals of the project on a layer-sized 2-D problem: F(4,3) within 1e-5 and F(6,3)
+/// within 1e-4 of max|y| against the f64-accumulated reference (64 channels).
+#[test]
+fn accuracy_goals_f4_f6() {
+    let g = ConvGeometry::new(1, 64, 8, &[24, 24], &[3, 3])
+        .unwrap()
+        .with_padding(&[1])
+        .unwrap();
+    let x = uniform(11, g.x_len());
+    let w = uniform(12, g.w_len());
+    let mut y_ref = vec![0.0; g.y_len()];
+    reference::forward(&g, &x, &w, None, &mut y_ref).unwrap();
+    for (m, goal) in [(4usize, 1e-5), (6, 1e-4)] {
+        let mut plan = WinogradPlan::new(&g, Some(&[m])).unwrap();
+        let mut y = vec![0.0; g.y_len()];
+        plan.forward(&x, &w, &mut y).unwrap();
+        let e = max_rel_error(&y, &f64s(&y_ref));
+        assert!(e <= goal, "F({m},3): {e:.2e} > {goal:.0e}");
+    }
+}
+
+#[test]
+fn unsupported_and_bad_arguments() {
+    let g = ConvGeometry::new(1, 2, 2, &[8, 8], &[3, 3]).unwrap();
+    let strided = g.with_stride(&[2]).unwrap();
+    assert!(matches!(
+        WinogradPlan::new(&strided, None),
+        Err(FastconvError::Unsupported { arg: "stride", .. })
+    ));
+    let dilated = g.with_dilation(&[2]).unwrap();
+    assert!(matches!(
+        WinogradPlan::new(&dilated, None),
+        Err(FastconvError::Unsupported {
+            arg: "dilation",
+            ..
+        })
+    ));
+    let grouped = g.with_groups(2).unwrap();
+    assert!(matches!(
+        WinogradPlan::new(&grouped, None),
+        Err(FastconvError::Unsupported { arg: "groups", .. })
+    ));
+    assert!(matches!(
+        WinogradPlan::new(&g, Some(&[2, 2, 2])),
+        Err(FastconvError::Rank { arg: "tile", .. })
+    ));
+    assert!(matches!(
+        WinogradPlan::new(&g, Some(&[0])),
+        Err(FastconvError::Zero { arg: "tile" })
+    ));
+    let mut plan = WinogradPlan::new(&g, Some(&[2])).unwrap();
+    let mut y = vec![0.0; g.y_len()];
+    assert!(matches!(
+        plan.forward(&[0.0; 3], &vec![0.0; g.w_len()], &mut y),
+        Err(FastconvError::BufferLength { arg: "x", .. })
+    ));
+    assert!(matches!(
+        plan.set_block_tiles(0),
+        Err(FastconvError::Zero { arg: "tiles" })
+    ));
+}
+
+#[test]
+fn cost_model_choices() {
+    let model = CostModel::default();
+    // A VGG-like 3×3 layer: a real Winograd tile (m ≥ 2) in both dimensions.
+    let g = ConvGeometry::new(8, 128, 128, &[56, 56], &[3, 3])
+        .unwrap()
+        .with_padding(&[1])
+        .unwrap();
+    let t = choose_tile(&g, &model).unwrap();
+    assert!(t.iter().all(|&m| (2..=8).contains(&m)), "{t:?}");
+    // 1×1 kernels: nothing to gain, m = 1.
+    let g1 = ConvGeometry::new(8, 64, 64, &[14, 14], &[1, 1]).unwrap();
+    assert_eq!(choose_tile(&g1, &model).unwrap(), vec![1, 1]);
+    // A tighter accuracy budget never picks a larger tile.
+    let strict = CostModel {
+        max_error: 3e-6,
+        ..model
+    };
+    let ts = choose_tile(&g, &strict).unwrap();
+    assert!(ts.iter().zip(&t).all(|(a, b)| a <= b), "{ts:?} vs {t:?}");
+    // 3-D: a plan from the model runs.
+    let g3 = ConvGeometry::new(1, 4, 4, &[6, 9, 7], &[3, 3, 3])
+        .unwrap()
+        .with_padding(&[1])
+        .unwrap();
+    let mut plan = WinogradPlan::new(&g3, None).unwrap();
+    let (x, w) = (uniform(5, g3.x_len()), uniform(6, g3.w_len()));
+    let (mut y, mut y_ref) = (vec![0.0; g3.y_len()], vec![0.0; g3.y_len()]);
+    plan.forward(&x, &w, &mut y).unwrap();
+    reference::forward(&g3, &x, &w, None, &mut y_ref).unwrap();
+    assert!(
+        max_rel_error(&y, &f64s(&y_ref)) <= TOL,
+        "tile {:?}",
+        plan.tile()
+    );
+}
