@@ -41,6 +41,49 @@ struct Run {
     o2: usize,
 }
 
+/// Copies `n` values from `src` (every `stride`-th) to `dst`: the short runs of narrow images
+/// in fixed 8-value chunks the compiler turns into vector moves (a call into the C library's
+/// memcpy costs more than a 7-16 value copy), the tail as one overlapping chunk.
+///
+/// # Safety
+/// `dst` must be valid for `n` writes and `src` for reads at `t·stride`, `t < n`; they must
+/// not overlap.
+#[inline(always)]
+unsafe fn copy_run(dst: *mut f32, src: *const f32, n: usize, stride: usize) {
+    // SAFETY: offsets stay below `n` (writes) and `(n − 1)·stride + 1` (reads): the caller's
+    // contract.
+    unsafe {
+        if stride != 1 {
+            for t in 0..n {
+                *dst.add(t) = *src.add(t * stride);
+            }
+        } else if n >= 8 {
+            let mut i = 0;
+            while i + 8 <= n {
+                dst.add(i)
+                    .cast::<[f32; 8]>()
+                    .write_unaligned(src.add(i).cast::<[f32; 8]>().read_unaligned());
+                i += 8;
+            }
+            if i < n {
+                dst.add(n - 8)
+                    .cast::<[f32; 8]>()
+                    .write_unaligned(src.add(n - 8).cast::<[f32; 8]>().read_unaligned());
+            }
+        } else if n >= 4 {
+            dst.cast::<[f32; 4]>()
+                .write_unaligned(src.cast::<[f32; 4]>().read_unaligned());
+            dst.add(n - 4)
+                .cast::<[f32; 4]>()
+                .write_unaligned(src.add(n - 4).cast::<[f32; 4]>().read_unaligned());
+        } else {
+            for t in 0..n {
+                *dst.add(t) = *src.add(t);
+            }
+        }
+    }
+}
+
 /// Most columns handled per batch of runs (any NR is processed in chunks of this many).
 const MAX_RUN_COLS: usize = 64;
 
@@ -96,98 +139,139 @@ impl<'a> Im2colB<'a> {
         count
     }
 
-    /// The decomposition of B row `row` (channel, kernel taps) that [`Self::fill_run`] needs.
+    /// The decomposition of B row `row`: its channel plane and kernel tap.
     fn row(&self, row: usize) -> Row {
-        let d = &self.d;
-        let (c, r) = (row / self.rlen, row % self.rlen);
-        let rk = split3(r, &d.kernel);
-        let off = |i: usize| (rk[i] * d.dilation[i]) as isize - d.pad[i] as isize;
         Row {
-            plane: self.group_off + c * self.ilen,
-            off: [off(0), off(1), off(2)],
+            plane: self.group_off + (row / self.rlen) * self.ilen,
+            tap: row % self.rlen,
         }
     }
 
-    /// Fills `out[run.start..run.start+run.len]` for B row `row`.
-    #[inline(always)]
-    fn fill_run(&self, run: &Run, row: &Row, out: &mut [f32]) {
+    /// The segment of every (tap, run) pair of one panel: which part of the run reads the input
+    /// and where. It depends on the tap and not on the channel, so the rows of a block (channels
+    /// × taps) share it.
+    fn segments(&self, runs: &[Run], segs: &mut Vec<Seg>) {
         let d = &self.d;
-        let dst = &mut out[run.start..run.start + run.len];
-        let i0 = (run.o0 * d.stride[0]) as isize + row.off[0];
-        let i1 = (run.o1 * d.stride[1]) as isize + row.off[1];
-        if i0 < 0 || i0 >= d.input[0] as isize || i1 < 0 || i1 >= d.input[1] as isize {
-            dst.fill(0.0);
-            return;
-        }
-        let line =
-            row.plane + run.n * self.image + (i0 as usize * d.input[1] + i1 as usize) * d.input[2];
-        let line = &self.x[line..line + d.input[2]];
-        let first = (run.o2 * d.stride[2]) as isize + row.off[2];
         let (s, wid) = (d.stride[2] as isize, d.input[2] as isize);
-        if s == 1 {
-            // Contiguous: zeros where the run hangs over the padding, one copy in between.
-            let lo = (-first).clamp(0, run.len as isize) as usize;
-            let hi = (wid - first).clamp(lo as isize, run.len as isize) as usize;
-            dst[..lo].fill(0.0);
-            if lo < hi {
-                let from = (first + lo as isize) as usize;
-                dst[lo..hi].copy_from_slice(&line[from..from + (hi - lo)]);
-            }
-            dst[hi..].fill(0.0);
-        } else {
-            for (t, v) in dst.iter_mut().enumerate() {
-                let i2 = first + t as isize * s;
-                *v = if i2 >= 0 && i2 < wid {
-                    line[i2 as usize]
+        segs.clear();
+        for tap in 0..self.rlen {
+            let rk = split3(tap, &d.kernel);
+            let off = |i: usize| (rk[i] * d.dilation[i]) as isize - d.pad[i] as isize;
+            let (off0, off1, off2) = (off(0), off(1), off(2));
+            for run in runs {
+                let i0 = (run.o0 * d.stride[0]) as isize + off0;
+                let i1 = (run.o1 * d.stride[1]) as isize + off1;
+                if i0 < 0 || i0 >= d.input[0] as isize || i1 < 0 || i1 >= d.input[1] as isize {
+                    segs.push(Seg {
+                        lo: 0,
+                        hi: 0,
+                        at: 0,
+                    });
+                    continue;
+                }
+                let first = (run.o2 * d.stride[2]) as isize + off2;
+                // Positions t of the run with 0 <= first + t·s < wid.
+                let lo = if first >= 0 { 0 } else { (-first + s - 1) / s };
+                let hi = if first >= wid {
+                    0
                 } else {
-                    0.0
+                    (wid - first + s - 1) / s
                 };
+                let (lo, hi) = (lo.min(run.len as isize), hi.clamp(0, run.len as isize));
+                let hi = hi.max(lo);
+                let line =
+                    run.n * self.image + (i0 as usize * d.input[1] + i1 as usize) * d.input[2];
+                segs.push(Seg {
+                    lo: lo as usize,
+                    hi: hi as usize,
+                    at: line + (first + lo * s).max(0) as usize,
+                });
             }
         }
     }
 
     fn pack_panels(&self, rows: &[Row], jc: usize, nc: usize, nr: usize, dst: &mut [f32]) {
         let kc = rows.len();
+        let stride = self.d.stride[2];
         let mut runs = [Run::default(); MAX_RUN_COLS];
-        for (q, panel) in dst
-            .chunks_exact_mut(kc * nr)
-            .take(nc.div_ceil(nr))
-            .enumerate()
-        {
-            let j0 = jc + q * nr;
-            let w = nr.min(jc + nc - j0);
-            let mut done = 0;
-            while done < w {
-                let chunk = (w - done).min(MAX_RUN_COLS);
-                let count = self.runs(j0 + done, chunk, &mut runs);
-                for (row, out) in rows.iter().zip(panel.chunks_exact_mut(nr)) {
-                    let out = &mut out[done..done + chunk];
-                    for run in &runs[..count] {
-                        self.fill_run(run, row, out);
+        SEGS.with_borrow_mut(|segs| {
+            for (q, panel) in dst
+                .chunks_exact_mut(kc * nr)
+                .take(nc.div_ceil(nr))
+                .enumerate()
+            {
+                let j0 = jc + q * nr;
+                let w = nr.min(jc + nc - j0);
+                let mut done = 0;
+                while done < w {
+                    let chunk = (w - done).min(MAX_RUN_COLS);
+                    let count = self.runs(j0 + done, chunk, &mut runs);
+                    let runs = &runs[..count];
+                    self.segments(runs, segs);
+                    // Every segment lies inside x for any channel plane of the group and
+                    // inside the panel row (built from the validated geometry above).
+                    debug_assert!(segs.iter().zip(runs.iter().cycle()).all(|(g, r)| {
+                        g.hi <= r.len
+                            && rows.iter().all(|row| {
+                                g.hi == g.lo
+                                    || row.plane + g.at + (g.hi - g.lo - 1) * stride < self.x.len()
+                            })
+                    }));
+                    for (row, out) in rows.iter().zip(panel.chunks_exact_mut(nr)) {
+                        let out = &mut out[done..done + chunk];
+                        let segs = &segs[row.tap * count..][..count];
+                        for (run, seg) in runs.iter().zip(segs) {
+                            // SAFETY: `run.start + run.len <= chunk = out.len()` (runs tile the
+                            // chunk), `seg.lo <= seg.hi <= run.len`, and the source range
+                            // `plane + at + t·stride` for `t < hi − lo` lies inside x (asserted
+                            // in debug builds above; it follows from the geometry's bounds).
+                            unsafe {
+                                let dst = out.as_mut_ptr().add(run.start);
+                                for t in 0..seg.lo {
+                                    *dst.add(t) = 0.0;
+                                }
+                                let src = self.x.as_ptr().add(row.plane + seg.at);
+                                copy_run(dst.add(seg.lo), src, seg.hi - seg.lo, stride);
+                                for t in seg.hi..run.len {
+                                    *dst.add(t) = 0.0;
+                                }
+                            }
+                        }
+                    }
+                    done += chunk;
+                }
+                if w < nr {
+                    for out in panel.chunks_exact_mut(nr) {
+                        out[w..].fill(0.0);
                     }
                 }
-                done += chunk;
             }
-            if w < nr {
-                for out in panel.chunks_exact_mut(nr) {
-                    out[w..].fill(0.0);
-                }
-            }
-        }
+        });
     }
 }
 
-/// One row of B = (channel, kernel taps): the channel plane's offset in x (without the image)
-/// and, per dimension, tap · dilation − padding.
+/// One row of B = (channel, kernel tap): the channel plane's offset in x (without the image)
+/// and the tap's index.
 #[derive(Clone, Copy)]
 struct Row {
     plane: usize,
-    off: [isize; 3],
+    tap: usize,
+}
+
+/// Where one run of one tap reads: positions `lo..hi` of the run come from the input starting
+/// at `plane + at` (with the stride); the rest of the run is padding.
+#[derive(Clone, Copy)]
+struct Seg {
+    lo: usize,
+    hi: usize,
+    at: usize,
 }
 
 thread_local! {
     /// The rows of the block being packed, reused across calls (no allocation in steady state).
     static ROWS: RefCell<Vec<Row>> = const { RefCell::new(Vec::new()) };
+    /// The (tap, run) segments of the panel being packed, reused likewise.
+    static SEGS: RefCell<Vec<Seg>> = const { RefCell::new(Vec::new()) };
 }
 
 impl PackB for Im2colB<'_> {
