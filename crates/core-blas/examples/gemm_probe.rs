@@ -106,6 +106,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mm = flops / mm_times[mm_times.len() / 2] / 1e9;
     let peak = core_blas::peak::fma_peak_gflops(g.isa(), threads, Duration::from_millis(300))?;
     let gf = flops / med / 1e9;
+    let ukr = core_blas::peak::micro_kernel_gflops(
+        g.isa(),
+        g.block_sizes().kc,
+        Duration::from_millis(300),
+    )?;
+    println!(
+        "micro-kernel alone (kc = {}): {ukr:.1} GFLOP/s",
+        g.block_sizes().kc
+    );
     let best = flops / times[0] / 1e9;
     let mm_best = flops / mm_times[0] / 1e9;
     println!(

@@ -142,7 +142,14 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
         .div_ceil(mr)
         .max(1)
         * mr;
-    let nc_max = bs.nc.div_ceil(nr) * nr;
+    let mut nc_max = bs.nc.div_ceil(nr) * nr;
+    if m_len <= mc_max {
+        // One A block only: the B block is not reused across ic, so keep it in L2 (the budget
+        // MC·KC of the A block, which is mostly free here) instead of L3. Packing then writes to
+        // L2 and the micro-kernels read it from L2.
+        let l2_cols = (bs.mc * bs.kc / kc_max / nr).max(1) * nr;
+        nc_max = nc_max.min(l2_cols);
+    }
     let b_len = nc_max.min((cols.1 - cols.0).div_ceil(nr) * nr) * kc_max;
     let a_len = mc_max.min((rows.1 - rows.0).div_ceil(mr) * mr) * kc_max;
     let bc = ws.b.get(b_len);
@@ -252,8 +259,10 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
                 }
                 None => {
                     // SAFETY: packed micro-panels as above; the tile buffer holds MR × NR values
-                    // with row stride NR; beta = 0 so it is not read.
-                    unsafe { kern.run(kc, 1.0, ap, bp, 0.0, tile.as_mut_ptr(), nr, 1, m, n) };
+                    // with row stride NR; beta = 0 so it is not read. The full tile is computed
+                    // (the zero-padded panels make the extra rows and columns harmless) so the
+                    // kernel takes its vector store path.
+                    unsafe { kern.run(kc, 1.0, ap, bp, 0.0, tile.as_mut_ptr(), nr, 1, mr, nr) };
                     let t = Tile {
                         i,
                         j,

@@ -109,3 +109,53 @@ pub fn fma_peak_gflops(isa: Isa, threads: usize, duration: Duration) -> Result<f
     }
     Ok(best)
 }
+
+/// Measured rate in GFLOP/s of one family's micro-kernel alone on one thread: `MR × NR` tiles
+/// with depth `kc` from packed micro-panels that stay in L1, C in a local tile (beta = 1). The
+/// ceiling the five loops can approach; compare with [`fma_peak_gflops`] of the same run.
+pub fn micro_kernel_gflops(isa: Isa, kc: usize, duration: Duration) -> Result<f64, Error> {
+    use crate::isa::Family;
+    let family = Family::require(isa)?;
+    match family {
+        Family::Scalar(k) => Ok(time_kernel(k, kc, duration)),
+        #[cfg(target_arch = "x86_64")]
+        Family::Avx2(k) => Ok(time_kernel(k, kc, duration)),
+        #[cfg(target_arch = "x86_64")]
+        Family::Avx512(k) => Ok(time_kernel(k, kc, duration)),
+    }
+}
+
+fn time_kernel<K: crate::kernel::Kernel>(kern: K, kc: usize, duration: Duration) -> f64 {
+    let kc = kc.max(1);
+    let a: Vec<f32> = (0..K::MR * kc).map(|i| (i % 7) as f32 * 1e-3).collect();
+    let b: Vec<f32> = (0..K::NR * kc).map(|i| (i % 5) as f32 * 1e-3).collect();
+    let mut c = vec![0.0f32; K::MR * K::NR];
+    let calls = 256;
+    let start = Instant::now();
+    let mut best = 0.0f64;
+    while best == 0.0 || start.elapsed() < duration {
+        let t = Instant::now();
+        for _ in 0..calls {
+            // SAFETY: `a` holds kc·MR and `b` kc·NR values; `c` is an exclusive MR × NR tile
+            // with row stride NR.
+            unsafe {
+                kern.run(
+                    kc,
+                    1.0,
+                    a.as_ptr(),
+                    b.as_ptr(),
+                    1.0,
+                    c.as_mut_ptr(),
+                    K::NR,
+                    1,
+                    K::MR,
+                    K::NR,
+                )
+            };
+        }
+        black_box(&mut c);
+        let secs = t.elapsed().as_secs_f64();
+        best = best.max((2 * K::MR * K::NR * kc * calls) as f64 / secs / 1e9);
+    }
+    best
+}

@@ -149,8 +149,37 @@ pub(crate) unsafe fn ukr<S: Simd, const MR: usize, const NV: usize>(
                     }
                 }
             }
+        } else if cs_c == 1 {
+            // Edge tile with contiguous rows: whole vectors where the tile is wide enough, the
+            // partial vector (n not a multiple of LANES) lane by lane.
+            let vb = S::splat(beta);
+            for r in 0..m {
+                for v in 0..NV {
+                    let j0 = v * S::LANES;
+                    if j0 >= n {
+                        break;
+                    }
+                    let cp = c.add(r * rs_c + j0);
+                    if j0 + S::LANES <= n {
+                        let x = if beta == 0.0 {
+                            S::mul(acc[r][v], va)
+                        } else {
+                            S::fma(acc[r][v], va, S::mul(S::load(cp), vb))
+                        };
+                        S::store(cp, x);
+                    } else {
+                        let lanes: [S::V; 1] = [acc[r][v]];
+                        let t = (&raw const lanes).cast::<f32>();
+                        for l in 0..n - j0 {
+                            let x = alpha * *t.add(l);
+                            let p = cp.add(l);
+                            *p = if beta == 0.0 { x } else { x + beta * *p };
+                        }
+                    }
+                }
+            }
         } else {
-            // Edge tile or non-unit column stride: spill the accumulators, then store element-wise.
+            // Non-unit column stride: spill the accumulators, then store element-wise.
             let tile: [[S::V; NV]; MR] = acc;
             let t = (&raw const tile).cast::<f32>();
             for r in 0..m {
