@@ -28,6 +28,7 @@ mod layout;
 mod ops;
 pub mod reference;
 mod reindex;
+mod source;
 pub mod testing;
 
 pub use algo::{
