@@ -283,9 +283,19 @@ pub(crate) fn multi_mode_product_unchecked<T: Real>(
     out: &mut Vec<T>,
 ) {
     let mut shape = dims.to_vec();
+    let Some((first, rest)) = mats.split_first() else {
+        out.clear();
+        out.extend_from_slice(x);
+        return;
+    };
+    // The first product reads `x` directly; the rest ping-pong between `out` and `scratch`.
+    let next = replaced(&shape, 0, first.rows());
     out.clear();
-    out.extend_from_slice(x);
-    for (mode, u) in mats.iter().enumerate() {
+    out.resize(next.iter().product(), T::zero());
+    mode_n_product_unchecked(x, &shape, 0, first, out);
+    shape = next;
+    for (i, u) in rest.iter().enumerate() {
+        let mode = i + 1;
         let next = replaced(&shape, mode, u.rows());
         scratch.clear();
         scratch.resize(next.iter().product(), T::zero());

@@ -82,10 +82,18 @@ pub(crate) fn correlate(
 
     let out_strides = strides(&job.output);
 
-    // One block: tiles t0..t1 → their outputs, laid out (m^N, K, T_b).
-    let run_block = |t0: usize, t1: usize| -> Result<Vec<f32>> {
+    // One block: tiles t0..t1 → their outputs in `bufs.y`, laid out (m^N, K, T_b).
+    let run_block = |bufs: &mut Buffers, t0: usize, t1: usize| -> Result<()> {
         let tb = t1 - t0;
-        let mut d = vec![0.0f32; a_n * c_in * tb];
+        let Buffers {
+            d,
+            v,
+            scratch,
+            mm,
+            y: yb,
+        } = bufs;
+        d.clear();
+        d.resize(a_n * c_in * tb, 0.0);
         gather_tiles(
             x,
             &job.input,
@@ -96,16 +104,15 @@ pub(crate) fn correlate(
             &tpd,
             t0,
             tb,
-            &mut d,
+            d,
         );
         // Stage 1: V = D ×ₙ Bₙᵀ over the spatial modes; trailing (C, T_b) untouched.
         let mut dims = alpha.clone();
         dims.push(c_in * tb);
-        let (mut scratch, mut v) = (Vec::new(), Vec::new());
-        multi_mode_product_unchecked(&d, &dims, &tt.bt(), &mut scratch, &mut v);
-        drop(d);
-        // Stage 2: M_ξ (K × T_b) = U_ξᵀ (K × C) · V_ξ (C × T_b), for all ξ.
-        let mut mm = vec![0.0f32; a_n * k_out * tb];
+        multi_mode_product_unchecked(d, &dims, &tt.bt(), scratch, v);
+        // Stage 2: M_ξ (K × T_b) = U_ξᵀ (K × C) · V_ξ (C × T_b), for all ξ (beta = 0: C not read).
+        mm.clear();
+        mm.resize(a_n * k_out * tb, 0.0);
         core_blas::sgemm_batched(
             true,
             false,
@@ -116,11 +123,11 @@ pub(crate) fn correlate(
             u,
             k_out,
             c_in * k_out,
-            &v,
+            v,
             tb,
             c_in * tb,
             0.0,
-            &mut mm,
+            mm,
             tb,
             k_out * tb,
             a_n,
@@ -128,10 +135,9 @@ pub(crate) fn correlate(
         // Stage 3: Y = M ×ₙ Aₙᵀ.
         let mut dims = alpha.clone();
         dims.push(k_out * tb);
-        let mut yb = Vec::new();
-        multi_mode_product_unchecked(&mm, &dims, &tt.at(), &mut scratch, &mut yb);
+        multi_mode_product_unchecked(mm, &dims, &tt.at(), scratch, yb);
         debug_assert_eq!(yb.len(), m_n * k_out * tb);
-        Ok(yb)
+        Ok(())
     };
 
     // Stage 4: scatter a block's outputs (only the in-range part of edge tiles).
@@ -169,26 +175,41 @@ pub(crate) fn correlate(
         }
     };
 
+    // Waves of one block per thread; buffers live across waves (no page faults per block).
+    let mut bufs: Vec<Buffers> = (0..threads.min(n_blocks))
+        .map(|_| Buffers::default())
+        .collect();
     let mut b = 0;
     while b < n_blocks {
         let wave_end = (b + threads).min(n_blocks);
         let ranges: Vec<(usize, usize)> = (b..wave_end)
             .map(|i| (i * block, ((i + 1) * block).min(total)))
             .collect();
-        let outs: Vec<Result<Vec<f32>>> = if ranges.len() == 1 {
-            vec![run_block(ranges[0].0, ranges[0].1)]
+        if ranges.len() == 1 {
+            run_block(&mut bufs[0], ranges[0].0, ranges[0].1)?;
         } else {
-            ranges
-                .par_iter()
-                .map(|&(t0, t1)| run_block(t0, t1))
-                .collect()
-        };
-        for (&(t0, t1), yb) in ranges.iter().zip(outs) {
-            scatter(y, t0, t1, &yb?);
+            bufs[..ranges.len()]
+                .par_iter_mut()
+                .zip(ranges.par_iter())
+                .try_for_each(|(buf, &(t0, t1))| run_block(buf, t0, t1))?;
+        }
+        for (&(t0, t1), buf) in ranges.iter().zip(&bufs) {
+            scatter(y, t0, t1, &buf.y);
         }
         b = wave_end;
     }
     Ok(())
+}
+
+/// Per-thread work buffers of one block: gathered tiles D, V = D ×ₙ Bₙᵀ, mode-product scratch,
+/// M, and the block's outputs.
+#[derive(Debug, Default)]
+struct Buffers {
+    d: Vec<f32>,
+    v: Vec<f32>,
+    scratch: Vec<f32>,
+    mm: Vec<f32>,
+    y: Vec<f32>,
 }
 
 /// Gathers `tb` tiles (global tile indices `t0..t0 + tb`) of `channels` channels from `src`
