@@ -1,6 +1,6 @@
 //! Offline search for the interpolation points of F(m, r) that minimise the measured f32 error.
 //!
-//! `cargo run --release -p fastconv --example point_search [max_alpha [min_alpha]]` prints, for m in 2..=8,
+//! `cargo run --release -p fastconv --example point_search [max_alpha [min_alpha [r]]]` prints, for m in 2..=8,
 //! r in 2..=7 with α ≤ max_alpha (default 12), the chosen points and errors as Rust source for
 //! `fastconv::points::TABLE` and as a Markdown table for `docs/ALGORITHMS.md`, together with the
 //! errors of the usual sequence 0, ±1, ±2, ±1/2, ±3, … for comparison.
@@ -27,6 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|s| s.parse())
         .transpose()?
         .unwrap_or(1);
+    let only_r: Option<usize> = std::env::args().nth(3).map(|s| s.parse()).transpose()?;
     let usual = [
         (0, 1),
         (1, 1),
@@ -48,7 +49,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for r in 2..=7usize {
         for m in 2..=8usize {
             let alpha = m + r - 1;
-            if alpha > max_alpha || alpha < min_alpha {
+            if alpha > max_alpha || alpha < min_alpha || only_r.is_some_and(|o| o != r) {
                 continue;
             }
             let start = std::time::Instant::now();

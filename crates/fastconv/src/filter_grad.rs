@@ -39,31 +39,25 @@ pub(crate) fn backward_filter(
     let pad: Vec<isize> = g.pad_before().iter().map(|&p| p as isize).collect();
     let zero_pad = vec![0isize; rank];
 
-    let run_block = |mut acc: Vec<f32>, b: usize| -> Result<Vec<f32>> {
+    // Fold state: the accumulator M (α^N × K × C) and the block buffers, reused across blocks.
+    type State = (Vec<f32>, [Vec<f32>; 4]);
+    let run_block = |(mut acc, mut bufs): State, b: usize| -> Result<State> {
         let t0 = b * block;
         let tb = ((b + 1) * block).min(total) - t0;
-        let mut d = vec![0.0f32; a_n * c_in * tb];
-        gather_tiles(x, g.input(), c_in, &alpha, &mp, &pad, &tpd, t0, tb, &mut d);
+        let [d, v, scratch, u] = &mut bufs;
+        d.clear();
+        d.resize(a_n * c_in * tb, 0.0);
+        gather_tiles(x, g.input(), c_in, &alpha, &mp, &pad, &tpd, t0, tb, d);
         let mut dims = alpha.clone();
         dims.push(c_in * tb);
-        let (mut scratch, mut v) = (Vec::new(), Vec::new());
-        multi_mode_product_unchecked(&d, &dims, &tt.bt(), &mut scratch, &mut v);
-        drop(d);
-        let mut e = vec![0.0f32; mp_n * k_out * tb];
-        gather_tiles(
-            dy,
-            g.output(),
-            k_out,
-            &mp,
-            &mp,
-            &zero_pad,
-            &tpd,
-            t0,
-            tb,
-            &mut e,
-        );
-        let u = tt.kernel_transform(&e, k_out * tb)?;
-        drop(e);
+        multi_mode_product_unchecked(d, &dims, &tt.bt(), scratch, v);
+        // U′ = E ×ₙ Gₙ in f32 (the chunks of dy change every call).
+        d.clear();
+        d.resize(mp_n * k_out * tb, 0.0);
+        gather_tiles(dy, g.output(), k_out, &mp, &mp, &zero_pad, &tpd, t0, tb, d);
+        let mut dims = mp.clone();
+        dims.push(k_out * tb);
+        multi_mode_product_unchecked(d, &dims, &tt.g32(), scratch, u);
         // M_ξ (K × C) += U′_ξ (K × T_b) · V_ξᵀ (T_b × C).
         core_blas::sgemm_batched(
             false,
@@ -72,10 +66,10 @@ pub(crate) fn backward_filter(
             c_in,
             tb,
             1.0,
-            &u,
+            u,
             tb,
             k_out * tb,
-            &v,
+            v,
             tb,
             c_in * tb,
             1.0,
@@ -84,18 +78,18 @@ pub(crate) fn backward_filter(
             k_out * c_in,
             a_n,
         )?;
-        Ok(acc)
+        Ok((acc, bufs))
     };
 
-    let zero = || vec![0.0f32; a_n * k_out * c_in];
-    let acc = if n_blocks <= 1 || rayon::current_num_threads() <= 1 {
+    let zero = || -> State { (vec![0.0f32; a_n * k_out * c_in], Default::default()) };
+    let (acc, _) = if n_blocks <= 1 || rayon::current_num_threads() <= 1 {
         (0..n_blocks).try_fold(zero(), run_block)?
     } else {
         (0..n_blocks)
             .into_par_iter()
             .try_fold(zero, run_block)
             .try_reduce(zero, |mut a, b| {
-                for (x, y) in a.iter_mut().zip(&b) {
+                for (x, y) in a.0.iter_mut().zip(&b.0) {
                     *x += y;
                 }
                 Ok(a)

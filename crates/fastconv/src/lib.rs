@@ -6,6 +6,30 @@
 //!
 //! Layering: `core-blas` ← `conv-ops` ← **`fastconv`** ← `nn` ← `dist`.
 //!
+//! ```
+//! use fastconv::{Point, WinogradPlan, WinogradTransform};
+//! use conv_ops::ConvGeometry;
+//!
+//! // F(2, 3) from the points 0, 1, −1, ∞ (Lavin's), proved exactly on construction.
+//! let pts = [Point::int(0), Point::int(1), Point::int(-1), Point::Infinity];
+//! let t = WinogradTransform::synthesize(2, 3, &pts)?;
+//! assert_eq!(t.bt().to_f32().data[..4], [1.0, 0.0, -1.0, 0.0]);
+//!
+//! // A 3×3 layer, tile chosen by the cost model; all three training passes.
+//! let g = ConvGeometry::new(2, 8, 16, &[12, 12], &[3, 3])?.with_padding(&[1])?;
+//! let mut plan = WinogradPlan::new(&g, None)?;
+//! let (x, w) = (vec![0.5f32; g.x_len()], vec![0.25f32; g.w_len()]);
+//! let mut y = vec![0.0f32; g.y_len()];
+//! plan.forward(&x, &w, &mut y)?;
+//! let mut dx = vec![0.0f32; g.x_len()];
+//! plan.backward_data(&y, &w, &mut dx)?;
+//! let mut dw = vec![0.0f32; g.w_len()];
+//! plan.backward_filter(&x, &y, &mut dw)?;
+//! // Interior outputs: 8 channels × 9 taps × 0.5 × 0.25.
+//! assert!((y[13 + 12] - 9.0).abs() < 1e-4);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! Modules:
 //! - [`rational`]: exact rationals, interpolation [`Point`]s, polynomials over ℚ.
 //! - [`synthesis`]: [`WinogradTransform::synthesize`] (Cook-Toom / CRT) and its exact self-proof.

@@ -315,6 +315,7 @@ pub struct TileTransforms {
     at: Vec<SparseTransform<f32>>,
     bt: Vec<SparseTransform<f32>>,
     g: Vec<SparseTransform<f64>>,
+    g32: Vec<SparseTransform<f32>>,
 }
 
 impl TileTransforms {
@@ -339,6 +340,10 @@ impl TileTransforms {
                 .map(|t| SparseTransform::from_rational(t.bt()))
                 .collect(),
             g: per_dim
+                .iter()
+                .map(|t| SparseTransform::from_rational(t.g()))
+                .collect(),
+            g32: per_dim
                 .iter()
                 .map(|t| SparseTransform::from_rational(t.g()))
                 .collect(),
@@ -390,6 +395,12 @@ impl TileTransforms {
         multi_mode_product(&g64, &dims, &mats, &mut scratch, &mut out)
             .map_err(|e| rename(e, "g"))?;
         Ok(out.iter().map(|&v| v as f32).collect())
+    }
+
+    /// The sparse f32 G of every dimension (used where the "kernel" changes every call: the
+    /// output-gradient chunks of backward-filter).
+    pub fn g32(&self) -> Vec<&SparseTransform<f32>> {
+        self.g32.iter().collect()
     }
 
     /// Input transform `V = d ×₁ B₁ᵀ … ×_N B_Nᵀ` of `batch` tiles, `d` of shape
