@@ -28,6 +28,13 @@ const CONV_SHAPES: [Shape; 3] = [
     ("conv-512x784x4608", 512, 784, 4608),
 ];
 
+/// The criterion filter (first positional argument), applied to the summary timings too.
+fn filter() -> Option<String> {
+    std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-') && a != "gemm")
+}
+
 fn quick() -> bool {
     std::env::args().any(|a| a == "--quick")
 }
@@ -135,6 +142,10 @@ fn main() {
             group.measurement_time(Duration::from_secs_f64(
                 (flops / 5e10 * 10.0).clamp(if quick { 0.5 } else { 2.0 }, 30.0),
             ));
+            let id = format!("gemm-t{threads}@flop/{kernel}/{name}");
+            if filter().is_some_and(|f| !id.contains(&f)) {
+                continue;
+            }
             let a = data(m * k, 1);
             let b = data(k * n, 2);
             let mut c = vec![0.0f32; m * n];

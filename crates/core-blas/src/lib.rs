@@ -13,7 +13,7 @@
 //! - [`gemm_with`]: A and B from any [`PackA`] / [`PackB`] source, C through any [`Store`].
 //! - [`sgemm_batched`], [`Gemm::gemm_batched_with`]: many independent products of one shape
 //!   (Winograd's α^N products) under one parallel schedule.
-//! - [`isa`]: the kernel in use; [`Gemm`] builds a context for a chosen family ([`Isa`]) or block
+//! - [`isa()`]: the kernel in use; [`Gemm`] builds a context for a chosen family ([`Isa`]) or block
 //!   sizes ([`BlockSizes`]); [`peak::fma_peak_gflops`] measures the FMA roofline.
 //!
 //! ## Kernel families
