@@ -7,14 +7,12 @@ mod common;
 use std::sync::Mutex;
 
 use common::{GEMM_TOL, Strided, assert_close, random, reference};
-use core_blas::{
-    Bias, BlockSizes, DenseStore, Gemm, Isa, MatMut, MatRef, PackA, PackB, Store, Tile,
-};
+use core_blas::{Bias, BlockSizes, DenseStore, Gemm, MatMut, MatRef, PackA, PackB, Store, Tile};
 use proptest::prelude::*;
 
 fn contexts() -> Vec<Gemm> {
     let mut out = Vec::new();
-    for isa in Isa::available() {
+    for isa in common::families() {
         let g = Gemm::new(isa).unwrap();
         let (mr, nr) = g.tile();
         out.push(g);

@@ -7,11 +7,11 @@ mod common;
 use common::{GEMM_TOL, Strided, assert_close, random, reference};
 use core_blas::{BlockSizes, Error, Gemm, Isa, MatMut, MatRef};
 
-/// One context per family this host supports, plus one with tiny blocks so that the KC, MC and NC
+/// One context per family under test (see `common::families`), plus one with tiny blocks so that the KC, MC and NC
 /// loops all take several trips even on small shapes.
 fn contexts() -> Vec<Gemm> {
     let mut out = Vec::new();
-    for isa in Isa::available() {
+    for isa in common::families() {
         let g = Gemm::new(isa).unwrap();
         let (mr, nr) = g.tile();
         out.push(g);
@@ -141,6 +141,31 @@ fn every_family_edge_shapes() {
                     let (ta, tb) = ((seed / 3) % 2 == 1, (seed / 6) % 2 == 1);
                     check_sgemm(&g, ta, tb, m, n, k, 1.0, 0.0, seed);
                 }
+            }
+        }
+    }
+}
+
+/// Whatever `CORE_BLAS_ISA` says, a plain `cargo test` covers every family the host supports.
+#[test]
+fn every_host_family_explicitly() {
+    for isa in Isa::available() {
+        let g = Gemm::new(isa).unwrap();
+        assert_eq!(g.kernel_name(), isa.kernel_name().unwrap());
+        let (mr, nr) = g.tile();
+        let kc = g.block_sizes().kc;
+        let mut seed = 5000;
+        for &(m, n, k) in &[
+            (mr + 1, nr - 1, kc + 1),
+            (mr - 1, nr + 1, kc - 1),
+            (1, 1, 1),
+            (97, 89, 83),
+            (200, 3, 7),
+        ] {
+            for (ta, tb) in [(false, false), (true, true)] {
+                seed += 1;
+                check_sgemm(&g, ta, tb, m, n, k, 1.0, 0.0, seed);
+                check_sgemm(&g, tb, ta, m, n, k, -2.0, 0.5, seed + 100);
             }
         }
     }

@@ -95,3 +95,20 @@ pub fn assert_close(what: &str, c: Strided<'_>, m: usize, n: usize, expect: &[(f
         }
     }
 }
+
+/// The kernel families a test covers: the one `CORE_BLAS_ISA` forces (panicking loudly if the
+/// host lacks it, so a forced run can never silently test another family), else every family
+/// the host supports.
+pub fn families() -> Vec<core_blas::Isa> {
+    match std::env::var("CORE_BLAS_ISA") {
+        Ok(name) if !name.trim().is_empty() => {
+            let isa = core_blas::Isa::from_name(&name).expect("CORE_BLAS_ISA names a family");
+            assert!(
+                isa.is_available(),
+                "CORE_BLAS_ISA={name}: this host cannot run that family"
+            );
+            vec![isa]
+        }
+        _ => core_blas::Isa::available(),
+    }
+}
