@@ -86,8 +86,14 @@ pub(crate) fn gemm<K: Kernel, A: PackA, B: PackB, S: Store>(
         return;
     }
     let concurrent = store.concurrent();
-    let bs = if store.whole_k() {
-        BlockSizes { kc: k.max(1), ..bs }
+    // A store that needs the whole k in one pass raises KC to k; MC and NC shrink so the packed
+    // blocks keep their cache budgets (MC·KC and KC·NC).
+    let bs = if store.whole_k() && k > bs.kc {
+        BlockSizes {
+            kc: k,
+            mc: (bs.mc * bs.kc / k).max(1),
+            nc: (bs.nc * bs.kc / k).max(1),
+        }
     } else {
         bs
     };
