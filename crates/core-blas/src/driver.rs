@@ -231,7 +231,8 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
     let (mr, nr) = (K::MR, K::NR);
     debug_assert!(ac.len() >= mc.div_ceil(mr) * mr * kc);
     debug_assert!(bc.len() >= nc.div_ceil(nr) * nr * kc);
-    let mut tile = [0.0f32; MAX_TILE];
+    // The tile buffer exists only for custom stores (the dense store writes from registers).
+    let mut tile_buf: Option<[f32; MAX_TILE]> = None;
     debug_assert!(mr * nr <= MAX_TILE);
     let mut jr = 0;
     while jr < nc {
@@ -264,6 +265,7 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
                     }
                 }
                 None => {
+                    let tile = tile_buf.get_or_insert([0.0; MAX_TILE]);
                     // SAFETY: packed micro-panels as above; the tile buffer holds MR × NR values
                     // with row stride NR; beta = 0 so it is not read. The full tile is computed
                     // (the zero-padded panels make the extra rows and columns harmless) so the

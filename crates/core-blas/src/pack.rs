@@ -152,7 +152,9 @@ fn pack_panels(
     for (q, panel) in dst.chunks_exact_mut(r * kc).take(panels).enumerate() {
         let xq = x0 + q * r;
         let wq = r.min(x0 + w - xq);
-        if sp == 1 {
+        if sp == 1 && wq == r && gather_runs(data, sx, xq, p0, kc, r, panel) {
+            // Full panel of contiguous runs (row-major A): done by the fixed-width gather.
+        } else if sp == 1 {
             // Each x is a contiguous run over p: read runs, write with stride r.
             for x in 0..wq {
                 let run = &data[(xq + x) * sx + p0..][..kc];
@@ -172,6 +174,47 @@ fn pack_panels(
                 }
                 out[wq..].fill(0.0);
             }
+        }
+    }
+}
+
+/// A full panel of `r` contiguous runs (x = xq..xq+r, each `kc` long from `p0`) for the common
+/// widths; returns `false` for other widths (the caller then uses the generic loop).
+#[inline]
+fn gather_runs(
+    data: &[f32],
+    sx: usize,
+    xq: usize,
+    p0: usize,
+    kc: usize,
+    r: usize,
+    panel: &mut [f32],
+) -> bool {
+    match r {
+        4 => gather::<4>(data, sx, xq, p0, kc, panel),
+        6 => gather::<6>(data, sx, xq, p0, kc, panel),
+        8 => gather::<8>(data, sx, xq, p0, kc, panel),
+        16 => gather::<16>(data, sx, xq, p0, kc, panel),
+        _ => return false,
+    }
+    true
+}
+
+/// Interleave `R` runs of length `kc`: `panel[p * R + x] = run_x[p]`, one contiguous `R`-wide
+/// output row per p (bounds checks hoisted by slicing the runs once).
+#[inline(always)]
+fn gather<const R: usize>(
+    data: &[f32],
+    sx: usize,
+    xq: usize,
+    p0: usize,
+    kc: usize,
+    panel: &mut [f32],
+) {
+    let runs: [&[f32]; R] = std::array::from_fn(|x| &data[(xq + x) * sx + p0..][..kc]);
+    for (p, out) in panel[..kc * R].chunks_exact_mut(R).enumerate() {
+        for x in 0..R {
+            out[x] = runs[x][p];
         }
     }
 }
