@@ -119,14 +119,14 @@ pub fn metadata() -> Result<Value> {
     })
 }
 
-/// Builds the test target and returns its executable, read from cargo's JSON messages.
-fn build_test_binary(test: &MpiTest) -> Result<PathBuf> {
+/// Builds the test target with `features` on the whole workspace (see [`test`]) and returns its
+/// executable, read from cargo's JSON messages.
+fn build_test_binary(test: &MpiTest, features: &str) -> Result<PathBuf> {
     let out = run_capture(cargo().args([
         "test",
-        "-p",
-        &test.package,
+        "--workspace",
         "--features",
-        MPI_FEATURE,
+        features,
         "--test",
         &test.target,
         "--no-run",
@@ -215,15 +215,27 @@ pub fn test() -> Result<()> {
         ]))
     });
 
+    // The MPI features of every package that has one, enabled together on the whole workspace:
+    // dependencies keep the feature set of the plain workspace build, so only the MPI crates and
+    // their dependents are rebuilt.
     let meta = metadata();
-    let mpi_pkgs = meta.as_ref().map(mpi_packages).unwrap_or_default();
-    for pkg in &mpi_pkgs {
-        let name = format!("cargo clippy -p {pkg} --features {MPI_FEATURE}");
+    let mpi_features = meta
+        .as_ref()
+        .map(|m| {
+            mpi_packages(m)
+                .iter()
+                .map(|p| format!("{p}/{MPI_FEATURE}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_default();
+    if !mpi_features.is_empty() {
+        let name = format!("cargo clippy --workspace --features {mpi_features}");
         if mpi_ok {
             p.step(&name, || {
                 run(cargo()
-                    .args(["clippy", "-p", pkg, "--all-targets", "--features"])
-                    .args([MPI_FEATURE, "--", "-D", "warnings"]))
+                    .args(["clippy", "--workspace", "--all-targets", "--features"])
+                    .args([mpi_features.as_str(), "--", "-D", "warnings"]))
             });
         } else {
             p.skipped_failure(&name, "Open MPI is missing");
@@ -265,7 +277,7 @@ pub fn test() -> Result<()> {
                 }
                 let mut exe = None;
                 let built = p.step(&format!("build multi-rank test {name}"), || {
-                    exe = Some(build_test_binary(t)?);
+                    exe = Some(build_test_binary(t, &mpi_features)?);
                     Ok(())
                 });
                 match exe {
