@@ -289,15 +289,15 @@ pub(crate) fn multi_mode_product_unchecked<T: Real>(
         return;
     };
     // The first product reads `x` directly; the rest ping-pong between `out` and `scratch`.
+    // No clearing: `mode_n_product_unchecked` writes every output element, so only a longer
+    // buffer needs new (zeroed) elements and the memset of the whole buffer is saved.
     let next = replaced(&shape, 0, first.rows());
-    out.clear();
     out.resize(next.iter().product(), T::zero());
     mode_n_product_unchecked(x, &shape, 0, first, out);
     shape = next;
     for (i, u) in rest.iter().enumerate() {
         let mode = i + 1;
         let next = replaced(&shape, mode, u.rows());
-        scratch.clear();
         scratch.resize(next.iter().product(), T::zero());
         mode_n_product_unchecked(out, &shape, mode, u, scratch);
         std::mem::swap(out, scratch);

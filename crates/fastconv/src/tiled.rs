@@ -110,8 +110,8 @@ pub(crate) fn correlate(
         let mut dims = alpha.clone();
         dims.push(c_in * tb);
         multi_mode_product_unchecked(d, &dims, &tt.bt(), scratch, v);
-        // Stage 2: M_ξ (K × T_b) = U_ξᵀ (K × C) · V_ξ (C × T_b), for all ξ (beta = 0: C not read).
-        mm.clear();
+        // Stage 2: M_ξ (K × T_b) = U_ξᵀ (K × C) · V_ξ (C × T_b), for all ξ. beta = 0: C is
+        // written, never read, so the buffer needs no clearing.
         mm.resize(a_n * k_out * tb, 0.0);
         core_blas::sgemm_batched(
             true,
