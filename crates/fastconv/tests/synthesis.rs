@@ -487,3 +487,55 @@ fn f64_export_computes_correlation() {
         );
     }
 }
+
+mod random_points {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Any distinct rational points (with or without ∞) give a transform that computes the
+        /// correlation in f64 on random data: an independent floating-point check besides the
+        /// exact proof inside `synthesize`.
+        #[test]
+        fn arbitrary_points_compute_the_correlation(
+            m in 1usize..=5,
+            r in 1usize..=4,
+            with_inf in any::<bool>(),
+            raw in proptest::collection::vec((-6i64..=6, 1i64..=4), 16),
+            data in proptest::collection::vec(-1.0f64..1.0, 12),
+        ) {
+            let alpha = m + r - 1;
+            let mut pts: Vec<Point> = Vec::new();
+            for &(n, d) in &raw {
+                let p = Point::ratio(n, d).unwrap();
+                if !pts.contains(&p) {
+                    pts.push(p);
+                }
+            }
+            let finite = alpha - usize::from(with_inf);
+            prop_assume!(pts.len() >= finite);
+            pts.truncate(finite);
+            if with_inf {
+                pts.push(Point::Infinity);
+            }
+            let t = WinogradTransform::synthesize(m, r, &pts).unwrap();
+            let (at, g, bt) = (t.at().to_f64(), t.g().to_f64(), t.bt().to_f64());
+            let d = &data[..alpha];
+            let k = &data[alpha..alpha + r];
+            let mv = |a: &DenseMatrix<f64>, x: &[f64]| -> Vec<f64> {
+                (0..a.rows).map(|i| (0..a.cols).map(|j| a.data[i * a.cols + j] * x[j]).sum()).collect()
+            };
+            let prod: Vec<f64> = mv(&g, k).iter().zip(mv(&bt, d)).map(|(a, b)| a * b).collect();
+            let y = mv(&at, &prod);
+            // Scale of the rounding: the largest magnitudes in the three transforms.
+            let big = |a: &DenseMatrix<f64>| a.data.iter().fold(1.0f64, |s, v| s.max(v.abs()));
+            let tol = 1e-12 * big(&at) * big(&g) * big(&bt) * (alpha * alpha) as f64;
+            for i in 0..m {
+                let direct: f64 = (0..r).map(|j| d[i + j] * k[j]).sum();
+                prop_assert!((y[i] - direct).abs() <= tol, "F({m},{r}) {pts:?}: {} vs {direct}", y[i]);
+            }
+        }
+    }
+}
