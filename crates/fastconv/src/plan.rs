@@ -5,12 +5,12 @@
 //! (a copy of the weights is kept and compared bit for bit, a memcmp that is cheap next to the
 //! convolution).
 //!
-//! - forward: `y = conv(x, w)` by F(m, r) tiles ([`crate::tiled`]);
+//! - forward: `y = conv(x, w)` by F(m, r) tiles (module `tiled`);
 //! - backward-data: the same machinery on the flipped, channel-transposed kernel with padding
 //!   `r − 1 − p` (negative padding crops);
 //! - backward-filter: F(r, m′), the roles of kernel and output swapped: `dy` chunks are the
 //!   "kernels", every tile produces all `r` taps, and the products are accumulated over tiles in
-//!   the transformed domain before a single output transform ([`crate::filter_grad`]).
+//!   the transformed domain before a single output transform (module `filter_grad`).
 //!
 //! Only stride 1, dilation 1 and one group are supported; anything else is refused with
 //! [`FastconvError::Unsupported`] naming the argument, so `nn` falls back to `conv-ops`.
