@@ -1,7 +1,7 @@
 //! A tour of what the framework runs on this machine: the kernel family and threads, the FMA
-//! peak, the GEMM against it, then every convolution algorithm of every training pass on a
-//! ResNet-50 layer — checked against the naive reference on a small layer first — with time,
-//! GFLOP/s and the workspace each needs.
+//! peak, the GEMM against it, then every convolution algorithm of every training pass (conv-ops'
+//! GEMM-based ones and fastconv's Winograd) on a ResNet-50 layer — checked against the naive
+//! reference on a small layer first — with time, GFLOP/s and the workspace each needs.
 //!
 //! `cargo run --release -p examples --bin demo [-- --threads 2 --layer r50_3x3_c128_28]`
 
@@ -14,6 +14,7 @@ use conv_ops::{
     backward_data, backward_filter, forward, reference, workspace_bytes,
 };
 use examples::{human_bytes, median_time, peak_rss_bytes};
+use fastconv::WinogradPlan;
 
 /// Demonstrate the kernels and convolution algorithms on this machine.
 #[derive(Parser, Debug)]
@@ -29,36 +30,55 @@ struct Args {
     runs: usize,
 }
 
-const PASSES: [(Pass, &str); 7] = [
+/// A pass computed by a conv-ops algorithm or by fastconv's Winograd plan.
+#[derive(Clone, Copy)]
+enum Algo {
+    Conv(Pass),
+    /// 0: forward, 1: backward-data, 2: backward-filter.
+    Winograd(u8),
+}
+
+const ALGOS: [(Algo, &str); 10] = [
     (
-        Pass::Forward(ForwardAlgo::Im2colGemm),
+        Algo::Conv(Pass::Forward(ForwardAlgo::Im2colGemm)),
         "forward         im2col + GEMM (base)",
     ),
     (
-        Pass::Forward(ForwardAlgo::Convgemm),
+        Algo::Conv(Pass::Forward(ForwardAlgo::Convgemm)),
         "forward         convgemm",
     ),
+    (Algo::Winograd(0), "forward         Winograd"),
     (
-        Pass::BackwardData(BackwardDataAlgo::GemmCol2im),
+        Algo::Conv(Pass::BackwardData(BackwardDataAlgo::GemmCol2im)),
         "backward-data   GEMM + col2im (base)",
     ),
     (
-        Pass::BackwardData(BackwardDataAlgo::Deconvgemm),
+        Algo::Conv(Pass::BackwardData(BackwardDataAlgo::Deconvgemm)),
         "backward-data   deconvgemm",
     ),
+    (Algo::Winograd(1), "backward-data   Winograd"),
     (
-        Pass::BackwardFilter(BackwardFilterAlgo::Im2colGemmT),
+        Algo::Conv(Pass::BackwardFilter(BackwardFilterAlgo::Im2colGemmT)),
         "backward-filter im2col + GEMMᵀ (base)",
     ),
     (
-        Pass::BackwardFilter(BackwardFilterAlgo::ReindexConvgemm),
+        Algo::Conv(Pass::BackwardFilter(BackwardFilterAlgo::ReindexConvgemm)),
         "backward-filter Reindex + convgemm",
     ),
     (
-        Pass::BackwardFilter(BackwardFilterAlgo::ConvgemmTrans),
+        Algo::Conv(Pass::BackwardFilter(BackwardFilterAlgo::ConvgemmTrans)),
         "backward-filter transposed convgemm",
     ),
+    (Algo::Winograd(2), "backward-filter Winograd"),
 ];
+
+/// Workspace bytes of an algorithm beyond its inputs and outputs, where it is known exactly.
+fn workspace(g: &ConvGeometry, algo: Algo) -> String {
+    match algo {
+        Algo::Conv(p) => human_bytes(workspace_bytes(g, p) as u64),
+        Algo::Winograd(_) => "tile blocks".to_string(),
+    }
+}
 
 struct Buffers {
     x: Vec<f32>,
@@ -80,27 +100,48 @@ impl Buffers {
             dw: vec![0.0; g.w_len()],
         }
     }
-    fn run(&mut self, g: &ConvGeometry, pass: Pass, ws: &mut Workspace) -> conv_ops::Result<()> {
-        match pass {
-            Pass::Forward(a) => forward(g, &self.x, &self.w, None, false, &mut self.y, a, ws),
-            Pass::BackwardData(a) => backward_data(g, &self.dy, &self.w, &mut self.dx, a, ws),
-            Pass::BackwardFilter(a) => backward_filter(g, &self.x, &self.dy, &mut self.dw, a, ws),
+    fn run(
+        &mut self,
+        g: &ConvGeometry,
+        algo: Algo,
+        ws: &mut Workspace,
+        plan: &mut WinogradPlan,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        match algo {
+            Algo::Conv(Pass::Forward(a)) => {
+                forward(g, &self.x, &self.w, None, false, &mut self.y, a, ws)?
+            }
+            Algo::Conv(Pass::BackwardData(a)) => {
+                backward_data(g, &self.dy, &self.w, &mut self.dx, a, ws)?
+            }
+            Algo::Conv(Pass::BackwardFilter(a)) => {
+                backward_filter(g, &self.x, &self.dy, &mut self.dw, a, ws)?
+            }
+            Algo::Winograd(0) => plan.forward(&self.x, &self.w, &mut self.y)?,
+            Algo::Winograd(1) => plan.backward_data(&self.dy, &self.w, &mut self.dx)?,
+            Algo::Winograd(_) => plan.backward_filter(&self.x, &self.dy, &mut self.dw)?,
         }
+        Ok(())
     }
-    /// The result of `pass` and the reference's.
-    fn result_and_reference(&self, g: &ConvGeometry, pass: Pass) -> (Vec<f32>, Vec<f32>) {
-        match pass {
-            Pass::Forward(_) => {
+    /// The result of `algo` and the reference's.
+    fn result_and_reference(&self, g: &ConvGeometry, algo: Algo) -> (Vec<f32>, Vec<f32>) {
+        let kind = match algo {
+            Algo::Conv(Pass::Forward(_)) | Algo::Winograd(0) => 0,
+            Algo::Conv(Pass::BackwardData(_)) | Algo::Winograd(1) => 1,
+            _ => 2,
+        };
+        match kind {
+            0 => {
                 let mut r = vec![0.0; g.y_len()];
                 reference::forward(g, &self.x, &self.w, None, &mut r).expect("reference");
                 (self.y.clone(), r)
             }
-            Pass::BackwardData(_) => {
+            1 => {
                 let mut r = vec![0.0; g.x_len()];
                 reference::backward_data(g, &self.dy, &self.w, &mut r).expect("reference");
                 (self.dx.clone(), r)
             }
-            Pass::BackwardFilter(_) => {
+            _ => {
                 let mut r = vec![0.0; g.w_len()];
                 reference::backward_filter(g, &self.x, &self.dy, &mut r).expect("reference");
                 (self.dw.clone(), r)
@@ -165,14 +206,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     println!("\n== convolution algorithms, checked against the naive reference");
-    let small = ConvGeometry::new(2, 6, 5, &[9, 11], &[3, 3])?
-        .with_stride(&[2, 1])?
-        .with_padding(&[1])?;
+    // Winograd needs stride 1: the small check layer is stride 1, odd-sized and padded.
+    let small = ConvGeometry::new(2, 6, 5, &[9, 11], &[3, 3])?.with_padding(&[1])?;
+    let mut plan = WinogradPlan::new(&small, None)?;
     let mut bufs = Buffers::new(&small);
-    for (pass, name) in PASSES {
+    for (algo, name) in ALGOS {
         let mut ws = Workspace::new(false);
-        bufs.run(&small, pass, &mut ws)?;
-        let (got, want) = bufs.result_and_reference(&small, pass);
+        bufs.run(&small, algo, &mut ws, &mut plan)?;
+        let (got, want) = bufs.result_and_reference(&small, algo);
         let verdict = match Tolerance::for_f32_sum(small.batch() * 121).check("result", &got, &want)
         {
             Ok(()) => "matches".to_string(),
@@ -192,20 +233,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         g.input(),
         g.kernel()
     );
+    let mut plan = WinogradPlan::new(&g, None)?;
+    println!(
+        "Winograd tile   F({:?}, {:?}) forward/backward-data, filter tile {:?}",
+        plan.tile(),
+        g.kernel(),
+        plan.filter_tile()
+    );
+    println!("GFLOP/s counts direct-convolution work (Winograd does fewer multiplies).");
     println!(
         "{:<40} {:>9} {:>9} {:>7} {:>12}",
         "pass / algorithm", "ms", "GFLOP/s", "% peak", "workspace"
     );
     let mut bufs = Buffers::new(&g);
-    for (pass, name) in PASSES {
+    for (algo, name) in ALGOS {
         let mut ws = Workspace::new(false);
-        let t = median_time(args.runs, || bufs.run(&g, pass, &mut ws))?;
+        let t = median_time(args.runs, || bufs.run(&g, algo, &mut ws, &mut plan))?;
         let rate = gflop / t.as_secs_f64();
         println!(
             "{name:<40} {:>9.2} {rate:>9.1} {:>6.0}% {:>12}",
             t.as_secs_f64() * 1e3,
             100.0 * rate / peak,
-            human_bytes(workspace_bytes(&g, pass) as u64)
+            workspace(&g, algo)
         );
     }
     if let Some(rss) = peak_rss_bytes() {
