@@ -2,7 +2,9 @@
 //! (baseline, v3 = AVX2/FMA, v4 = AVX-512) and for every other installed rustup target.
 //!
 //! Each build has its own target directory (`<target>/arch-<name>`) so they do not evict each
-//! other or the main build. `-C target-cpu` is set per build through `RUSTFLAGS`, never globally.
+//! other or the main build. `-C target-cpu` is set per build through `RUSTFLAGS`, never globally,
+//! and always with an explicit `--target`, so it reaches only the artifacts and not the build
+//! scripts that run on the host. Building a level does not require the host to run it.
 
 use std::process::Command;
 use std::time::Instant;
@@ -99,6 +101,10 @@ fn build_one(arch: &Arch, host: &str) -> Outcome {
                 return Outcome::Skipped(format!("host {host} is not x86-64"));
             }
             with_rustflags(&mut cmd, &format!("-C target-cpu={level}"));
+            // An explicit `--target` keeps RUSTFLAGS away from build scripts and proc macros,
+            // which run on this host: a v4 build script would die with SIGILL on a CPU without
+            // AVX-512 (as this project's own machine is).
+            cmd.args(["--target", host]);
         }
         Arch::Target(triple) => {
             if let Some(why) = missing_linker(triple, host) {
@@ -182,7 +188,7 @@ pub fn build(name: &str) -> Result<()> {
     }
     section("build summary");
     for (n, d) in &built {
-        println!("built    {n:<28} {} (target/arch-{n})", fmt_duration(*d));
+        println!("built    {n:<28} {}", fmt_duration(*d));
     }
     for (n, why) in &skipped {
         println!("skipped  {n:<28} {why}");
