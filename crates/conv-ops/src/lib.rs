@@ -8,12 +8,33 @@
 //! Layering: `core-blas` ← **`conv-ops`** ← `fastconv` ← `nn` ← `dist`. Works on slices plus a
 //! [`ConvGeometry`], never on `nn::Tensor`, so it can be used alone.
 //!
+//! A training step of one layer with the memory-lean preset `cgt+dg` (convgemm forward,
+//! deconvgemm backward-data, transposed convgemm backward-filter: no workspace that grows with
+//! the batch), checked against the naive reference:
+//!
 //! ```
-//! use conv_ops::{ConvGeometry, reference};
-//! let g = ConvGeometry::new(1, 1, 1, &[4], &[3])?.with_padding(&[1])?;
+//! use conv_ops::{ConvGeometry, Preset, Workspace, reference, testing::Tolerance};
+//!
+//! // 2 images, 3 → 4 channels, 9×9, 3×3 kernel, padding 1.
+//! let g = ConvGeometry::new(2, 3, 4, &[9, 9], &[3, 3])?.with_padding(&[1])?;
+//! let (x, w) = (vec![0.5; g.x_len()], vec![0.25; g.w_len()]);
+//! let bias = vec![0.1; g.out_channels()];
+//! let preset: Preset = "cgt+dg".parse()?;
+//! let mut ws = Workspace::for_preset(&preset);
+//!
 //! let mut y = vec![0.0; g.y_len()];
-//! reference::forward(&g, &[1., 2., 3., 4.], &[1., 1., 1.], None, &mut y)?;
-//! assert_eq!(y, [3., 6., 9., 7.]);
+//! conv_ops::forward(&g, &x, &w, Some(&bias), true, &mut y, preset.forward, &mut ws)?;
+//! let dy = vec![1.0; g.y_len()];
+//! let mut dx = vec![0.0; g.x_len()];
+//! conv_ops::backward_data(&g, &dy, &w, &mut dx, preset.backward_data, &mut ws)?;
+//! let mut dw = vec![0.0; g.w_len()];
+//! conv_ops::backward_filter(&g, &x, &dy, &mut dw, preset.backward_filter, &mut ws)?;
+//! assert_eq!(ws.peak_bytes(), 0);
+//!
+//! let mut want = vec![0.0; g.y_len()];
+//! reference::forward(&g, &x, &w, Some(&bias), &mut want)?;
+//! // The fused ReLU is a no-op here: every output is positive.
+//! Tolerance::for_f32_sum(27).check("y", &y, &want).expect("matches the reference");
 //! # Ok::<(), conv_ops::ConvError>(())
 //! ```
 
