@@ -18,8 +18,9 @@
 //!
 //! # Comparison
 //!
-//! Records match on (bench, case, metric, unit). Time units (`ns`, `us`, `ms`, `s`) are better
-//! lower; every other unit is better higher. A change worse than the threshold is a regression.
+//! Records match on (bench, case, metric, unit). Time units (`ns`, `us`, `ms`, `s`) and size
+//! units (`bytes`, `KiB`, `MiB`, `GiB`) are better lower; every other unit (rates, `%`) is better
+//! higher. A change worse than the threshold is a regression.
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -55,9 +56,14 @@ impl Record {
         (&self.bench, &self.case, &self.metric, &self.unit)
     }
 
-    /// `true` when a smaller value is better (time units).
+    /// `true` when a smaller value is better: times (`ns`, `us`, `ms`, `s`) and sizes (`bytes`,
+    /// `KiB`, `MiB`, `GiB`, e.g. workspace or peak memory). Rates (`.../s`), `%` and everything
+    /// else are better higher.
     pub fn lower_is_better(&self) -> bool {
-        matches!(self.unit.as_str(), "ns" | "us" | "µs" | "ms" | "s")
+        matches!(
+            self.unit.as_str(),
+            "ns" | "us" | "µs" | "ms" | "s" | "bytes" | "B" | "KiB" | "MiB" | "GiB"
+        )
     }
 }
 
@@ -362,6 +368,11 @@ mod tests {
 
         let (rows, _, _) = compare(&old, &new, 4.0);
         assert!(rows[1].regressed, "5% less throughput exceeds 4%");
+        let old_ws = vec![rec("w", "workspace", 100.0, "bytes")];
+        let (rows, _, _) = compare(&old_ws, &[rec("w", "workspace", 120.0, "bytes")], 10.0);
+        assert!(rows[0].regressed, "20% more workspace is a regression");
+        let (rows, _, _) = compare(&old_ws, &[rec("w", "workspace", 50.0, "bytes")], 10.0);
+        assert!(!rows[0].regressed, "less workspace is not");
         let faster = vec![rec("a", "median_time", 50.0, "ns")];
         let (rows, _, _) = compare(&old, &faster, 10.0);
         assert!(!rows[0].regressed);
