@@ -44,6 +44,7 @@ pub mod cost;
 pub mod error;
 mod filter_grad;
 pub mod ntransform;
+mod packed;
 pub mod plan;
 pub mod points;
 pub mod rational;

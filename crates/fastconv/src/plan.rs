@@ -19,14 +19,15 @@ use conv_ops::ConvGeometry;
 
 use crate::error::{FastconvError, Result};
 use crate::ntransform::TileTransforms;
+use crate::packed::PackedKernels;
 use crate::points::transform_for;
 use crate::tiled::{Correlation, correlate};
 
-/// Transformed kernels and the weights they were computed from.
+/// Transformed kernels, packed for the GEMMs, and the weights they were computed from.
 #[derive(Debug, Clone)]
 struct KernelCache {
     w_bits: Vec<u32>,
-    u: Vec<f32>,
+    u: PackedKernels,
 }
 
 impl KernelCache {
@@ -198,21 +199,25 @@ impl WinogradPlan {
         Ok(())
     }
 
-    /// Kernel transform of `batch` kernels laid out (taps, batch), cached under `w`'s bits.
+    /// Kernel transform of the `inner × outer` kernels laid out (taps, inner, outer), packed as
+    /// α^N matrices `U_ξᵀ` (outer × inner) in core-blas's micro-panels and cached under `w`'s bits.
     fn transformed(
         cache: &mut Option<KernelCache>,
         tt: &TileTransforms,
         w: &[f32],
-        layout: impl FnOnce() -> (Vec<f32>, usize),
+        (inner, outer): (usize, usize),
+        layout: impl FnOnce() -> Vec<f32>,
     ) -> Result<()> {
         if cache.as_ref().is_some_and(|c| c.matches(w)) {
             return Ok(());
         }
-        let (g, batch) = layout();
-        let u = tt.kernel_transform(&g, batch)?;
+        let g = layout();
+        let u = tt.kernel_transform(&g, inner * outer)?;
+        let a_n: usize = tt.in_tile().iter().product();
+        let (mr, _) = core_blas::Gemm::global()?.tile();
         *cache = Some(KernelCache {
             w_bits: w.iter().map(|v| v.to_bits()).collect(),
-            u,
+            u: PackedKernels::new(&u, a_n, outer, inner, mr),
         });
         Ok(())
     }
@@ -225,7 +230,7 @@ impl WinogradPlan {
         self.check("y", y.len(), g.y_len())?;
         let (c, k, taps) = (g.in_channels(), g.out_channels(), g.kernel_len());
         // U[ξ][c][k] from g[tap][c·K + k] = w[k][c][tap].
-        Self::transformed(&mut self.cache_fwd, &self.fwd, w, || {
+        Self::transformed(&mut self.cache_fwd, &self.fwd, w, (c, k), || {
             let mut gl = vec![0.0f32; taps * c * k];
             for ki in 0..k {
                 for ci in 0..c {
@@ -234,7 +239,7 @@ impl WinogradPlan {
                     }
                 }
             }
-            (gl, c * k)
+            gl
         })?;
         let job = Correlation {
             batch: g.batch(),
@@ -265,7 +270,7 @@ impl WinogradPlan {
         let (c, k, taps) = (g.in_channels(), g.out_channels(), g.kernel_len());
         // U[ξ][k][c] from g[s][k·C + c] = w[k][c][flip(s)], flip reverses every spatial index,
         // which on the row-major flat tap index is taps − 1 − s.
-        Self::transformed(&mut self.cache_bwd, &self.fwd, w, || {
+        Self::transformed(&mut self.cache_bwd, &self.fwd, w, (k, c), || {
             let mut gl = vec![0.0f32; taps * c * k];
             for ki in 0..k {
                 for ci in 0..c {
@@ -274,7 +279,7 @@ impl WinogradPlan {
                     }
                 }
             }
-            (gl, c * k)
+            gl
         })?;
         let job = Correlation {
             batch: g.batch(),

@@ -4,7 +4,8 @@
 //! 1. input transform: gather `T_b` input tiles of every channel into D (α^N × C × T_b, zero
 //!    outside the padded input) and apply Bᵀ along every spatial mode (V = D ×ₙ Bₙᵀ);
 //! 2. for every transformed coordinate ξ ∈ α^N one GEMM `M_ξ = U_ξᵀ · V_ξ`, (K × C)·(C × T_b): all
-//!    α^N of them as one `core_blas::sgemm_batched` call;
+//!    α^N of them as one `core_blas` batched call, with `U_ξᵀ` read from panels packed once per
+//!    weight version ([`crate::packed`]), so a block packs only its V;
 //! 3. output transform Y = M ×ₙ Aₙᵀ (m^N × K × T_b);
 //! 4. scatter the in-range outputs into y.
 //!
@@ -13,8 +14,11 @@
 
 use rayon::prelude::*;
 
+use core_blas::{DenseStore, Gemm, MatMut, MatRef};
+
 use crate::error::Result;
 use crate::ntransform::{TileTransforms, multi_mode_product_unchecked};
+use crate::packed::{PackedKernels, PackedMatrix};
 
 /// A stride-1 multi-channel correlation `y[n,k,o] = Σ_c Σ_i x[n,c,o+i−p] w[k,c,i]` with a signed
 /// offset `p` per dimension (negative = cropping, used by backward-data) and explicit output size.
@@ -50,12 +54,12 @@ pub(crate) fn tiles_per_dim(output: &[usize], m: &[usize]) -> Vec<usize> {
     output.iter().zip(m).map(|(o, m)| o.div_ceil(*m)).collect()
 }
 
-/// Runs the correlation with transformed kernels `u` (α^N × C × K). Shapes are validated by the
-/// caller (`debug_assert!`ed here).
+/// Runs the correlation with transformed kernels `u` (α^N matrices `U_ξᵀ`, K × C, packed). Shapes
+/// are validated by the caller (`debug_assert!`ed here).
 pub(crate) fn correlate(
     job: &Correlation,
     tt: &TileTransforms,
-    u: &[f32],
+    u: &PackedKernels,
     x: &[f32],
     y: &mut [f32],
     block_tiles: usize,
@@ -68,7 +72,8 @@ pub(crate) fn correlate(
     let m_n: usize = m.iter().product();
     let in_len: usize = job.input.iter().product();
     let out_len: usize = job.output.iter().product();
-    debug_assert_eq!(u.len(), a_n * c_in * k_out);
+    let gemm = Gemm::global()?;
+    let a_src: Vec<PackedMatrix<'_>> = (0..a_n).map(|xi| u.matrix(xi)).collect();
     debug_assert_eq!(x.len(), job.batch * c_in * in_len);
     debug_assert_eq!(y.len(), job.batch * k_out * out_len);
     debug_assert_eq!(tt.rank(), rank);
@@ -113,25 +118,19 @@ pub(crate) fn correlate(
         // Stage 2: M_ξ (K × T_b) = U_ξᵀ (K × C) · V_ξ (C × T_b), for all ξ. beta = 0: C is
         // written, never read, so the buffer needs no clearing.
         mm.resize(a_n * k_out * tb, 0.0);
-        core_blas::sgemm_batched(
-            true,
-            false,
-            k_out,
-            tb,
-            c_in,
-            1.0,
-            u,
-            k_out,
-            c_in * k_out,
-            v,
-            tb,
-            c_in * tb,
-            0.0,
-            mm,
-            tb,
-            k_out * tb,
-            a_n,
-        )?;
+        let b: Vec<MatRef<'_>> = v
+            .chunks_exact(c_in * tb)
+            .take(a_n)
+            .map(|vx| MatRef::row_major("v", vx, c_in, tb, tb))
+            .collect::<std::result::Result<_, _>>()?;
+        let mut stores: Vec<DenseStore<'_>> = mm
+            .chunks_exact_mut(k_out * tb)
+            .take(a_n)
+            .map(|mx| {
+                MatMut::row_major("m", mx, k_out, tb, tb).map(|c| DenseStore::new(c, 1.0, 0.0))
+            })
+            .collect::<std::result::Result<_, _>>()?;
+        gemm.gemm_batched_with(&a_src, &b, &mut stores)?;
         // Stage 3: Y = M ×ₙ Aₙᵀ.
         let mut dims = alpha.clone();
         dims.push(k_out * tb);

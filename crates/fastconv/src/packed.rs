@@ -1,0 +1,159 @@
+//! Transformed kernels packed once for core-blas: `U_ξᵀ` (K × C) of every ξ in the `MR`-tall
+//! micro-panels the micro-kernel reads, so the per-block GEMMs of the transformed domain copy
+//! contiguous panels instead of re-gathering U from its (α^N, C, K) layout for every block of tiles.
+//!
+//! Packed layout per ξ: `ceil(K / MR)` panels of `C · MR` values; panel `q`, column `p` holds
+//! `U[ξ][p][q·MR + i]` for `i < MR` (zero past K). A block `(ic, mc, pc, kc)` requested by the
+//! driver is then, per panel, the contiguous run `[p = pc .. pc + kc)` of that panel.
+
+use core_blas::PackA;
+
+/// `U_ξᵀ` for all ξ, packed into `mr`-tall micro-panels over the whole inner dimension.
+#[derive(Debug, Clone)]
+pub(crate) struct PackedKernels {
+    mr: usize,
+    rows: usize,
+    cols: usize,
+    count: usize,
+    data: Vec<f32>,
+}
+
+impl PackedKernels {
+    /// Packs `u` of layout (`count`, `cols`, `rows`) — `count` matrices stored column-major
+    /// `rows × cols` — into `mr`-tall panels.
+    pub(crate) fn new(u: &[f32], count: usize, rows: usize, cols: usize, mr: usize) -> Self {
+        debug_assert_eq!(u.len(), count * rows * cols);
+        let mr = mr.max(1);
+        let panels = rows.div_ceil(mr);
+        let per = panels * mr * cols;
+        let mut data = vec![0.0f32; count * per];
+        for xi in 0..count {
+            let src = &u[xi * rows * cols..][..rows * cols];
+            let dst = &mut data[xi * per..][..per];
+            for (q, panel) in dst.chunks_exact_mut(mr * cols).enumerate() {
+                let r0 = q * mr;
+                let w = mr.min(rows - r0);
+                for (p, out) in panel.chunks_exact_mut(mr).enumerate() {
+                    out[..w].copy_from_slice(&src[p * rows + r0..][..w]);
+                }
+            }
+        }
+        PackedKernels {
+            mr,
+            rows,
+            cols,
+            count,
+            data,
+        }
+    }
+
+    /// The packed `U_ξᵀ` of one ξ as a core-blas A source.
+    pub(crate) fn matrix(&self, xi: usize) -> PackedMatrix<'_> {
+        debug_assert!(xi < self.count);
+        let per = self.rows.div_ceil(self.mr) * self.mr * self.cols;
+        PackedMatrix {
+            mr: self.mr,
+            rows: self.rows,
+            cols: self.cols,
+            data: &self.data[xi * per..][..per],
+        }
+    }
+}
+
+/// One packed `rows × cols` matrix (see [`PackedKernels`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PackedMatrix<'a> {
+    mr: usize,
+    rows: usize,
+    cols: usize,
+    data: &'a [f32],
+}
+
+impl PackedMatrix<'_> {
+    /// Element `(i, p)`.
+    #[inline]
+    fn at(&self, i: usize, p: usize) -> f32 {
+        self.data[((i / self.mr) * self.cols + p) * self.mr + i % self.mr]
+    }
+}
+
+impl PackA for PackedMatrix<'_> {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+
+    fn cols(&self) -> usize {
+        self.cols
+    }
+
+    fn pack_a(&self, ic: usize, mc: usize, pc: usize, kc: usize, mr: usize, dst: &mut [f32]) {
+        let panels = mc.div_ceil(mr);
+        if mr == self.mr && ic.is_multiple_of(mr) {
+            // The driver's panels are ours: one contiguous copy per panel (rows past the
+            // matrix are already zero in the packed data).
+            for q in 0..panels {
+                let src = &self.data[((ic / mr + q) * self.cols + pc) * mr..][..kc * mr];
+                dst[q * kc * mr..][..kc * mr].copy_from_slice(src);
+            }
+            return;
+        }
+        // Any other panel geometry: element by element (correct, not fast; not used by the
+        // kernels of core-blas, whose blocks start at multiples of MR).
+        for q in 0..panels {
+            for p in 0..kc {
+                for i in 0..mr {
+                    let row = ic + q * mr + i;
+                    dst[q * kc * mr + p * mr + i] = if row < ic + mc {
+                        self.at(row, pc + p)
+                    } else {
+                        0.0
+                    };
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core_blas::{DenseStore, MatMut, MatRef};
+
+    /// The packed source gives the same product as the dense column-major view, for panel
+    /// heights that match the kernel's and that do not (the fallback path), with ragged edges.
+    #[test]
+    fn packed_product_matches_dense() {
+        let (count, rows, cols, n) = (2, 13, 7, 5);
+        let u: Vec<f32> = (0..count * rows * cols)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+            .collect();
+        let b: Vec<f32> = (0..cols * n).map(|i| (i % 5) as f32 - 2.0).collect();
+        let bm = MatRef::row_major("b", &b, cols, n, n).expect("b");
+        let (mr, _) = core_blas::Gemm::global().expect("gemm").tile();
+        for pack_mr in [mr, 4] {
+            let pk = PackedKernels::new(&u, count, rows, cols, pack_mr);
+            for xi in 0..count {
+                let mut want = vec![0.0f32; rows * n];
+                let a = MatRef::new("a", &u[xi * rows * cols..], rows, cols, 1, rows).expect("a");
+                core_blas::gemm(
+                    1.0,
+                    a,
+                    bm,
+                    0.0,
+                    MatMut::row_major("c", &mut want, rows, n, n).expect("c"),
+                )
+                .expect("gemm");
+                let mut got = vec![f32::NAN; rows * n];
+                let mut st = DenseStore::new(
+                    MatMut::row_major("c", &mut got, rows, n, n).expect("c"),
+                    1.0,
+                    0.0,
+                );
+                core_blas::gemm_with(&pk.matrix(xi), &bm, &mut st).expect("gemm_with");
+                for (g, w) in got.iter().zip(&want) {
+                    assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "{g} vs {w}");
+                }
+            }
+        }
+    }
+}
