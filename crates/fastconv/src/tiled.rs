@@ -139,22 +139,27 @@ pub(crate) fn correlate(
         Ok(())
     };
 
-    // Stage 4: scatter a block's outputs (only the in-range part of edge tiles).
+    // Stage 4: scatter a block's outputs (only the in-range part of edge tiles), in runs of tiles
+    // along the last dimension as in `gather_tiles`: contiguous reads of the block's rows, writes
+    // with stride m into the same few output lines.
     let scatter = |y: &mut [f32], t0: usize, t1: usize, yb: &[f32]| {
         let tb = t1 - t0;
         let last = rank - 1;
         let prefix_n: usize = m[..last].iter().product();
+        let m_last = m[last];
+        let out_last = job.output[last];
         let mut tidx = vec![0; rank];
         let mut wi = vec![0; last];
-        for j in 0..tb {
+        let mut j = 0;
+        while j < tb {
             let t = t0 + j;
             let n = t / tiles_per_image;
             unravel(t % tiles_per_image, &tpd, &mut tidx);
-            let o_last = tidx[last] * m[last];
-            let len = m[last].min(job.output[last] - o_last);
+            let run = (tpd[last] - tidx[last]).min(tb - j);
+            let o0 = tidx[last] * m_last;
             'rows: for pf in 0..prefix_n {
                 unravel(pf, &m[..last], &mut wi);
-                let mut off = o_last;
+                let mut off = 0;
                 for dd in 0..last {
                     let o = tidx[dd] * m[dd] + wi[dd];
                     if o >= job.output[dd] {
@@ -162,15 +167,23 @@ pub(crate) fn correlate(
                     }
                     off += o * out_strides[dd];
                 }
-                let base = n * k_out * out_len + off;
-                let src = pf * m[last] * k_out * tb + j;
-                for k in 0..k_out {
-                    let dst = &mut y[base + k * out_len..base + k * out_len + len];
-                    for (i, v) in dst.iter_mut().enumerate() {
-                        *v = yb[src + i * k_out * tb + k * tb];
+                for i in 0..m_last {
+                    // Run tile jj writes output column o0 + jj·m + i, in range for jj < cnt.
+                    let first = o0 + i;
+                    if first >= out_last {
+                        continue;
+                    }
+                    let cnt = (out_last - first).div_ceil(m_last).min(run);
+                    for k in 0..k_out {
+                        let row = &mut y[(n * k_out + k) * out_len + off..][..out_last];
+                        let src = &yb[((pf * m_last + i) * k_out + k) * tb + j..][..cnt];
+                        for (o, &v) in row[first..].iter_mut().step_by(m_last).zip(src) {
+                            *o = v;
+                        }
                     }
                 }
             }
+            j += run;
         }
     };
 
@@ -214,8 +227,12 @@ struct Buffers {
 /// Gathers `tb` tiles (global tile indices `t0..t0 + tb`) of `channels` channels from `src`
 /// (images × channels × `src_dims`) into `dst` (`tile_dims` × channels × tb), which must be zeroed:
 /// entries outside `src` (padding) are left at zero. Tile `t` of image `n` starts at
-/// `tidx · step − pad` per dimension, `tpd` tiles per dimension. Works row by row along the last
-/// dimension, clipping each row once.
+/// `tidx · step − pad` per dimension, `tpd` tiles per dimension.
+///
+/// The tiles of a block are taken in runs that share the image and every tile index but the
+/// last (neighbours along the last dimension); for each destination row (tile position, channel)
+/// the run is one contiguous write along the tile index, reading the source row with stride
+/// `step`. (Writing tile by tile instead touches a new cache line of `dst` for every element.)
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gather_tiles(
     src: &[f32],
@@ -237,19 +254,17 @@ pub(crate) fn gather_tiles(
     let prefix_n: usize = tile_dims[..last].iter().product();
     let per_image: usize = tpd.iter().product();
     let a_last = tile_dims[last];
+    let width = src_dims[last] as isize;
+    let s_last = step[last] as isize;
     debug_assert_eq!(dst.len(), tile_n * channels * tb);
     let (mut tidx, mut xi) = (vec![0; rank], vec![0; last]);
-    for j in 0..tb {
+    let mut j = 0;
+    while j < tb {
         let t = t0 + j;
         let n = t / per_image;
         unravel(t % per_image, tpd, &mut tidx);
-        // Clip the last dimension once per tile: in-range tile positions [lo, hi).
-        let start = (tidx[last] * step[last]) as isize - pad[last];
-        let lo = (-start).clamp(0, a_last as isize) as usize;
-        let hi = (src_dims[last] as isize - start).clamp(0, a_last as isize) as usize;
-        if lo >= hi {
-            continue;
-        }
+        let run = (tpd[last] - tidx[last]).min(tb - j);
+        let q0 = tidx[last] as isize;
         'rows: for pf in 0..prefix_n {
             unravel(pf, &tile_dims[..last], &mut xi);
             let mut off = 0usize;
@@ -260,14 +275,34 @@ pub(crate) fn gather_tiles(
                 }
                 off += coord as usize * src_strides[d];
             }
-            let row0 = (start + lo as isize) as usize + off;
-            for c in 0..channels {
-                let s = &src[n * channels * src_len + c * src_len + row0..][..hi - lo];
-                let d0 = (pf * a_last + lo) * channels * tb + c * tb + j;
-                for (i, &v) in s.iter().enumerate() {
-                    dst[d0 + i * channels * tb] = v;
+            for i in 0..a_last {
+                // Source column of run tile jj: base + jj · step; in range for jj in [lo, hi).
+                let base = q0 * s_last - pad[last] + i as isize;
+                let lo = if base >= 0 {
+                    0
+                } else {
+                    ((-base + s_last - 1) / s_last) as usize
+                };
+                let hi = if base >= width {
+                    0
+                } else {
+                    ((width - base + s_last - 1) / s_last) as usize
+                };
+                let (lo, hi) = (lo.min(run), hi.min(run));
+                if lo >= hi {
+                    continue;
+                }
+                let first = (base + lo as isize * s_last) as usize;
+                for c in 0..channels {
+                    let row = &src[(n * channels + c) * src_len + off..][..src_dims[last]];
+                    let d0 = ((pf * a_last + i) * channels + c) * tb + j;
+                    let out = &mut dst[d0 + lo..d0 + hi];
+                    for (o, &v) in out.iter_mut().zip(row[first..].iter().step_by(step[last])) {
+                        *o = v;
+                    }
                 }
             }
         }
+        j += run;
     }
 }
