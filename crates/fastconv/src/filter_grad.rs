@@ -14,8 +14,26 @@ use crate::error::Result;
 use crate::ntransform::{TileTransforms, multi_mode_product_unchecked};
 use crate::tiled::{gather_tiles, tiles_per_dim};
 
+/// Buffers of backward-filter kept by the plan across calls: per thread the accumulator M
+/// (α^N × K × C, tens of MiB for 512 channels) and the block buffers, plus the output transform's.
+/// Reusing them saves the page faults and zeroing of fresh allocations on every call.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct FilterWorkspace {
+    states: Vec<ThreadState>,
+    scratch: Vec<f32>,
+    out: Vec<f32>,
+}
+
+/// One thread's accumulator and block buffers (gathered tiles, V, mode-product scratch, U′).
+#[derive(Debug, Clone, Default)]
+struct ThreadState {
+    acc: Vec<f32>,
+    bufs: [Vec<f32>; 4],
+}
+
 /// `dw` (K×C×kernel, overwritten) from `x` and `dy` with the F(r, m′) transforms `tt`
 /// (`tt.out_tile()` = kernel, `tt.kernel()` = m′). Shapes validated by the caller.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn backward_filter(
     g: &ConvGeometry,
     tt: &TileTransforms,
@@ -23,6 +41,7 @@ pub(crate) fn backward_filter(
     dy: &[f32],
     dw: &mut [f32],
     block_tiles: usize,
+    ws: &mut FilterWorkspace,
 ) -> Result<()> {
     let rank = g.rank();
     let (c_in, k_out) = (g.in_channels(), g.out_channels());
@@ -38,13 +57,18 @@ pub(crate) fn backward_filter(
     let n_blocks = total.div_ceil(block);
     let pad: Vec<isize> = g.pad_before().iter().map(|&p| p as isize).collect();
     let zero_pad = vec![0isize; rank];
+    let acc_len = a_n * k_out * c_in;
+    if n_blocks == 0 {
+        dw.fill(0.0);
+        return Ok(());
+    }
 
-    // Fold state: the accumulator M (α^N × K × C) and the block buffers, reused across blocks.
-    type State = (Vec<f32>, [Vec<f32>; 4]);
-    let run_block = |(mut acc, mut bufs): State, b: usize| -> Result<State> {
+    // Block b into the state's accumulator; the thread's first block overwrites it (beta = 0), so
+    // the accumulator is never cleared.
+    let run_block = |st: &mut ThreadState, b: usize, first: bool| -> Result<()> {
         let t0 = b * block;
         let tb = ((b + 1) * block).min(total) - t0;
-        let [d, v, scratch, u] = &mut bufs;
+        let [d, v, scratch, u] = &mut st.bufs;
         d.clear();
         d.resize(a_n * c_in * tb, 0.0);
         gather_tiles(x, g.input(), c_in, &alpha, &mp, &pad, &tpd, t0, tb, d);
@@ -59,6 +83,7 @@ pub(crate) fn backward_filter(
         dims.push(k_out * tb);
         multi_mode_product_unchecked(d, &dims, &tt.g32(), scratch, u);
         // M_ξ (K × C) += U′_ξ (K × T_b) · V_ξᵀ (T_b × C).
+        st.acc.resize(acc_len, 0.0);
         core_blas::sgemm_batched(
             false,
             true,
@@ -72,34 +97,48 @@ pub(crate) fn backward_filter(
             v,
             tb,
             c_in * tb,
-            1.0,
-            &mut acc,
+            if first { 0.0 } else { 1.0 },
+            &mut st.acc,
             c_in,
             k_out * c_in,
             a_n,
         )?;
-        Ok((acc, bufs))
+        Ok(())
     };
 
-    let zero = || -> State { (vec![0.0f32; a_n * k_out * c_in], Default::default()) };
-    let (acc, _) = if n_blocks <= 1 || rayon::current_num_threads() <= 1 {
-        (0..n_blocks).try_fold(zero(), run_block)?
-    } else {
-        (0..n_blocks)
-            .into_par_iter()
-            .try_fold(zero, run_block)
-            .try_reduce(zero, |mut a, b| {
-                for (x, y) in a.0.iter_mut().zip(&b.0) {
-                    *x += y;
-                }
-                Ok(a)
-            })?
+    // Contiguous ranges of blocks, one per thread (no more threads than blocks).
+    let threads = rayon::current_num_threads().clamp(1, n_blocks);
+    ws.states
+        .resize_with(threads.max(ws.states.len()), ThreadState::default);
+    let states = &mut ws.states[..threads];
+    let range = |t: usize| (t * n_blocks / threads, (t + 1) * n_blocks / threads);
+    let run_range = |st: &mut ThreadState, t: usize| -> Result<()> {
+        let (b0, b1) = range(t);
+        for b in b0..b1 {
+            run_block(st, b, b == b0)?;
+        }
+        Ok(())
     };
+    if threads == 1 {
+        run_range(&mut states[0], 0)?;
+    } else {
+        states
+            .par_iter_mut()
+            .enumerate()
+            .try_for_each(|(t, st)| run_range(st, t))?;
+        let (first, rest) = states.split_at_mut(1);
+        for st in rest.iter() {
+            for (a, b) in first[0].acc.iter_mut().zip(&st.acc) {
+                *a += b;
+            }
+        }
+    }
+    let acc = &states[0].acc;
     // One output transform: (α^N, K·C) → (r^N, K·C), then to K×C×taps.
     let mut dims = alpha.clone();
     dims.push(k_out * c_in);
-    let (mut scratch, mut out) = (Vec::new(), Vec::new());
-    multi_mode_product_unchecked(&acc, &dims, &tt.at(), &mut scratch, &mut out);
+    multi_mode_product_unchecked(acc, &dims, &tt.at(), &mut ws.scratch, &mut ws.out);
+    let out = &ws.out;
     debug_assert_eq!(out.len(), taps * k_out * c_in);
     for kc in 0..k_out * c_in {
         for t in 0..taps {

@@ -18,6 +18,7 @@
 use conv_ops::ConvGeometry;
 
 use crate::error::{FastconvError, Result};
+use crate::filter_grad::FilterWorkspace;
 use crate::ntransform::TileTransforms;
 use crate::packed::PackedKernels;
 use crate::points::transform_for;
@@ -57,6 +58,7 @@ pub struct WinogradPlan {
     block_tiles: Option<usize>,
     cache_fwd: Option<KernelCache>,
     cache_bwd: Option<KernelCache>,
+    filter_ws: FilterWorkspace,
 }
 
 /// Refuses what Winograd cannot do, naming the argument.
@@ -160,6 +162,7 @@ impl WinogradPlan {
             block_tiles: None,
             cache_fwd: None,
             cache_bwd: None,
+            filter_ws: FilterWorkspace::default(),
         })
     }
 
@@ -313,6 +316,14 @@ impl WinogradPlan {
         self.check("dw", dw.len(), g.w_len())?;
         let alpha_n: usize = self.bwd_filter.in_tile().iter().product();
         let block = self.block(alpha_n, g.in_channels(), g.out_channels());
-        crate::filter_grad::backward_filter(&g, &self.bwd_filter, x, dy, dw, block)
+        crate::filter_grad::backward_filter(
+            &g,
+            &self.bwd_filter,
+            x,
+            dy,
+            dw,
+            block,
+            &mut self.filter_ws,
+        )
     }
 }
