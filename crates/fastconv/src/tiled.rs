@@ -142,7 +142,18 @@ pub(crate) fn correlate(
     // Stage 4: scatter a block's outputs (only the in-range part of edge tiles), in runs of tiles
     // along the last dimension as in `gather_tiles`: contiguous reads of the block's rows, writes
     // with stride m into the same few output lines.
-    let scatter = |y: &mut [f32], t0: usize, t1: usize, yb: &[f32]| {
+    //
+    // `ys` holds the output planes (image, channel) from plane `plane0` on; only tiles `ta..tz`
+    // of the block `t0..t1` and channels `ks` are written, so planes can be filled in parallel.
+    #[allow(clippy::too_many_arguments)]
+    let scatter = |ys: &mut [f32],
+                   plane0: usize,
+                   t0: usize,
+                   t1: usize,
+                   yb: &[f32],
+                   ta: usize,
+                   tz: usize,
+                   ks: std::ops::Range<usize>| {
         let tb = t1 - t0;
         let last = rank - 1;
         let prefix_n: usize = m[..last].iter().product();
@@ -150,12 +161,12 @@ pub(crate) fn correlate(
         let out_last = job.output[last];
         let mut tidx = vec![0; rank];
         let mut wi = vec![0; last];
-        let mut j = 0;
-        while j < tb {
-            let t = t0 + j;
+        let mut t = ta;
+        while t < tz {
+            let j = t - t0;
             let n = t / tiles_per_image;
             unravel(t % tiles_per_image, &tpd, &mut tidx);
-            let run = (tpd[last] - tidx[last]).min(tb - j);
+            let run = (tpd[last] - tidx[last]).min(tz - t);
             let o0 = tidx[last] * m_last;
             'rows: for pf in 0..prefix_n {
                 unravel(pf, &m[..last], &mut wi);
@@ -174,8 +185,9 @@ pub(crate) fn correlate(
                         continue;
                     }
                     let cnt = (out_last - first).div_ceil(m_last).min(run);
-                    for k in 0..k_out {
-                        let row = &mut y[(n * k_out + k) * out_len + off..][..out_last];
+                    for k in ks.clone() {
+                        let plane = n * k_out + k - plane0;
+                        let row = &mut ys[plane * out_len + off..][..out_last];
                         let src = &yb[((pf * m_last + i) * k_out + k) * tb + j..][..cnt];
                         for (o, &v) in row[first..].iter_mut().step_by(m_last).zip(src) {
                             *o = v;
@@ -183,7 +195,7 @@ pub(crate) fn correlate(
                     }
                 }
             }
-            j += run;
+            t += run;
         }
     };
 
@@ -205,8 +217,30 @@ pub(crate) fn correlate(
                 .zip(ranges.par_iter())
                 .try_for_each(|(buf, &(t0, t1))| run_block(buf, t0, t1))?;
         }
-        for (&(t0, t1), buf) in ranges.iter().zip(&bufs) {
-            scatter(y, t0, t1, &buf.y);
+        if ranges.len() == 1 {
+            let (t0, t1) = ranges[0];
+            scatter(y, 0, t0, t1, &bufs[0].y, t0, t1, 0..k_out);
+        } else {
+            // The wave's output planes (image, channel) in parallel: each plane takes the tiles
+            // of its image from every block of the wave.
+            let (first, end) = (ranges[0].0, ranges[ranges.len() - 1].1);
+            let (n0, n1) = (first / tiles_per_image, (end - 1) / tiles_per_image + 1);
+            let bufs = &bufs;
+            let ranges = &ranges;
+            y[n0 * k_out * out_len..n1 * k_out * out_len]
+                .par_chunks_mut(out_len)
+                .enumerate()
+                .for_each(|(i, plane)| {
+                    let p = n0 * k_out + i;
+                    let (n, k) = (p / k_out, p % k_out);
+                    let (img0, img1) = (n * tiles_per_image, (n + 1) * tiles_per_image);
+                    for (&(t0, t1), buf) in ranges.iter().zip(bufs) {
+                        let (ta, tz) = (t0.max(img0), t1.min(img1));
+                        if ta < tz {
+                            scatter(plane, p, t0, t1, &buf.y, ta, tz, k..k + 1);
+                        }
+                    }
+                });
         }
         b = wave_end;
     }
