@@ -54,13 +54,9 @@ pub fn bench(opts: &BenchOptions) -> Result<()> {
     // criterion's flags.
     cmd.args(["bench", "-p", "benches", "--bench", "*", "--"]);
     if opts.quick {
-        cmd.args([
-            "--quick",
-            "--warm-up-time",
-            "0.5",
-            "--measurement-time",
-            "1",
-        ]);
+        // `--opt=value` form: a bench that scans its arguments for a positional filter (gemm
+        // does) must not mistake an option's value for one.
+        cmd.args(["--quick", "--warm-up-time=0.5", "--measurement-time=1"]);
     }
     cmd.args(&opts.filter);
     cmd.env("CRITERION_HOME", &criterion_home);
