@@ -200,11 +200,16 @@ struct Net {
 }
 
 impl Net {
-    fn new(batch: usize) -> Net {
-        let geoms: Vec<ConvGeometry> = [224usize, 221, 218]
+    /// The three layers' geometries (cheap: no buffers).
+    fn geometries(batch: usize) -> Vec<ConvGeometry> {
+        [224usize, 221, 218]
             .iter()
             .map(|&s| geometry(batch, 32, 32, &[s, s], &[4, 4], 0))
-            .collect();
+            .collect()
+    }
+
+    fn new(batch: usize) -> Net {
+        let geoms = Net::geometries(batch);
         let mut acts = vec![uniform(10, geoms[0].x_len())];
         acts.extend(geoms.iter().map(|g| vec![0f32; g.y_len()]));
         let mut grads: Vec<Vec<f32>> = geoms.iter().map(|g| vec![0f32; g.x_len()]).collect();
@@ -221,11 +226,6 @@ impl Net {
             grads,
             step: 0,
         }
-    }
-
-    /// Direct-convolution FLOPs of the three forwards.
-    fn fwd_flops(&self) -> u64 {
-        self.geoms.iter().map(|g| g.flops()).sum()
     }
 
     fn forward(&mut self, e: &mut Engine) {
@@ -253,7 +253,11 @@ impl Net {
     /// every step (as an optimizer step would), so cached kernel transforms are recomputed.
     fn train_step(&mut self, e: &mut Engine) {
         self.step += 1;
-        let nudge = if self.step.is_multiple_of(2) { 1e-3 } else { -1e-3 };
+        let nudge = if self.step.is_multiple_of(2) {
+            1e-3
+        } else {
+            -1e-3
+        };
         for w in &mut self.w {
             w[0] += nudge;
         }
@@ -317,8 +321,10 @@ fn bench_paper(c: &mut Criterion, pools: &[(usize, rayon::ThreadPool)]) {
         if !wanted(&name) {
             continue;
         }
-        let mut net = Net::new(batch);
-        let fwd_flops = net.fwd_flops();
+        // Built on first use, so a filtered run that skips these cases does not allocate them.
+        let geoms = Net::geometries(batch);
+        let fwd_flops: u64 = geoms.iter().map(|g| g.flops()).sum();
+        let mut net: Option<Net> = None;
         let mut group = c.benchmark_group(flop_group(&format!("winograd/{name}")));
         group
             .sample_size(10)
@@ -331,7 +337,7 @@ fn bench_paper(c: &mut Criterion, pools: &[(usize, rayon::ThreadPool)]) {
             let mut engines = vec![(
                 "winograd",
                 Engine::Winograd(
-                    net.geoms
+                    geoms
                         .iter()
                         .map(|g| WinogradPlan::new(g, None).expect("plan"))
                         .collect(),
@@ -353,6 +359,7 @@ fn bench_paper(c: &mut Criterion, pools: &[(usize, rayon::ThreadPool)]) {
                     group.bench_function(&case, |b| {
                         pool.install(|| {
                             b.iter_custom(|iters| {
+                                let net = net.get_or_insert_with(|| Net::new(batch));
                                 timed(iters, &mut samples, || {
                                     if pass == "fwd" {
                                         net.forward(&mut engine)
@@ -382,7 +389,7 @@ fn bench_paper(c: &mut Criterion, pools: &[(usize, rayon::ThreadPool)]) {
             }
         }
         group.finish();
-        black_box(&net.acts);
+        black_box(net.as_ref().map(|n| &n.acts));
     }
 }
 
