@@ -59,21 +59,29 @@ fn pass_name(p: Pass) -> &'static str {
         Pass::Forward(ForwardAlgo::Convgemm) => "fwd/convgemm",
         Pass::BackwardData(BackwardDataAlgo::GemmCol2im) => "bwd-data/gemm+col2im",
         Pass::BackwardData(BackwardDataAlgo::Deconvgemm) => "bwd-data/deconvgemm",
+        Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm) => "bwd-data/flipped-convgemm",
         Pass::BackwardFilter(BackwardFilterAlgo::Im2colGemmT) => "bwd-filter/im2col+gemmT",
         Pass::BackwardFilter(BackwardFilterAlgo::ReindexConvgemm) => "bwd-filter/reindex+convgemm",
         Pass::BackwardFilter(BackwardFilterAlgo::ConvgemmTrans) => "bwd-filter/convgemm-trans",
     }
 }
 
-const PASSES: [Pass; 7] = [
+const PASSES: [Pass; 8] = [
     Pass::Forward(ForwardAlgo::Im2colGemm),
     Pass::Forward(ForwardAlgo::Convgemm),
     Pass::BackwardData(BackwardDataAlgo::GemmCol2im),
     Pass::BackwardData(BackwardDataAlgo::Deconvgemm),
+    Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm),
     Pass::BackwardFilter(BackwardFilterAlgo::Im2colGemmT),
     Pass::BackwardFilter(BackwardFilterAlgo::ReindexConvgemm),
     Pass::BackwardFilter(BackwardFilterAlgo::ConvgemmTrans),
 ];
+
+/// The flipped convgemm takes stride-1 layers only.
+fn supported(g: &ConvGeometry, pass: Pass) -> bool {
+    pass != Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm)
+        || conv_ops::transposed_geometry(g).is_ok()
+}
 
 fn bench_conv(c: &mut Criterion) {
     let wanted = std::env::var("CONV_LAYERS").ok();
@@ -129,6 +137,9 @@ fn bench_conv(c: &mut Criterion) {
                 })
             });
             for pass in PASSES {
+                if !supported(&g, pass) {
+                    continue;
+                }
                 let mut ws = Workspace::new(false);
                 group.bench_function(format!("{}/t{threads}", pass_name(pass)), |b| {
                     pool.install(|| {
@@ -151,7 +162,7 @@ fn bench_conv(c: &mut Criterion) {
             }
         }
         group.finish();
-        for pass in PASSES {
+        for pass in PASSES.into_iter().filter(|&p| supported(&g, p)) {
             emit_record(
                 "conv",
                 &format!("{}/{}", l.0, pass_name(pass)),

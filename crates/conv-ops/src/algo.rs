@@ -23,6 +23,9 @@ pub enum BackwardDataAlgo {
     GemmCol2im,
     /// col2im fused into the store of C: no buffer (deconvgemm, `cgt+dg`).
     Deconvgemm,
+    /// Stride 1 only: convgemm of dy with the flipped, channel-transposed kernel (the transposed
+    /// convolution as a forward one); workspace: the flipped weights.
+    FlippedConvgemm,
 }
 
 /// How to compute the weight gradient dw.
@@ -163,7 +166,8 @@ impl fmt::Display for Preset {
 
 /// Bytes of workspace that `conv-ops` allocates for one pass beyond its inputs and outputs:
 /// the im2col / GEMM-result buffer of the `base` algorithms (one group at a time), the Reindex
-/// buffer of `rdx`, zero for the fused algorithms. Not counted: the GEMM's packing buffers
+/// buffer of `rdx`, the flipped weights of [`BackwardDataAlgo::FlippedConvgemm`], zero for the
+/// fused algorithms. Not counted: the GEMM's packing buffers
 /// (per thread, bounded by the cache blocking, independent of the batch) and the micro-tile
 /// the store receives.
 pub fn workspace_bytes(g: &ConvGeometry, pass: Pass) -> usize {
@@ -177,6 +181,7 @@ pub fn workspace_bytes(g: &ConvGeometry, pass: Pass) -> usize {
         | Pass::BackwardData(BackwardDataAlgo::GemmCol2im)
         | Pass::BackwardFilter(BackwardFilterAlgo::Im2colGemmT)
         | Pass::BackwardFilter(BackwardFilterAlgo::ReindexConvgemm) => buffer,
+        Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm) => g.w_len() * size_of::<f32>(),
     }
 }
 

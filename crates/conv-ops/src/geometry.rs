@@ -95,6 +95,41 @@ impl ConvGeometry {
         g.validated()
     }
 
+    /// Every field at once, validated once. The builder methods validate after each step, which
+    /// rejects a kernel that fits only once the padding is added; this does not.
+    pub fn from_parts(
+        batch: usize,
+        in_channels: usize,
+        out_channels: usize,
+        input: &[usize],
+        kernel: &[usize],
+        stride: &[usize],
+        dilation: &[usize],
+        pad_before: &[usize],
+        pad_after: &[usize],
+        groups: usize,
+    ) -> Result<Self> {
+        let rank = input.len();
+        if !(1..=MAX_RANK).contains(&rank) {
+            return Err(ConvError::Rank { rank });
+        }
+        ConvGeometry {
+            batch,
+            in_channels,
+            out_channels,
+            groups,
+            rank,
+            input: per_dim("input", input, rank, 1)?,
+            kernel: per_dim("kernel", kernel, rank, 1)?,
+            stride: per_dim("stride", stride, rank, 1)?,
+            dilation: per_dim("dilation", dilation, rank, 1)?,
+            pad_before: per_dim("pad_before", pad_before, rank, 0)?,
+            pad_after: per_dim("pad_after", pad_after, rank, 0)?,
+            output: [1; MAX_RANK],
+        }
+        .validated()
+    }
+
     /// Sets the stride per dimension (or one value for all).
     pub fn with_stride(mut self, stride: &[usize]) -> Result<Self> {
         self.stride = per_dim("stride", stride, self.rank, 1)?;

@@ -43,6 +43,7 @@ mod convgemm;
 mod convgemm_trans;
 mod deconvgemm;
 mod error;
+mod flipped;
 mod geometry;
 pub mod im2col;
 mod layout;
@@ -58,5 +59,6 @@ pub use algo::{
 pub use convgemm::Im2colB;
 pub use convgemm_trans::Im2colTB;
 pub use error::{ConvError, Result};
+pub use flipped::transposed_geometry;
 pub use geometry::{ConvGeometry, Dims3, MAX_RANK};
 pub use ops::{backward_data, backward_filter, bias_grad, forward};

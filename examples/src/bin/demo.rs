@@ -38,7 +38,7 @@ enum Algo {
     Winograd(u8),
 }
 
-const ALGOS: [(Algo, &str); 10] = [
+const ALGOS: [(Algo, &str); 11] = [
     (
         Algo::Conv(Pass::Forward(ForwardAlgo::Im2colGemm)),
         "forward         im2col + GEMM (base)",
@@ -55,6 +55,10 @@ const ALGOS: [(Algo, &str); 10] = [
     (
         Algo::Conv(Pass::BackwardData(BackwardDataAlgo::Deconvgemm)),
         "backward-data   deconvgemm",
+    ),
+    (
+        Algo::Conv(Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm)),
+        "backward-data   flipped convgemm",
     ),
     (Algo::Winograd(1), "backward-data   Winograd"),
     (
