@@ -51,14 +51,12 @@ proptest! {
             let mut col = vec![0f32; rows * cols];
             im2col::im2col(&g, grp, &x, &mut col).unwrap();
             let mut dx = vec![0f32; g.x_len()];
-            col2im::col2im_add(&g, grp, &c, &mut dx).unwrap();
+            im2col::col2im_add(&g, grp, &c, &mut dx).unwrap();
             let (lhs, rhs) = (dot(&col, &c), dot(&x, &dx));
             prop_assert!((lhs - rhs).abs() <= 1e-4 * (1.0 + lhs.abs()), "{lhs} vs {rhs}");
         }
     }
 }
-
-use conv_ops::im2col as col2im;
 
 #[test]
 fn large_geometry_uses_the_parallel_path() {
