@@ -34,6 +34,13 @@ fn out_channels<'a>(g: &ConvGeometry, grp: usize, dy: &'a [f32]) -> ChannelMajor
     }
 }
 
+/// True for a 1×1 kernel with stride 1 and no padding: im2col(x) is x itself.
+fn is_pointwise(g: &ConvGeometry) -> bool {
+    g.kernel_len() == 1
+        && g.stride().iter().all(|&s| s == 1)
+        && g.pad_before().iter().chain(g.pad_after()).all(|&p| p == 0)
+}
+
 /// y = conv(x, w) (+ bias[k]) (then ReLU when `relu`), by `algo`.
 ///
 /// Layouts: x N×C×spatial, w K×(C/G)×kernel, y N×K×output spatial, bias K (see
@@ -67,6 +74,21 @@ pub fn forward(
             let a = weights(g, grp, w)?;
             let mut store = ChannelMajorStore::new(y, g.out_channels(), olen, grp * kg, kg, epi);
             match algo {
+                // A 1×1 kernel with stride 1 and no padding reads x itself: B is the input
+                // as a channels × (N·O) matrix, no im2col indexing at all.
+                ForwardAlgo::Convgemm if is_pointwise(g) => {
+                    let cg = g.in_channels_per_group();
+                    let b = ChannelMajor {
+                        data: x,
+                        channels: g.in_channels(),
+                        plane: g.input_spatial_len(),
+                        c0: grp * cg,
+                        rows: cg,
+                        n0: 0,
+                        batch: g.batch(),
+                    };
+                    core_blas::gemm_with(&a, &b, &mut store)
+                }
                 ForwardAlgo::Convgemm => {
                     core_blas::gemm_with(&a, &Im2colB::new(g, grp, x), &mut store)
                 }

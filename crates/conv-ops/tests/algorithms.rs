@@ -156,6 +156,11 @@ fn realistic_layers() {
             .with_groups(4)
             .unwrap(),
         ConvGeometry::new(4, 300, 70, &[4, 4], &[1, 1]).unwrap(),
+        // Pointwise (B = x itself) with groups, in 1-D.
+        ConvGeometry::new(3, 12, 8, &[37], &[1])
+            .unwrap()
+            .with_groups(4)
+            .unwrap(),
     ];
     for g in &layers {
         check_all(g, 42).unwrap_or_else(|e| panic!("{g:?}: {e}"));
