@@ -20,6 +20,8 @@ pub struct Im2colB<'a> {
     src: Source<'a>,
     rows: usize,
     cols: usize,
+    /// First column (image · O) of the view: a view of images `n0..` starts at `n0 · O`.
+    col0: usize,
 }
 
 /// Scratch reused across calls on one thread: no allocation in steady state.
@@ -39,10 +41,18 @@ thread_local! {
 impl<'a> Im2colB<'a> {
     /// The im2col matrix of group `grp` of `x` (validated by the caller: `x.len() == g.x_len()`).
     pub fn new(g: &ConvGeometry, grp: usize, x: &'a [f32]) -> Self {
+        Self::images(g, grp, x, 0, g.batch())
+    }
+
+    /// The columns of images `n0..n0 + count` only (validated by the caller:
+    /// `n0 + count <= g.batch()`).
+    pub fn images(g: &ConvGeometry, grp: usize, x: &'a [f32], n0: usize, count: usize) -> Self {
+        debug_assert!(n0 + count <= g.batch());
         Im2colB {
             src: Source::new(g, grp, x),
             rows: g.in_channels_per_group() * g.kernel_len(),
-            cols: g.batch() * g.output_spatial_len(),
+            cols: count * g.output_spatial_len(),
+            col0: n0 * g.output_spatial_len(),
         }
     }
 }
@@ -77,7 +87,7 @@ impl PackB for Im2colB<'_> {
             {
                 let j0 = jc + q * nr;
                 let w = nr.min(jc + nc - j0);
-                src.runs(j0, w, runs);
+                src.runs(self.col0 + j0, w, runs);
                 src.segments(runs, segs);
                 debug_assert!(src.segments_in_bounds(runs, segs, planes));
                 let count = runs.len();

@@ -1,6 +1,6 @@
 //! The three passes of a convolution layer, each with its choice of algorithm.
 
-use core_blas::{DenseStore, MatMut, MatRef};
+use core_blas::{Bias, DenseStore, MatMut, MatRef};
 use rayon::prelude::*;
 
 use crate::algo::{BackwardDataAlgo, BackwardFilterAlgo, ForwardAlgo, Workspace};
@@ -33,6 +33,31 @@ fn out_channels<'a>(g: &ConvGeometry, grp: usize, dy: &'a [f32]) -> ChannelMajor
         batch: g.batch(),
     }
 }
+
+/// A 1×1 kernel with stride 1 and no padding reads x itself: B is the input of images
+/// `n0..n0 + count`, group `grp`, as a channels × (images·O) matrix, no im2col indexing at all.
+fn pointwise_b<'a>(
+    g: &ConvGeometry,
+    grp: usize,
+    x: &'a [f32],
+    n0: usize,
+    count: usize,
+) -> ChannelMajor<'a> {
+    let cg = g.in_channels_per_group();
+    ChannelMajor {
+        data: x,
+        channels: g.in_channels(),
+        plane: g.input_spatial_len(),
+        c0: grp * cg,
+        rows: cg,
+        n0,
+        batch: count,
+    }
+}
+
+/// Output planes at least this large run the forward convgemm image by image with a dense store;
+/// smaller ones as one GEMM over the whole batch (a per-image GEMM would be too narrow).
+const PER_IMAGE_MIN_PLANE: usize = 1024;
 
 /// True for a 1×1 kernel with stride 1 and no padding: im2col(x) is x itself.
 fn is_pointwise(g: &ConvGeometry) -> bool {
@@ -74,20 +99,27 @@ pub fn forward(
             let a = weights(g, grp, w)?;
             let mut store = ChannelMajorStore::new(y, g.out_channels(), olen, grp * kg, kg, epi);
             match algo {
-                // A 1×1 kernel with stride 1 and no padding reads x itself: B is the input
-                // as a channels × (N·O) matrix, no im2col indexing at all.
+                // Large images: one GEMM per image, whose C (K/G × O of y[n]) is a dense
+                // matrix, so the kernel stores straight from registers (no tile buffer).
+                ForwardAlgo::Convgemm if olen >= PER_IMAGE_MIN_PLANE => (0..g.batch())
+                    .try_for_each(|n| {
+                        let yn = &mut y[(n * g.out_channels() + grp * kg) * olen..][..kg * olen];
+                        let c = MatMut::row_major("y", yn, kg, olen, olen)?;
+                        let mut dense = DenseStore::new(c, 1.0, 0.0);
+                        if let Some(b) = bias {
+                            dense = dense.with_bias(Bias::PerRow(&b[grp * kg..][..kg]))?;
+                        }
+                        if relu {
+                            dense = dense.with_relu();
+                        }
+                        if is_pointwise(g) {
+                            core_blas::gemm_with(&a, &pointwise_b(g, grp, x, n, 1), &mut dense)
+                        } else {
+                            core_blas::gemm_with(&a, &Im2colB::images(g, grp, x, n, 1), &mut dense)
+                        }
+                    }),
                 ForwardAlgo::Convgemm if is_pointwise(g) => {
-                    let cg = g.in_channels_per_group();
-                    let b = ChannelMajor {
-                        data: x,
-                        channels: g.in_channels(),
-                        plane: g.input_spatial_len(),
-                        c0: grp * cg,
-                        rows: cg,
-                        n0: 0,
-                        batch: g.batch(),
-                    };
-                    core_blas::gemm_with(&a, &b, &mut store)
+                    core_blas::gemm_with(&a, &pointwise_b(g, grp, x, 0, g.batch()), &mut store)
                 }
                 ForwardAlgo::Convgemm => {
                     core_blas::gemm_with(&a, &Im2colB::new(g, grp, x), &mut store)

@@ -156,6 +156,19 @@ fn realistic_layers() {
             .with_groups(4)
             .unwrap(),
         ConvGeometry::new(4, 300, 70, &[4, 4], &[1, 1]).unwrap(),
+        // Output planes of at least 1024 positions: the forward runs image by image with a
+        // dense store (bias and ReLU in the kernel's store), here with two groups.
+        ConvGeometry::new(2, 4, 6, &[34, 33], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap()
+            .with_groups(2)
+            .unwrap(),
+        // Pointwise on a large plane: image by image, B = x itself.
+        ConvGeometry::new(2, 6, 4, &[1030], &[1])
+            .unwrap()
+            .with_groups(2)
+            .unwrap(),
         // Pointwise (B = x itself) with groups, in 1-D.
         ConvGeometry::new(3, 12, 8, &[37], &[1])
             .unwrap()
