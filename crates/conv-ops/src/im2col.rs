@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use crate::error::Result;
-use crate::geometry::ConvGeometry;
+use crate::geometry::{ConvGeometry, Dims3};
 
 /// Rows and columns of the im2col matrix of one group: (C/G·R, N·O).
 pub fn im2col_shape(g: &ConvGeometry) -> (usize, usize) {
@@ -30,17 +30,52 @@ pub(crate) fn split3(i: usize, dims: &[usize; 3]) -> [usize; 3] {
     ]
 }
 
-/// Writes im2col(x) of group `grp` into `col` (row-major, (C/G·R) × (N·O)).
-pub fn im2col(g: &ConvGeometry, grp: usize, x: &[f32], col: &mut [f32]) -> Result<()> {
-    g.check_len("x", x.len(), g.x_len())?;
+/// Validates the buffers and group of [`im2col`] / [`col2im_add`]; returns the matrix shape.
+fn check(
+    g: &ConvGeometry,
+    grp: usize,
+    algo: &'static str,
+    (tensor, tensor_len): (&'static str, usize),
+    col_len: usize,
+) -> Result<(usize, usize)> {
+    g.check_len(tensor, tensor_len, g.x_len())?;
     let (rows, cols) = im2col_shape(g);
-    g.check_len("col", col.len(), rows * cols)?;
+    g.check_len("col", col_len, rows * cols)?;
     if grp >= g.groups() {
         return Err(crate::ConvError::Unsupported {
-            algo: "im2col",
+            algo,
             reason: format!("group {grp} out of range (groups = {})", g.groups()),
         });
     }
+    Ok((rows, cols))
+}
+
+/// Walks the output positions `o` of one plane in order and calls `f(o, Some(i))` with the input
+/// position `i` that kernel tap `rk` reads there, or `f(o, None)` where it falls in the padding.
+/// im2col and col2im both walk this map, one reading through it and the other adding back.
+#[inline(always)]
+fn for_each_tap_position(d: &Dims3, rk: [usize; 3], mut f: impl FnMut(usize, Option<usize>)) {
+    let mut o = 0;
+    for o0 in 0..d.output[0] {
+        let i0 = d.input_coord(0, o0, rk[0]);
+        for o1 in 0..d.output[1] {
+            let i1 = d.input_coord(1, o1, rk[1]);
+            let inside =
+                (0..d.input[0] as isize).contains(&i0) && (0..d.input[1] as isize).contains(&i1);
+            for o2 in 0..d.output[2] {
+                let i2 = d.input_coord(2, o2, rk[2]);
+                let at = (inside && (0..d.input[2] as isize).contains(&i2))
+                    .then(|| (i0 as usize * d.input[1] + i1 as usize) * d.input[2] + i2 as usize);
+                f(o, at);
+                o += 1;
+            }
+        }
+    }
+}
+
+/// Writes im2col(x) of group `grp` into `col` (row-major, (C/G·R) × (N·O)).
+pub fn im2col(g: &ConvGeometry, grp: usize, x: &[f32], col: &mut [f32]) -> Result<()> {
+    let (rows, cols) = check(g, grp, "im2col", ("x", x.len()), col.len())?;
     let d = g.dims3();
     let (rlen, olen, ilen) = (
         g.kernel_len(),
@@ -48,7 +83,6 @@ pub fn im2col(g: &ConvGeometry, grp: usize, x: &[f32], col: &mut [f32]) -> Resul
         g.input_spatial_len(),
     );
     let cg = g.in_channels_per_group();
-    let parallel = rows * cols >= 1 << 15;
     let fill_row = |(row, out): (usize, &mut [f32])| {
         let (cc, r) = (row / rlen, row % rlen);
         let c = grp * cg + cc;
@@ -56,28 +90,10 @@ pub fn im2col(g: &ConvGeometry, grp: usize, x: &[f32], col: &mut [f32]) -> Resul
         for n in 0..g.batch() {
             let plane = &x[(n * g.in_channels() + c) * ilen..][..ilen];
             let dst = &mut out[n * olen..][..olen];
-            let mut o = 0;
-            for o0 in 0..d.output[0] {
-                let i0 = d.input_coord(0, o0, rk[0]);
-                for o1 in 0..d.output[1] {
-                    let i1 = d.input_coord(1, o1, rk[1]);
-                    let inside = (0..d.input[0] as isize).contains(&i0)
-                        && (0..d.input[1] as isize).contains(&i1);
-                    for o2 in 0..d.output[2] {
-                        let i2 = d.input_coord(2, o2, rk[2]);
-                        dst[o] = if inside && (0..d.input[2] as isize).contains(&i2) {
-                            plane[(i0 as usize * d.input[1] + i1 as usize) * d.input[2]
-                                + i2 as usize]
-                        } else {
-                            0.0
-                        };
-                        o += 1;
-                    }
-                }
-            }
+            for_each_tap_position(&d, rk, |o, at| dst[o] = at.map_or(0.0, |i| plane[i]));
         }
     };
-    if parallel {
+    if rows * cols >= 1 << 15 {
         col.par_chunks_mut(cols).enumerate().for_each(fill_row);
     } else {
         col.chunks_mut(cols).enumerate().for_each(fill_row);
@@ -90,15 +106,7 @@ pub fn im2col(g: &ConvGeometry, grp: usize, x: &[f32], col: &mut [f32]) -> Resul
 ///
 /// Parallel over (image, channel) planes, so no two threads write the same element.
 pub fn col2im_add(g: &ConvGeometry, grp: usize, col: &[f32], dx: &mut [f32]) -> Result<()> {
-    g.check_len("dx", dx.len(), g.x_len())?;
-    let (rows, cols) = im2col_shape(g);
-    g.check_len("col", col.len(), rows * cols)?;
-    if grp >= g.groups() {
-        return Err(crate::ConvError::Unsupported {
-            algo: "col2im",
-            reason: format!("group {grp} out of range (groups = {})", g.groups()),
-        });
-    }
+    let (rows, cols) = check(g, grp, "col2im", ("dx", dx.len()), col.len())?;
     let d = g.dims3();
     let (rlen, olen, ilen) = (
         g.kernel_len(),
@@ -113,25 +121,12 @@ pub fn col2im_add(g: &ConvGeometry, grp: usize, col: &[f32], dx: &mut [f32]) -> 
         }
         let cc = c % cg;
         for r in 0..rlen {
-            let rk = split3(r, &d.kernel);
             let src = &col[(cc * rlen + r) * cols + n * olen..][..olen];
-            let mut o = 0;
-            for o0 in 0..d.output[0] {
-                let i0 = d.input_coord(0, o0, rk[0]);
-                for o1 in 0..d.output[1] {
-                    let i1 = d.input_coord(1, o1, rk[1]);
-                    let inside = (0..d.input[0] as isize).contains(&i0)
-                        && (0..d.input[1] as isize).contains(&i1);
-                    for o2 in 0..d.output[2] {
-                        let i2 = d.input_coord(2, o2, rk[2]);
-                        if inside && (0..d.input[2] as isize).contains(&i2) {
-                            plane[(i0 as usize * d.input[1] + i1 as usize) * d.input[2]
-                                + i2 as usize] += src[o];
-                        }
-                        o += 1;
-                    }
+            for_each_tap_position(&d, split3(r, &d.kernel), |o, at| {
+                if let Some(i) = at {
+                    plane[i] += src[o];
                 }
-            }
+            });
         }
     };
     if rows * cols >= 1 << 15 {
