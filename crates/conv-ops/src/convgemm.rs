@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use core_blas::PackB;
 
 use crate::geometry::ConvGeometry;
-use crate::source::{Run, Seg, Source, copy_run};
+use crate::source::{Run, Seg, Source, copy_run, micro_panels};
 
 /// im2col(x) of one group as a virtual `(C/G·R) × (N·O)` matrix that packs itself.
 #[derive(Clone, Copy, Debug)]
@@ -80,13 +80,7 @@ impl PackB for Im2colB<'_> {
                 planes.clear();
                 planes.extend(rows.iter().map(|r| r.0));
             }
-            for (q, panel) in dst
-                .chunks_exact_mut(kc * nr)
-                .take(nc.div_ceil(nr))
-                .enumerate()
-            {
-                let j0 = jc + q * nr;
-                let w = nr.min(jc + nc - j0);
+            for (j0, w, panel) in micro_panels(dst, kc, nr, jc, nc) {
                 src.runs(self.col0 + j0, w, runs);
                 src.segments(runs, segs);
                 debug_assert!(src.segments_in_bounds(runs, segs, planes));

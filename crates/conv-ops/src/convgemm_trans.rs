@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use core_blas::PackB;
 
 use crate::geometry::ConvGeometry;
-use crate::source::{Run, Seg, Source};
+use crate::source::{Run, Seg, Source, micro_panels};
 
 /// im2col(x)ᵀ of one group as a virtual `(N·O) × (C/G·R)` matrix that packs itself.
 #[derive(Clone, Copy, Debug)]
@@ -58,13 +58,7 @@ impl PackB for Im2colTB<'_> {
             src.runs(pc, kc, runs);
             src.segments(runs, segs);
             let count = runs.len();
-            for (q, panel) in dst
-                .chunks_exact_mut(kc * nr)
-                .take(nc.div_ceil(nr))
-                .enumerate()
-            {
-                let j0 = jc + q * nr;
-                let w = nr.min(jc + nc - j0);
+            for (j0, w, panel) in micro_panels(dst, kc, nr, jc, nc) {
                 debug_assert!({
                     let planes: Vec<usize> =
                         (j0..j0 + w).map(|j| src.plane(j / src.rlen)).collect();

@@ -4,6 +4,8 @@
 
 use core_blas::{PackA, PackB, Store, Tile};
 
+use crate::source::micro_panels;
+
 /// Read-only view of channels `c0..c0+rows` of an N×`channels`×`plane` tensor, as a
 /// `rows × (N·plane)` matrix.
 #[derive(Clone, Copy, Debug)]
@@ -35,13 +37,7 @@ impl PackB for ChannelMajor<'_> {
         self.batch * self.plane
     }
     fn pack_b(&self, pc: usize, kc: usize, jc: usize, nc: usize, nr: usize, dst: &mut [f32]) {
-        for (q, panel) in dst
-            .chunks_exact_mut(kc * nr)
-            .take(nc.div_ceil(nr))
-            .enumerate()
-        {
-            let j0 = jc + q * nr;
-            let w = nr.min(jc + nc - j0);
+        for (j0, w, panel) in micro_panels(dst, kc, nr, jc, nc) {
             for (p, out) in panel.chunks_exact_mut(nr).enumerate() {
                 // Runs of columns inside one image are contiguous in memory.
                 let mut t = 0;
@@ -66,13 +62,7 @@ impl PackA for ChannelMajor<'_> {
         self.batch * self.plane
     }
     fn pack_a(&self, ic: usize, mc: usize, pc: usize, kc: usize, mr: usize, dst: &mut [f32]) {
-        for (q, panel) in dst
-            .chunks_exact_mut(kc * mr)
-            .take(mc.div_ceil(mr))
-            .enumerate()
-        {
-            let i0 = ic + q * mr;
-            let h = mr.min(ic + mc - i0);
+        for (i0, h, panel) in micro_panels(dst, kc, mr, ic, mc) {
             for x in 0..h {
                 // Row i0 + x over columns pc..pc+kc, in runs inside one image.
                 let mut p = 0;

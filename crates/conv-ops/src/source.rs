@@ -1,4 +1,5 @@
-//! What the convgemm packers ([`Im2colB`](crate::Im2colB) and
+//! What the conv-ops packers share (the micro-panel walk, small copies) and what the convgemm
+//! packers ([`Im2colB`](crate::Im2colB) and
 //! [`Im2colTB`](crate::Im2colTB)) share: reading im2col(x) of one group straight from x.
 //!
 //! An im2col entry is addressed by (channel, kernel tap) on one side and (image, output position)
@@ -157,6 +158,24 @@ impl<'a> Source<'a> {
                         .all(|&p| p + g.at + (g.hi - g.lo - 1) * s < self.x.len()))
         })
     }
+}
+
+/// The micro-panels of a packed block in core-blas's layout: for each `r`-wide panel of the
+/// `len` indices from `start`, `(first index, width ≤ r, the panel's depth · r values)`.
+pub(crate) fn micro_panels(
+    dst: &mut [f32],
+    depth: usize,
+    r: usize,
+    start: usize,
+    len: usize,
+) -> impl Iterator<Item = (usize, usize, &mut [f32])> {
+    dst.chunks_exact_mut(depth * r)
+        .take(len.div_ceil(r))
+        .enumerate()
+        .map(move |(q, panel)| {
+            let first = start + q * r;
+            (first, r.min(start + len - first), panel)
+        })
 }
 
 /// Copies `n` values from `src` (every `stride`-th) to `dst`: the short runs of narrow images
