@@ -97,7 +97,9 @@ pub fn forward(
     let result = (|| {
         for grp in 0..g.groups() {
             let a = weights(g, grp, w)?;
-            let mut store = ChannelMajorStore::new(y, g.out_channels(), olen, grp * kg, kg, epi);
+            // The whole batch's C (K/G × N·O) written into y through the channel-major map.
+            let batch_store =
+                |y| ChannelMajorStore::new(y, g.out_channels(), olen, grp * kg, kg, epi);
             match algo {
                 // Large images: one GEMM per image, whose C (K/G × O of y[n]) is a dense
                 // matrix, so the kernel stores straight from registers (no tile buffer).
@@ -119,17 +121,18 @@ pub fn forward(
                         }
                     }),
                 ForwardAlgo::Convgemm if is_pointwise(g) => {
-                    core_blas::gemm_with(&a, &pointwise_b(g, grp, x, 0, g.batch()), &mut store)
+                    let b = pointwise_b(g, grp, x, 0, g.batch());
+                    core_blas::gemm_with(&a, &b, &mut batch_store(y))
                 }
                 ForwardAlgo::Convgemm => {
-                    core_blas::gemm_with(&a, &Im2colB::new(g, grp, x), &mut store)
+                    core_blas::gemm_with(&a, &Im2colB::new(g, grp, x), &mut batch_store(y))
                 }
                 ForwardAlgo::Im2colGemm => {
                     let (rows, cols) = im2col_shape(g);
                     let col = ws.take(rows * cols);
                     im2col(g, grp, x, col)?;
                     let b = MatRef::row_major("col", col, rows, cols, cols).map_err(gemm_err)?;
-                    core_blas::gemm_with(&a, &b, &mut store)
+                    core_blas::gemm_with(&a, &b, &mut batch_store(y))
                 }
             }
             .map_err(gemm_err)?;
