@@ -7,7 +7,7 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use benches::{emit_record, flop_group};
+use benches::{emit_record, flop_group, thread_pools};
 use conv_ops::{
     BackwardDataAlgo, BackwardFilterAlgo, ConvGeometry, ForwardAlgo, Pass, Workspace,
     backward_data, backward_filter, forward, im2col, testing::uniform, workspace_bytes,
@@ -85,18 +85,7 @@ fn supported(g: &ConvGeometry, pass: Pass) -> bool {
 
 fn bench_conv(c: &mut Criterion) {
     let wanted = std::env::var("CONV_LAYERS").ok();
-    let pools: Vec<(usize, rayon::ThreadPool)> = [1usize, 2]
-        .into_iter()
-        .map(|t| {
-            (
-                t,
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(t)
-                    .build()
-                    .expect("thread pool"),
-            )
-        })
-        .collect();
+    let pools = thread_pools();
     for l in LAYERS {
         if let Some(w) = &wanted
             && !w.split(',').any(|n| n == l.0)

@@ -18,7 +18,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use benches::{emit_record, flop_group};
+use benches::{emit_record, flop_group, thread_pools};
 use conv_ops::{
     BackwardDataAlgo, BackwardFilterAlgo, ConvGeometry, ForwardAlgo, Workspace, backward_data,
     backward_filter, forward, testing::uniform,
@@ -56,19 +56,6 @@ fn geometry(
     ConvGeometry::new(n, c, k, input, kernel)
         .and_then(|g| g.with_padding(&[pad]))
         .expect("benchmark geometry")
-}
-
-fn pools() -> Vec<(usize, rayon::ThreadPool)> {
-    [1usize, 2]
-        .into_iter()
-        .map(|t| {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(t)
-                .build()
-                .expect("thread pool");
-            (t, pool)
-        })
-        .collect()
 }
 
 fn wanted(name: &str) -> bool {
@@ -394,7 +381,7 @@ fn bench_paper(c: &mut Criterion, pools: &[(usize, rayon::ThreadPool)]) {
 }
 
 fn bench(c: &mut Criterion) {
-    let pools = pools();
+    let pools = thread_pools();
     bench_paper(c, &pools);
     bench_layers(c, &pools);
 }

@@ -24,20 +24,24 @@ pub fn flop_group(name: &str) -> String {
     format!("{name}{FLOP_SUFFIX}")
 }
 
-/// Escapes a string for a JSON string literal.
+/// A string as a JSON string literal.
 fn json_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for ch in s.chars() {
-        match ch {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+    serde_json::to_string(s).expect("a string always serializes")
+}
+
+/// Rayon pools of 1 and 2 threads, for benchmarks that measure both (run a case inside
+/// `pool.install`).
+pub fn thread_pools() -> Vec<(usize, rayon::ThreadPool)> {
+    [1usize, 2]
+        .into_iter()
+        .map(|t| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .expect("thread pool");
+            (t, pool)
+        })
+        .collect()
 }
 
 /// One record as a JSON object on one line. `value` must be finite (JSON has no NaN or infinity;
