@@ -1,6 +1,51 @@
 //! # nn: tensors, layers, models and the training loop
 //!
-//! Owns `Tensor`, the layer trait, models, losses, optimizers, data sets, checkpoints and the
-//! training loop, and chooses the convolution algorithm for each layer.
+//! Owns [`Tensor`], the [`Layer`] trait, [`Sequential`] models, the cross-entropy loss, the
+//! [`Sgd`] optimizer, data sets (the `digits` set ships inside the crate), checkpoints and the
+//! training loop, and chooses the convolution algorithm of each layer ([`ConvAlgo`]): Winograd
+//! (`fastconv`) where it applies and pays, convgemm (`conv-ops`, no im2col workspace) elsewhere.
 //!
 //! Layering: `core-blas` ← `conv-ops` ← `fastconv` ← **`nn`** ← `dist`.
+//!
+//! Conventions: row-major f32 tensors, activations `N × C × spatial` (1-3 spatial dimensions),
+//! weights `K × C × kernel`, parameter names and initialisation as in PyTorch, so checkpoints
+//! (safetensors) are exchangeable with PyTorch models of the same definition.
+//!
+//! ```
+//! use nn::{ConvAlgo, Dataset, Sgd, TrainConfig, TrainState, build, fit};
+//!
+//! # fn main() -> nn::Result<()> {
+//! // LeNet-5 on the shipped digits, served at LeNet's 28×28 input size.
+//! let (train, test) = Dataset::digits()?.resized(28, 28)?.split(0.2, 0)?;
+//! let mut model = build("lenet", ConvAlgo::Auto, 0)?;
+//! let mut opt = Sgd::new(0.05, 0.9, 5e-4)?;
+//! let cfg = TrainConfig { epochs: 1, max_steps: Some(5), batch_size: 32, ..Default::default() };
+//! let (report, _) = fit(&mut model, &mut opt, &train, Some(&test), &cfg, TrainState::default(),
+//!     |_, _, _, _| Ok(()))?;
+//! assert_eq!(report.steps, 5);
+//! assert!(report.train_loss.is_finite());
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod checkpoint;
+pub mod data;
+mod error;
+pub mod layer;
+pub mod layers;
+pub mod loss;
+pub mod model;
+pub mod optim;
+mod tensor;
+pub mod train;
+
+pub use checkpoint::TrainState;
+pub use data::Dataset;
+pub use error::{NnError, Result};
+pub use layer::{Layer, Parameter};
+pub use layers::{Conv, ConvAlgo, ConvConfig, Flatten, Linear, MaxPool, Relu};
+pub use loss::cross_entropy;
+pub use model::{MODELS, Sequential, build};
+pub use optim::Sgd;
+pub use tensor::Tensor;
+pub use train::{EpochReport, TrainConfig, TrainReport, evaluate, fit};
