@@ -1,0 +1,106 @@
+//! The `train` binary end to end: its JSON contract, checkpoint and resume, and clear errors.
+
+use std::process::Command;
+
+fn train(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_train"))
+        .args(args)
+        .output()
+        .expect("run train")
+}
+
+#[test]
+fn json_summary_is_the_last_line() {
+    let out = train(&[
+        "--steps",
+        "4",
+        "--batch-size",
+        "16",
+        "--json",
+        "--threads",
+        "1",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let last = stdout.lines().last().unwrap();
+    let v: serde_json::Value = serde_json::from_str(last).unwrap();
+    for key in [
+        "samples_per_sec",
+        "train_loss",
+        "test_accuracy",
+        "peak_rss_bytes",
+        "steps",
+        "epochs",
+        "world_size",
+        "threads",
+    ] {
+        assert!(v.get(key).is_some(), "`{key}` missing from {last}");
+    }
+    assert_eq!(v["steps"], 4);
+    assert_eq!(v["epochs"], 0, "stopped mid-epoch");
+    assert_eq!(v["world_size"], 1);
+    assert_eq!(v["threads"], 1);
+    assert!(v["samples_per_sec"].as_f64().unwrap() > 0.0);
+    assert!(v["train_loss"].as_f64().unwrap().is_finite());
+}
+
+#[test]
+fn checkpoint_then_resume_continues_counting() {
+    let dir = std::env::temp_dir().join(format!("train-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ckpt = dir.join("lenet.safetensors");
+    let ckpt = ckpt.to_str().unwrap();
+    let common = [
+        "--dataset",
+        "synthetic",
+        "--steps",
+        "100",
+        "--batch-size",
+        "8",
+        "--epochs",
+        "1",
+        "--json",
+    ];
+    let first = train(&[&common[..], &["--checkpoint", ckpt]].concat());
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let second = train(&[&common[..], &["--resume", ckpt]].concat());
+    assert!(
+        second.status.success(),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    let stdout = String::from_utf8(second.stdout).unwrap();
+    assert!(stdout.contains("resumed from"), "{stdout}");
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(v["epochs"], 2);
+    let steps = v["steps"].as_u64().unwrap();
+    assert!(steps >= 2 && steps % 2 == 0, "two equal epochs: {steps}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    for (args, needle) in [
+        (&["--dataset", "mnist"][..], "unknown dataset `mnist`"),
+        (&["--model", "resnet50"][..], "`resnet50` is not built yet"),
+        (&["--conv-algo", "fft"][..], "fft"),
+        (&["--batch-size", "0", "--steps", "1"][..], "batch_size"),
+        (
+            &["--resume", "/nonexistent/x.safetensors"][..],
+            "/nonexistent/x.safetensors",
+        ),
+    ] {
+        let out = train(args);
+        assert!(!out.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
