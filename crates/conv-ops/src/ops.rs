@@ -60,7 +60,7 @@ fn pointwise_b<'a>(
 const PER_IMAGE_MIN_PLANE: usize = 1024;
 
 /// True for a 1×1 kernel with stride 1 and no padding: im2col(x) is x itself.
-fn is_pointwise(g: &ConvGeometry) -> bool {
+pub(crate) fn is_pointwise(g: &ConvGeometry) -> bool {
     g.kernel_len() == 1
         && g.stride().iter().all(|&s| s == 1)
         && g.pad_before().iter().chain(g.pad_after()).all(|&p| p == 0)
