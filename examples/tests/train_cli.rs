@@ -90,7 +90,10 @@ fn checkpoint_then_resume_continues_counting() {
 fn bad_arguments_are_clear_errors() {
     for (args, needle) in [
         (&["--dataset", "mnist"][..], "unknown dataset `mnist`"),
-        (&["--model", "resnet50"][..], "`resnet50` is not built yet"),
+        (
+            &["--model", "resnet50"][..],
+            "`resnet50` is not built yet (available: lenet, vgg16)",
+        ),
         (&["--conv-algo", "fft"][..], "fft"),
         (&["--batch-size", "0", "--steps", "1"][..], "batch_size"),
         (
