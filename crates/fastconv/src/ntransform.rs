@@ -37,6 +37,73 @@ pub struct SparseTransform<T> {
     row_start: Vec<usize>,
     /// `(column, value)` pairs.
     entries: Vec<(usize, T)>,
+    /// The rows as applied: pairs of rows equal up to the signs of their entries share their
+    /// products (see [`RowGroup`]).
+    groups: Vec<RowGroup<T>>,
+}
+
+/// One or two rows of a transform, applied together. For a pair (`a`, `b`) whose entries have
+/// the same columns and magnitudes (`b[j] = ±a[j]`, the rows of the points `+p` and `−p`), with
+/// `same` the columns where the signs agree and `flip` those where they differ:
+/// `row_a · x = s + d` and `row_b · x = s − d`, `s = Σ_same a[j] x[j]`, `d = Σ_flip a[j] x[j]`:
+/// half the multiply-adds of two separate rows. A single row is `a` with `b = None`, all its
+/// entries in `same`.
+#[derive(Debug, Clone, PartialEq)]
+struct RowGroup<T> {
+    a: usize,
+    b: Option<usize>,
+    same: Vec<(usize, T)>,
+    flip: Vec<(usize, T)>,
+}
+
+/// Pairs the rows of a sparse matrix whose entries agree up to sign (same columns, equal
+/// magnitudes, compared exactly in `T`; the symmetric rounding of ±q makes this exact for
+/// transforms rounded from rationals). Each row is in exactly one group.
+fn group_rows<T: Real>(
+    rows: usize,
+    row_start: &[usize],
+    entries: &[(usize, T)],
+) -> Vec<RowGroup<T>> {
+    let row = |i: usize| &entries[row_start[i]..row_start[i + 1]];
+    let mut taken = vec![false; rows];
+    let mut groups = Vec::with_capacity(rows);
+    for a in 0..rows {
+        if taken[a] {
+            continue;
+        }
+        taken[a] = true;
+        let ra = row(a);
+        let partner = (a + 1..rows).find(|&b| {
+            !taken[b]
+                && !ra.is_empty()
+                && row(b).len() == ra.len()
+                && row(b)
+                    .iter()
+                    .zip(ra)
+                    .all(|(&(jb, vb), &(ja, va))| jb == ja && vb.abs() == va.abs())
+        });
+        let (mut same, mut flip) = (Vec::new(), Vec::new());
+        match partner {
+            Some(b) => {
+                taken[b] = true;
+                for (&(j, va), &(_, vb)) in ra.iter().zip(row(b)) {
+                    if va == vb {
+                        same.push((j, va));
+                    } else {
+                        flip.push((j, va));
+                    }
+                }
+            }
+            None => same.extend_from_slice(ra),
+        }
+        groups.push(RowGroup {
+            a,
+            b: partner,
+            same,
+            flip,
+        });
+    }
+    groups
 }
 
 impl<T: Real> SparseTransform<T> {
@@ -59,6 +126,7 @@ impl<T: Real> SparseTransform<T> {
         SparseTransform {
             rows: m.rows,
             cols: m.cols,
+            groups: group_rows(m.rows, &row_start, &entries),
             row_start,
             entries,
         }
@@ -87,6 +155,7 @@ impl<T: Real> SparseTransform<T> {
         Ok(SparseTransform {
             rows: m.rows,
             cols: m.cols,
+            groups: group_rows(m.rows, &row_start, &entries),
             row_start,
             entries,
         })
@@ -105,6 +174,15 @@ impl<T: Real> SparseTransform<T> {
     /// Number of stored nonzeros.
     pub fn nonzeros(&self) -> usize {
         self.entries.len()
+    }
+
+    /// Multiply-adds per column of a mode product as applied: the nonzeros, with each pair of
+    /// rows equal up to sign counted once (plus its final add and subtract).
+    pub fn applied_ops(&self) -> usize {
+        self.groups
+            .iter()
+            .map(|g| g.same.len() + g.flip.len() + if g.b.is_some() { 2 } else { 0 })
+            .sum()
     }
 
     /// The nonzeros of row `i` as `(column, value)`.
@@ -203,40 +281,102 @@ pub(crate) fn mode_n_product_unchecked<T: Real>(
     debug_assert_eq!(u.cols(), n_in);
     debug_assert_eq!(x.len(), outer * n_in * inner);
     debug_assert_eq!(y.len(), outer * n_out * inner);
+    // Chunk-major: every output row of a chunk of columns is computed while the chunk's input
+    // rows (n_in × CHUNK values) sit in L1, so the input is read once from L2/L3 instead of
+    // once per output row that uses it.
+    let full = inner / CHUNK * CHUNK;
     for o in 0..outer {
         let xs = &x[o * n_in * inner..(o + 1) * n_in * inner];
         let ys = &mut y[o * n_out * inner..(o + 1) * n_out * inner];
-        for (j, yrow) in ys.chunks_exact_mut(inner).enumerate() {
-            let entries = u.row(j);
-            if entries.is_empty() {
-                yrow.fill(T::zero());
-                continue;
-            }
-            // Register blocking: each chunk of the output row accumulates all the row's nonzeros
-            // before it is stored once (one load per nonzero and one store per output, instead of
-            // a load-add-store pass over the row per nonzero).
-            let full = inner / CHUNK * CHUNK;
-            for base in (0..full).step_by(CHUNK) {
-                let mut acc = [T::zero(); CHUNK];
-                for &(c, uc) in entries {
-                    let xc: &[T; CHUNK] = (&xs[c * inner + base..][..CHUNK])
-                        .try_into()
-                        .unwrap_or_else(|_| unreachable!());
-                    for (a, &xv) in acc.iter_mut().zip(xc) {
-                        *a += uc * xv;
+        for base in (0..full).step_by(CHUNK) {
+            for g in &u.groups {
+                match g.b {
+                    None => single_chunk(&g.same, xs, inner, base, &mut ys[g.a * inner..]),
+                    Some(b) => {
+                        // Rows a < b (pairs are formed with the later row).
+                        let (lo, hi) = ys.split_at_mut(b * inner);
+                        for h in [base, base + CHUNK / 2] {
+                            paired_chunk(g, xs, inner, h, &mut lo[g.a * inner..], hi);
+                        }
                     }
-                }
-                yrow[base..base + CHUNK].copy_from_slice(&acc);
-            }
-            let tail = &mut yrow[full..];
-            tail.fill(T::zero());
-            for &(c, uc) in entries {
-                let xc = &xs[c * inner + full..(c + 1) * inner];
-                for (yv, &xv) in tail.iter_mut().zip(xc) {
-                    *yv += uc * xv;
                 }
             }
         }
+        for i in full..inner {
+            for g in &u.groups {
+                let dot = |entries: &[(usize, T)]| {
+                    let mut acc = T::zero();
+                    for &(c, uc) in entries {
+                        acc += uc * xs[c * inner + i];
+                    }
+                    acc
+                };
+                let (sv, dv) = (dot(&g.same), dot(&g.flip));
+                ys[g.a * inner + i] = sv + dv;
+                if let Some(b) = g.b {
+                    ys[b * inner + i] = sv - dv;
+                }
+            }
+        }
+    }
+}
+
+/// Columns `base .. base + CHUNK` of one output row (`yrow` starts at the row):
+/// `Σ_{(c, u)} u · x[c]`, accumulated in registers and stored once.
+#[inline(always)]
+fn single_chunk<T: Real>(
+    entries: &[(usize, T)],
+    xs: &[T],
+    inner: usize,
+    base: usize,
+    yrow: &mut [T],
+) {
+    let mut acc = [T::zero(); CHUNK];
+    for &(c, uc) in entries {
+        let xc: &[T; CHUNK] = (&xs[c * inner + base..][..CHUNK])
+            .try_into()
+            .unwrap_or_else(|_| unreachable!());
+        for (a, &xv) in acc.iter_mut().zip(xc) {
+            *a += uc * xv;
+        }
+    }
+    yrow[base..base + CHUNK].copy_from_slice(&acc);
+}
+
+/// Columns `base .. base + CHUNK / 2` of a pair of output rows, `a = s + d` and `b = s − d`
+/// (see [`RowGroup`]); `ya` starts at row a, `yb` at row b.
+#[inline(always)]
+fn paired_chunk<T: Real>(
+    g: &RowGroup<T>,
+    xs: &[T],
+    inner: usize,
+    base: usize,
+    ya: &mut [T],
+    yb: &mut [T],
+) {
+    const H: usize = CHUNK / 2;
+    let sum = |entries: &[(usize, T)]| {
+        let mut acc = [T::zero(); H];
+        for &(c, uc) in entries {
+            let xc: &[T; H] = (&xs[c * inner + base..][..H])
+                .try_into()
+                .unwrap_or_else(|_| unreachable!());
+            for (a, &xv) in acc.iter_mut().zip(xc) {
+                *a += uc * xv;
+            }
+        }
+        acc
+    };
+    let (s, d) = (sum(&g.same), sum(&g.flip));
+    let ya: &mut [T; H] = (&mut ya[base..base + H])
+        .try_into()
+        .unwrap_or_else(|_| unreachable!());
+    let yb: &mut [T; H] = (&mut yb[base..base + H])
+        .try_into()
+        .unwrap_or_else(|_| unreachable!());
+    for i in 0..H {
+        ya[i] = s[i] + d[i];
+        yb[i] = s[i] - d[i];
     }
 }
 

@@ -73,6 +73,71 @@ fn mode_n_product_matches_naive_dense() {
     }
 }
 
+/// Rows equal up to the signs of their entries (the ±p rows of a Winograd transform) are
+/// applied as pairs sharing their products: same result as the naive product, fewer operations.
+/// Covers pairs with mixed signs, identical rows, negated rows, zero rows, and inner sizes with
+/// whole chunks and ragged tails.
+#[test]
+fn paired_rows_match_naive_dense() {
+    let mut rng = SmallRng::seed_from_u64(17);
+    for case in 0..200 {
+        let rank = rng.random_range(1..=3);
+        let mut dims: Vec<usize> = (0..rank).map(|_| rng.random_range(1..=9)).collect();
+        let mode = rng.random_range(0..rank);
+        dims[mode] = rng.random_range(2..=9);
+        let rows = rng.random_range(2..=10);
+        let mut u = random_sparse(&mut rng, rows, dims[mode]);
+        // Rows 1, 3, 5, … copy the row before with random sign flips (sometimes none, sometimes
+        // all); every fifth matrix has a zero row.
+        let mut pairs = 0;
+        for r in (1..rows).step_by(2) {
+            if rng.random_bool(0.8) {
+                let mode_flip = rng.random_range(0..3);
+                for c in 0..u.cols {
+                    let v = u.data[(r - 1) * u.cols + c];
+                    let flip = match mode_flip {
+                        0 => rng.random_bool(0.5),
+                        1 => false,
+                        _ => true,
+                    };
+                    u.data[r * u.cols + c] = if flip { -v } else { v };
+                }
+                pairs += usize::from(
+                    u.data[r * u.cols..(r + 1) * u.cols]
+                        .iter()
+                        .any(|v| *v != 0.0),
+                );
+            }
+        }
+        if case % 5 == 0 {
+            let z = rng.random_range(0..rows);
+            u.data[z * u.cols..(z + 1) * u.cols].fill(0.0);
+        }
+        let sparse = SparseTransform::from_dense(&u).unwrap();
+        assert_eq!(sparse.to_dense(), u);
+        if pairs > 0 && case % 5 != 0 {
+            assert!(
+                sparse.applied_ops() < sparse.nonzeros() + 2 * pairs,
+                "case {case}: {} ops, {} nonzeros, {pairs} pairs",
+                sparse.applied_ops(),
+                sparse.nonzeros()
+            );
+        }
+        let x: Vec<f64> = (0..dims.iter().product())
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        let expect = naive_mode_n(&x, &dims, mode, &u);
+        let mut y = vec![f64::NAN; expect.len()];
+        mode_n_product(&x, &dims, mode, &sparse, &mut y).unwrap();
+        for (a, b) in y.iter().zip(&expect) {
+            assert!(
+                (a - b).abs() <= 1e-12 * (1.0 + b.abs()),
+                "case {case} {dims:?} mode {mode}: {a} vs {b}"
+            );
+        }
+    }
+}
+
 #[test]
 fn multi_mode_product_matches_chained_naive() {
     let mut rng = SmallRng::seed_from_u64(11);
