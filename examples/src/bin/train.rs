@@ -134,7 +134,6 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         test.as_ref().map_or(0, |t| t.len()),
         core_blas::isa()?,
     );
-    print!("{}", model.summary());
     let cfg = TrainConfig {
         epochs: args.epochs,
         max_steps: args.steps,
@@ -178,6 +177,10 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             ", test accuracy {:.1}%",
             100.0 * a
         )),
+    );
+    print!(
+        "model as run (`auto` shows what it measured and chose):\n{}",
+        model.summary()
     );
     if args.json {
         let summary = serde_json::json!({
