@@ -1,0 +1,174 @@
+//! Checkpoints: the model's parameters, the optimizer's state and the training position in one
+//! safetensors file, written atomically.
+//!
+//! Tensor names are PyTorch's (`0.weight`, `3.bias`, …), so `safetensors.torch.load_file` gives
+//! a `state_dict` for the same `nn.Sequential` definition; momentum buffers are stored as
+//! `optimizer.momentum.<name>`. The file is written next to its destination, flushed to disk,
+//! then renamed over it: an interrupted or failed save leaves the previous checkpoint intact.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+
+use crate::error::{NnError, Result};
+use crate::model::Sequential;
+use crate::optim::Sgd;
+
+/// Where training stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TrainState {
+    /// Epochs completed.
+    pub epoch: usize,
+    /// Optimizer steps taken.
+    pub step: usize,
+}
+
+const MOMENTUM: &str = "optimizer.momentum.";
+
+fn le_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn ckpt_err(path: &Path, detail: impl Into<String>) -> NnError {
+    NnError::Checkpoint {
+        path: path.to_path_buf(),
+        detail: detail.into(),
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> NnError + '_ {
+    move |source| NnError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Saves `model`, `opt`'s momentum buffers and `state` to `path` (atomically: temporary file,
+/// fsync, rename).
+pub fn save(path: &Path, model: &Sequential, opt: &Sgd, state: TrainState) -> Result<()> {
+    let params = model.params();
+    let mut owned: Vec<(String, Vec<usize>, Vec<u8>)> = params
+        .iter()
+        .map(|(name, p)| {
+            (
+                name.clone(),
+                p.value.shape().to_vec(),
+                le_bytes(p.value.data()),
+            )
+        })
+        .collect();
+    for ((name, p), buf) in params.iter().zip(opt.buffers()) {
+        if !buf.is_empty() {
+            owned.push((
+                format!("{MOMENTUM}{name}"),
+                p.value.shape().to_vec(),
+                le_bytes(buf),
+            ));
+        }
+    }
+    let views = owned
+        .iter()
+        .map(|(name, shape, bytes)| {
+            TensorView::new(Dtype::F32, shape.clone(), bytes)
+                .map(|v| (name.clone(), v))
+                .map_err(|e| ckpt_err(path, format!("tensor {name}: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let meta = HashMap::from([
+        ("format".to_string(), "pt".to_string()),
+        ("epoch".to_string(), state.epoch.to_string()),
+        ("step".to_string(), state.step.to_string()),
+    ]);
+    let bytes =
+        safetensors::serialize(views, Some(meta)).map_err(|e| ckpt_err(path, e.to_string()))?;
+
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| ckpt_err(path, "not a file path"))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        file_name.to_string_lossy(),
+        std::process::id()
+    ));
+    let write = || -> std::io::Result<()> {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)?;
+        // Make the rename itself durable.
+        fs::File::open(&dir)?.sync_all()
+    };
+    write().map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        NnError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        }
+    })
+}
+
+/// Loads a checkpoint written by [`save`] into `model` and `opt`, returning the training
+/// position. Every parameter of the model must be present with its shape; nothing is changed
+/// unless the whole file matches.
+pub fn load(path: &Path, model: &mut Sequential, opt: &mut Sgd) -> Result<TrainState> {
+    let bytes = fs::read(path).map_err(io_err(path))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| ckpt_err(path, format!("not a safetensors file: {e}")))?;
+    let read = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
+        let t = st
+            .tensor(name)
+            .map_err(|_| ckpt_err(path, format!("tensor `{name}` is missing")))?;
+        if t.dtype() != Dtype::F32 || t.shape() != shape {
+            return Err(ckpt_err(
+                path,
+                format!(
+                    "tensor `{name}` is {:?} {:?}, the model has F32 {shape:?}",
+                    t.dtype(),
+                    t.shape()
+                ),
+            ));
+        }
+        Ok(t.data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
+    };
+    let mut values = Vec::new();
+    let mut buffers = Vec::new();
+    for (name, p) in model.params() {
+        values.push(read(&name, p.value.shape())?);
+        let key = format!("{MOMENTUM}{name}");
+        buffers.push(if st.names().contains(&key.as_str()) {
+            read(&key, p.value.shape())?
+        } else {
+            Vec::new()
+        });
+    }
+    let (_, header) =
+        SafeTensors::read_metadata(&bytes).map_err(|e| ckpt_err(path, e.to_string()))?;
+    let meta = header.metadata().clone().unwrap_or_default();
+    let field = |k: &str| -> Result<usize> {
+        meta.get(k)
+            .ok_or_else(|| ckpt_err(path, format!("metadata `{k}` is missing")))?
+            .parse()
+            .map_err(|_| ckpt_err(path, format!("metadata `{k}` is not a count")))
+    };
+    let state = TrainState {
+        epoch: field("epoch")?,
+        step: field("step")?,
+    };
+    for ((_, p), v) in model.params_mut().into_iter().zip(values) {
+        p.value.data_mut().copy_from_slice(&v);
+    }
+    if buffers.iter().any(|b| !b.is_empty()) {
+        opt.set_buffers(buffers);
+    }
+    Ok(state)
+}

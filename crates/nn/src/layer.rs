@@ -1,0 +1,63 @@
+//! The [`Layer`] trait and trainable [`Parameter`]s.
+
+use rand::Rng;
+use rand::rngs::SmallRng;
+
+use crate::error::Result;
+use crate::tensor::Tensor;
+
+/// A trainable tensor and its gradient (same shape).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Parameter {
+    /// The current value.
+    pub value: Tensor,
+    /// The gradient of the loss with respect to `value`, written by the last `backward`.
+    pub grad: Tensor,
+}
+
+impl Parameter {
+    /// A parameter holding `value`, with a zero gradient.
+    pub fn new(value: Tensor) -> Self {
+        let grad = Tensor::zeros(value.shape());
+        Parameter { value, grad }
+    }
+
+    /// PyTorch's default initialisation of `Conv*d` and `Linear` weights and biases: uniform in
+    /// `±1/√fan_in` (kaiming-uniform with `a = √5` for weights reduces to the same bound).
+    pub fn uniform_fan_in(shape: &[usize], fan_in: usize, rng: &mut SmallRng) -> Self {
+        let bound = 1.0 / (fan_in.max(1) as f32).sqrt();
+        let n = shape.iter().product();
+        let data = (0..n).map(|_| rng.random_range(-bound..bound)).collect();
+        Parameter::new(Tensor::new(shape, data).expect("length is the product of the shape"))
+    }
+}
+
+/// One layer of a model: forward, backward, and its parameters.
+///
+/// Ownership carries the memory contract: `forward` takes its input by value, and a layer keeps
+/// only what its backward needs (a convolution keeps `x`, a ReLU a mask), so nothing is copied.
+/// In evaluation mode (`train == false`) no state is kept.
+pub trait Layer: Send {
+    /// A short description, e.g. `Conv2d(1→6, 5×5, pad 2)`.
+    fn describe(&self) -> String;
+
+    /// `y = f(x)`. With `train`, keeps what `backward` needs.
+    fn forward(&mut self, x: Tensor, train: bool) -> Result<Tensor>;
+
+    /// From `dy = ∂loss/∂y`, writes the gradients of the parameters (overwriting them) and returns
+    /// `∂loss/∂x` when `need_dx` (the first layer of a model does not need it).
+    fn backward(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>>;
+
+    /// The parameters with their PyTorch names (`weight`, `bias`), in a fixed order.
+    fn params(&self) -> Vec<(&'static str, &Parameter)> {
+        Vec::new()
+    }
+
+    /// The same, mutable.
+    fn params_mut(&mut self) -> Vec<(&'static str, &mut Parameter)> {
+        Vec::new()
+    }
+
+    /// The shape of one output sample for one input sample of shape `input` (no batch axis).
+    fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>>;
+}

@@ -1,0 +1,498 @@
+//! [`Conv`]: convolution in 1, 2 or 3 spatial dimensions, with the algorithm of each pass chosen
+//! per layer ([`ConvAlgo`]).
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Instant;
+
+use conv_ops::{
+    BackwardDataAlgo, BackwardFilterAlgo, ConvGeometry, ForwardAlgo, Preset, Workspace,
+};
+use fastconv::WinogradPlan;
+use rand::rngs::SmallRng;
+
+use crate::error::{NnError, Result};
+use crate::layer::{Layer, Parameter};
+use crate::tensor::Tensor;
+
+/// The convolution algorithm a layer uses (the `--conv-algo` of the `train` example).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ConvAlgo {
+    /// Winograd where it applies and a one-time measurement finds it at least 10% faster over
+    /// the three passes, convgemm elsewhere (see [`Conv::algorithm_in_use`]).
+    #[default]
+    Auto,
+    /// The convgemm paper's `base`: explicit im2col / col2im buffers.
+    Im2col,
+    /// No im2col buffer: convgemm forward, transposed convgemm for the weight gradient, and for
+    /// the data gradient the flipped-kernel convgemm at stride 1 (deconvgemm otherwise).
+    Convgemm,
+    /// Winograd F(m, r) (`fastconv`) where the geometry allows it (stride 1, no dilation, one
+    /// group); layers it cannot run use `Convgemm`.
+    Winograd,
+}
+
+impl fmt::Display for ConvAlgo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ConvAlgo::Auto => "auto",
+            ConvAlgo::Im2col => "im2col",
+            ConvAlgo::Convgemm => "convgemm",
+            ConvAlgo::Winograd => "winograd",
+        })
+    }
+}
+
+impl FromStr for ConvAlgo {
+    type Err = NnError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(ConvAlgo::Auto),
+            "im2col" => Ok(ConvAlgo::Im2col),
+            "convgemm" => Ok(ConvAlgo::Convgemm),
+            "winograd" => Ok(ConvAlgo::Winograd),
+            _ => Err(NnError::config(
+                "conv_algo",
+                format!("`{s}` (expected auto, im2col, convgemm or winograd)"),
+            )),
+        }
+    }
+}
+
+/// Hyper-parameters of a [`Conv`] layer; per-dimension fields hold one value for all
+/// dimensions or one per spatial dimension.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConvConfig {
+    /// Input channels.
+    pub in_channels: usize,
+    /// Output channels (kernels).
+    pub out_channels: usize,
+    /// Kernel size.
+    pub kernel: Vec<usize>,
+    /// Stride (default 1).
+    pub stride: Vec<usize>,
+    /// Zero padding on both sides (default 0).
+    pub padding: Vec<usize>,
+    /// Spatial rank: 1, 2 or 3.
+    pub rank: usize,
+    /// Whether the layer adds a bias (default true).
+    pub bias: bool,
+}
+
+impl ConvConfig {
+    /// A 2D convolution `in_channels → out_channels` with a `kernel × kernel` kernel, stride 1,
+    /// no padding, with bias.
+    pub fn conv2d(in_channels: usize, out_channels: usize, kernel: usize) -> Self {
+        ConvConfig {
+            in_channels,
+            out_channels,
+            kernel: vec![kernel],
+            stride: vec![1],
+            padding: vec![0],
+            rank: 2,
+            bias: true,
+        }
+    }
+
+    /// The same in 3 spatial dimensions.
+    pub fn conv3d(in_channels: usize, out_channels: usize, kernel: usize) -> Self {
+        ConvConfig {
+            rank: 3,
+            ..Self::conv2d(in_channels, out_channels, kernel)
+        }
+    }
+
+    /// Sets the stride.
+    pub fn stride(mut self, stride: usize) -> Self {
+        self.stride = vec![stride];
+        self
+    }
+
+    /// Sets the padding.
+    pub fn padding(mut self, padding: usize) -> Self {
+        self.padding = vec![padding];
+        self
+    }
+
+    /// Removes the bias.
+    pub fn no_bias(mut self) -> Self {
+        self.bias = false;
+        self
+    }
+
+    fn per_dim(&self, v: &[usize]) -> Vec<usize> {
+        if v.len() == 1 {
+            vec![v[0]; self.rank]
+        } else {
+            v.to_vec()
+        }
+    }
+}
+
+/// The per-batch-size state: geometry, Winograd plan, conv-ops workspace.
+struct Planned {
+    geom: ConvGeometry,
+    algo: ConvAlgo,
+    winograd: Option<WinogradPlan>,
+    preset: Preset,
+    ws: Workspace,
+}
+
+/// A convolution layer: `y = conv(x, weight) + bias`, x `N × C × spatial`, weight
+/// `K × C × kernel` (PyTorch's layout and parameter names).
+pub struct Conv {
+    cfg: ConvConfig,
+    algo: ConvAlgo,
+    weight: Parameter,
+    bias: Option<Parameter>,
+    planned: Option<Planned>,
+    saved_x: Option<Tensor>,
+}
+
+impl Conv {
+    /// A layer initialised as PyTorch does (uniform in ±1/√fan_in), with algorithm `algo`.
+    pub fn new(cfg: ConvConfig, algo: ConvAlgo, rng: &mut SmallRng) -> Result<Self> {
+        if !(1..=3).contains(&cfg.rank) {
+            return Err(NnError::config("rank", format!("{} (1, 2 or 3)", cfg.rank)));
+        }
+        for (arg, v) in [
+            ("kernel", &cfg.kernel),
+            ("stride", &cfg.stride),
+            ("padding", &cfg.padding),
+        ] {
+            if v.len() != 1 && v.len() != cfg.rank {
+                return Err(NnError::config(
+                    arg,
+                    format!("{} entries for {} spatial dimensions", v.len(), cfg.rank),
+                ));
+            }
+        }
+        // Validate everything once on a one-image geometry whose input is just large enough.
+        let kernel = cfg.per_dim(&cfg.kernel);
+        ConvGeometry::from_parts(
+            1,
+            cfg.in_channels,
+            cfg.out_channels,
+            &kernel,
+            &kernel,
+            &cfg.per_dim(&cfg.stride),
+            &[1],
+            &cfg.per_dim(&cfg.padding),
+            &cfg.per_dim(&cfg.padding),
+            1,
+        )?;
+        let fan_in = cfg.in_channels * kernel.iter().product::<usize>();
+        let mut wshape = vec![cfg.out_channels, cfg.in_channels];
+        wshape.extend(&kernel);
+        let weight = Parameter::uniform_fan_in(&wshape, fan_in, rng);
+        let bias = cfg
+            .bias
+            .then(|| Parameter::uniform_fan_in(&[cfg.out_channels], fan_in, rng));
+        Ok(Conv {
+            cfg,
+            algo,
+            weight,
+            bias,
+            planned: None,
+            saved_x: None,
+        })
+    }
+
+    /// The algorithm chosen without measuring: the user's choice, with `Winograd` falling back to
+    /// `Convgemm` where `fastconv` refuses the geometry (stride, dilation, groups); `None` for
+    /// `Auto` when both candidates apply and only a measurement can tell ([`Conv::algorithm_in_use`]).
+    fn static_choice(&self, geom: &ConvGeometry) -> Option<ConvAlgo> {
+        let winograd_ok =
+            fastconv::plan::check_supported(geom).is_ok() && geom.kernel().iter().any(|&r| r > 1);
+        match self.algo {
+            ConvAlgo::Winograd if winograd_ok => Some(ConvAlgo::Winograd),
+            ConvAlgo::Winograd | ConvAlgo::Convgemm => Some(ConvAlgo::Convgemm),
+            ConvAlgo::Auto if winograd_ok => None,
+            ConvAlgo::Auto => Some(ConvAlgo::Convgemm),
+            ConvAlgo::Im2col => Some(ConvAlgo::Im2col),
+        }
+    }
+
+    /// The algorithm the layer runs for its current input shape (after the first forward), e.g.
+    /// what `Auto` measured.
+    pub fn algorithm_in_use(&self) -> Option<ConvAlgo> {
+        self.planned.as_ref().map(|p| p.algo)
+    }
+
+    /// `Auto`'s one-time measurement: all three passes by convgemm and by Winograd on the first
+    /// (up to) 16 images of `x`, each run once to allocate and once timed with changed weights
+    /// (so Winograd pays its kernel transform, as it does every training step). Winograd is taken
+    /// when it is at least 10% faster: it holds more memory (cached transformed kernels).
+    fn measure(&self, geom: &ConvGeometry, x: &[f32]) -> Result<ConvAlgo> {
+        let g = geom.with_batch(geom.batch().min(16))?;
+        let x = &x[..g.x_len()];
+        let w = self.weight.value.data();
+        let mut w2 = w.to_vec();
+        w2[0] += 1.0;
+        let (mut y, mut dx, mut dw) = (
+            vec![0.0; g.y_len()],
+            vec![0.0; g.x_len()],
+            vec![0.0; g.w_len()],
+        );
+        let preset = convgemm_preset(&g);
+        let mut ws = Workspace::new(true);
+        let mut conv = |w: &[f32]| -> Result<f64> {
+            let t = Instant::now();
+            conv_ops::forward(&g, x, w, None, false, &mut y, preset.forward, &mut ws)?;
+            conv_ops::backward_data(&g, &y, w, &mut dx, preset.backward_data, &mut ws)?;
+            conv_ops::backward_filter(&g, x, &y, &mut dw, preset.backward_filter, &mut ws)?;
+            Ok(t.elapsed().as_secs_f64())
+        };
+        conv(w)?;
+        let t_conv = conv(&w2)?;
+        let mut plan = WinogradPlan::new(&g, None)?;
+        let mut wino = |w: &[f32]| -> Result<f64> {
+            let t = Instant::now();
+            plan.forward(x, w, &mut y)?;
+            plan.backward_data(&y, w, &mut dx)?;
+            plan.backward_filter(x, &y, &mut dw)?;
+            Ok(t.elapsed().as_secs_f64())
+        };
+        wino(w)?;
+        let t_wino = wino(&w2)?;
+        Ok(if t_wino < 0.9 * t_conv {
+            ConvAlgo::Winograd
+        } else {
+            ConvAlgo::Convgemm
+        })
+    }
+
+    /// The geometry for input shape `shape` (`N × C × spatial`).
+    fn geometry(&self, shape: &[usize]) -> Result<ConvGeometry> {
+        let cfg = &self.cfg;
+        if shape.len() != cfg.rank + 2 || shape[1] != cfg.in_channels {
+            return Err(NnError::shape(
+                self.describe(),
+                "x",
+                shape,
+                format!("N × {} × {} spatial dimensions", cfg.in_channels, cfg.rank),
+            ));
+        }
+        let pad = cfg.per_dim(&cfg.padding);
+        Ok(ConvGeometry::from_parts(
+            shape[0],
+            cfg.in_channels,
+            cfg.out_channels,
+            &shape[2..],
+            &cfg.per_dim(&cfg.kernel),
+            &cfg.per_dim(&cfg.stride),
+            &[1],
+            &pad,
+            &pad,
+            1,
+        )?)
+    }
+
+    /// Makes the plan match the input `x`, rebuilding it only when its shape changes (`Auto`
+    /// measures then).
+    fn ensure_plan(&mut self, x: &Tensor) -> Result<()> {
+        let shape = x.shape();
+        let current = self
+            .planned
+            .as_ref()
+            .is_some_and(|p| p.geom.batch() == shape[0] && p.geom.input() == &shape[2..]);
+        if !current {
+            self.planned = None;
+            let geom = self.geometry(shape)?;
+            let algo = match self.static_choice(&geom) {
+                Some(a) => a,
+                None => self.measure(&geom, x.data())?,
+            };
+            let winograd = match algo {
+                ConvAlgo::Winograd => Some(WinogradPlan::new(&geom, None)?),
+                _ => None,
+            };
+            let preset = match algo {
+                ConvAlgo::Im2col => Preset::BASE,
+                _ => convgemm_preset(&geom),
+            };
+            // `+pm`: the base algorithm's buffers are kept across steps, like a framework's
+            // caching allocator would.
+            self.planned = Some(Planned {
+                geom,
+                algo,
+                winograd,
+                preset,
+                ws: Workspace::new(true),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The memory-lean conv-ops algorithms: convgemm forward, the flipped-kernel convgemm for the data
+/// gradient at stride 1 (deconvgemm otherwise), transposed convgemm for the weight gradient.
+fn convgemm_preset(geom: &ConvGeometry) -> Preset {
+    Preset {
+        forward: ForwardAlgo::Convgemm,
+        backward_data: if geom.is_unit_stride_and_dilation() {
+            BackwardDataAlgo::FlippedConvgemm
+        } else {
+            BackwardDataAlgo::Deconvgemm
+        },
+        backward_filter: BackwardFilterAlgo::ConvgemmTrans,
+        persistent: true,
+    }
+}
+
+impl Layer for Conv {
+    fn describe(&self) -> String {
+        let c = &self.cfg;
+        let dims = |v: &[usize]| {
+            c.per_dim(v)
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join("×")
+        };
+        format!(
+            "Conv{}d({}→{}, kernel {}, stride {}, pad {}, {})",
+            c.rank,
+            c.in_channels,
+            c.out_channels,
+            dims(&c.kernel),
+            dims(&c.stride),
+            dims(&c.padding),
+            match self.algorithm_in_use() {
+                Some(used) if used != self.algo => format!("{}→{used}", self.algo),
+                _ => self.algo.to_string(),
+            }
+        )
+    }
+
+    fn forward(&mut self, x: Tensor, train: bool) -> Result<Tensor> {
+        self.ensure_plan(&x)?;
+        let Conv {
+            weight,
+            bias,
+            planned,
+            saved_x,
+            ..
+        } = self;
+        let p = planned.as_mut().expect("ensure_plan sets it");
+        let g = p.geom;
+        let (w, b) = (weight.value.data(), bias.as_ref().map(|b| b.value.data()));
+        let mut yshape = vec![g.batch(), g.out_channels()];
+        yshape.extend(g.output());
+        let mut y = Tensor::zeros(&yshape);
+        match p.winograd.as_mut() {
+            Some(plan) => {
+                plan.forward(x.data(), w, y.data_mut())?;
+                if let Some(b) = b {
+                    add_bias(y.data_mut(), b, g.output_spatial_len());
+                }
+            }
+            None => conv_ops::forward(
+                &g,
+                x.data(),
+                w,
+                b,
+                false,
+                y.data_mut(),
+                p.preset.forward,
+                &mut p.ws,
+            )?,
+        }
+        *saved_x = train.then_some(x);
+        Ok(y)
+    }
+
+    fn backward(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        let x = self.saved_x.take().ok_or_else(|| NnError::NoForward {
+            layer: self.describe(),
+        })?;
+        self.ensure_plan(&x)?;
+        let describe = self.describe();
+        let Conv {
+            weight,
+            bias,
+            planned,
+            ..
+        } = self;
+        let p = planned.as_mut().expect("ensure_plan sets it");
+        let g = p.geom;
+        let mut want = vec![g.batch(), g.out_channels()];
+        want.extend(g.output());
+        if dy.shape() != want.as_slice() {
+            return Err(NnError::shape(
+                describe,
+                "dy",
+                dy.shape(),
+                format!("{want:?}"),
+            ));
+        }
+        let w = weight.value.data();
+        if let Some(b) = bias.as_mut() {
+            conv_ops::bias_grad(&g, dy.data(), b.grad.data_mut())?;
+        }
+        let dw = weight.grad.data_mut();
+        let mut dx = need_dx.then(|| Tensor::zeros(x.shape()));
+        match p.winograd.as_mut() {
+            Some(plan) => {
+                plan.backward_filter(x.data(), dy.data(), dw)?;
+                if let Some(dx) = dx.as_mut() {
+                    plan.backward_data(dy.data(), w, dx.data_mut())?;
+                }
+            }
+            None => {
+                conv_ops::backward_filter(
+                    &g,
+                    x.data(),
+                    dy.data(),
+                    dw,
+                    p.preset.backward_filter,
+                    &mut p.ws,
+                )?;
+                if let Some(dx) = dx.as_mut() {
+                    conv_ops::backward_data(
+                        &g,
+                        dy.data(),
+                        w,
+                        dx.data_mut(),
+                        p.preset.backward_data,
+                        &mut p.ws,
+                    )?;
+                }
+            }
+        }
+        Ok(dx)
+    }
+
+    fn params(&self) -> Vec<(&'static str, &Parameter)> {
+        let mut v = vec![("weight", &self.weight)];
+        if let Some(b) = &self.bias {
+            v.push(("bias", b));
+        }
+        v
+    }
+
+    fn params_mut(&mut self) -> Vec<(&'static str, &mut Parameter)> {
+        let mut v = vec![("weight", &mut self.weight)];
+        if let Some(b) = &mut self.bias {
+            v.push(("bias", b));
+        }
+        v
+    }
+
+    fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>> {
+        let mut shape = vec![1];
+        shape.extend(input);
+        let g = self.geometry(&shape)?;
+        let mut out = vec![g.out_channels()];
+        out.extend(g.output());
+        Ok(out)
+    }
+}
+
+/// y[n][k][..] += b[k].
+fn add_bias(y: &mut [f32], b: &[f32], plane: usize) {
+    for (i, chunk) in y.chunks_exact_mut(plane).enumerate() {
+        let v = b[i % b.len()];
+        chunk.iter_mut().for_each(|y| *y += v);
+    }
+}

@@ -1,0 +1,191 @@
+//! [`MaxPool`]: max pooling in 1, 2 or 3 spatial dimensions.
+
+use rayon::prelude::*;
+
+use crate::error::{NnError, Result};
+use crate::layer::Layer;
+use crate::tensor::Tensor;
+
+/// Max pooling over `kernel` windows moved by `stride` (no padding, floor mode: PyTorch's
+/// `MaxPoolNd(kernel, stride)` defaults). Keeps the index of each maximum for backward.
+#[derive(Debug)]
+pub struct MaxPool {
+    rank: usize,
+    kernel: usize,
+    stride: usize,
+    saved: Option<(Vec<usize>, Vec<u32>)>,
+}
+
+impl MaxPool {
+    /// Pooling over `kernel`-wide windows in `rank` spatial dimensions with stride `kernel`.
+    pub fn new(rank: usize, kernel: usize) -> Result<Self> {
+        Self::with_stride(rank, kernel, kernel)
+    }
+
+    /// The same with an explicit stride.
+    pub fn with_stride(rank: usize, kernel: usize, stride: usize) -> Result<Self> {
+        if !(1..=3).contains(&rank) {
+            return Err(NnError::config("rank", format!("{rank} (1, 2 or 3)")));
+        }
+        if kernel == 0 || stride == 0 {
+            return Err(NnError::config(
+                "kernel",
+                "kernel and stride must be positive",
+            ));
+        }
+        Ok(MaxPool {
+            rank,
+            kernel,
+            stride,
+            saved: None,
+        })
+    }
+
+    /// Spatial input dims right-aligned into 3 (leading 1s) and the output dims, or an error.
+    fn dims(&self, spatial: &[usize], shape: &[usize]) -> Result<([usize; 3], [usize; 3])> {
+        if spatial.len() != self.rank {
+            return Err(NnError::shape(
+                self.describe(),
+                "x",
+                shape,
+                format!("N × C × {} spatial dimensions", self.rank),
+            ));
+        }
+        let (mut i3, mut o3) = ([1; 3], [1; 3]);
+        for (d, &s) in spatial.iter().enumerate() {
+            if s < self.kernel {
+                return Err(NnError::shape(
+                    self.describe(),
+                    "x",
+                    shape,
+                    format!("spatial sizes ≥ kernel {}", self.kernel),
+                ));
+            }
+            i3[3 - self.rank + d] = s;
+            o3[3 - self.rank + d] = (s - self.kernel) / self.stride + 1;
+        }
+        Ok((i3, o3))
+    }
+}
+
+impl Layer for MaxPool {
+    fn describe(&self) -> String {
+        format!(
+            "MaxPool{}d(kernel {}, stride {})",
+            self.rank, self.kernel, self.stride
+        )
+    }
+
+    fn forward(&mut self, x: Tensor, train: bool) -> Result<Tensor> {
+        let shape = x.shape().to_vec();
+        if shape.len() != self.rank + 2 {
+            return Err(NnError::shape(
+                self.describe(),
+                "x",
+                &shape,
+                format!("N × C × {} spatial dimensions", self.rank),
+            ));
+        }
+        let (i3, o3) = self.dims(&shape[2..], &shape)?;
+        let (ilen, olen) = (i3.iter().product::<usize>(), o3.iter().product::<usize>());
+        let planes = shape[0] * shape[1];
+        if ilen > u32::MAX as usize {
+            return Err(NnError::shape(
+                self.describe(),
+                "x",
+                &shape,
+                "planes of at most 2³² values",
+            ));
+        }
+        let mut yshape = shape[..2].to_vec();
+        yshape.extend(&o3[3 - self.rank..]);
+        let mut y = vec![0.0f32; planes * olen];
+        let mut arg = vec![0u32; planes * olen];
+        // Windows along a leading (size-1) dimension have extent 1.
+        let k3: [usize; 3] =
+            std::array::from_fn(|d| if d < 3 - self.rank { 1 } else { self.kernel });
+        let s3: [usize; 3] =
+            std::array::from_fn(|d| if d < 3 - self.rank { 1 } else { self.stride });
+        y.par_chunks_mut(olen)
+            .zip(arg.par_chunks_mut(olen))
+            .enumerate()
+            .for_each(|(p, (yp, ap))| {
+                let xp = &x.data()[p * ilen..][..ilen];
+                let mut o = 0;
+                for o0 in 0..o3[0] {
+                    for o1 in 0..o3[1] {
+                        for o2 in 0..o3[2] {
+                            let (mut best, mut at) = (f32::NEG_INFINITY, usize::MAX);
+                            for k0 in 0..k3[0] {
+                                for k1 in 0..k3[1] {
+                                    let row = ((o0 * s3[0] + k0) * i3[1] + o1 * s3[1] + k1) * i3[2];
+                                    for k2 in 0..k3[2] {
+                                        let i = row + o2 * s3[2] + k2;
+                                        // A NaN wins (and keeps winning), so NaN propagates
+                                        // as in PyTorch.
+                                        let v = xp[i];
+                                        if at == usize::MAX
+                                            || v > best
+                                            || v.is_nan() && !best.is_nan()
+                                        {
+                                            best = xp[i];
+                                            at = i;
+                                        }
+                                    }
+                                }
+                            }
+                            yp[o] = best;
+                            ap[o] = at as u32;
+                            o += 1;
+                        }
+                    }
+                }
+            });
+        if train {
+            self.saved = Some((shape, arg));
+        }
+        Tensor::new(&yshape, y)
+    }
+
+    fn backward(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        let (shape, arg) = self.saved.take().ok_or_else(|| NnError::NoForward {
+            layer: self.describe(),
+        })?;
+        if dy.len() != arg.len() {
+            return Err(NnError::shape(
+                self.describe(),
+                "dy",
+                dy.shape(),
+                format!("{} values", arg.len()),
+            ));
+        }
+        if !need_dx {
+            return Ok(None);
+        }
+        let planes = shape[0] * shape[1];
+        let ilen = shape[2..].iter().product::<usize>();
+        let olen = arg.len() / planes.max(1);
+        let mut dx = vec![0.0f32; planes * ilen];
+        dx.par_chunks_mut(ilen).enumerate().for_each(|(p, dxp)| {
+            for (o, &i) in arg[p * olen..][..olen].iter().enumerate() {
+                dxp[i as usize] += dy.data()[p * olen + o];
+            }
+        });
+        Ok(Some(Tensor::new(&shape, dx)?))
+    }
+
+    fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>> {
+        if input.len() != self.rank + 1 {
+            return Err(NnError::shape(
+                self.describe(),
+                "input",
+                input,
+                format!("C × {} spatial dimensions", self.rank),
+            ));
+        }
+        let (_, o3) = self.dims(&input[1..], input)?;
+        let mut out = vec![input[0]];
+        out.extend(&o3[3 - self.rank..]);
+        Ok(out)
+    }
+}

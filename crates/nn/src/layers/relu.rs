@@ -1,0 +1,59 @@
+//! [`Relu`]: `y = max(x, 0)`.
+
+use crate::error::{NnError, Result};
+use crate::layer::Layer;
+use crate::tensor::Tensor;
+
+/// The rectified linear unit. Keeps one bit per value (as bytes) for backward.
+#[derive(Debug, Default)]
+pub struct Relu {
+    mask: Option<(Vec<usize>, Vec<bool>)>,
+}
+
+impl Relu {
+    /// A ReLU layer.
+    pub fn new() -> Self {
+        Relu::default()
+    }
+}
+
+impl Layer for Relu {
+    fn describe(&self) -> String {
+        "ReLU".into()
+    }
+
+    fn forward(&mut self, mut x: Tensor, train: bool) -> Result<Tensor> {
+        if train {
+            let mask = x.data().iter().map(|&v| v > 0.0).collect();
+            self.mask = Some((x.shape().to_vec(), mask));
+        }
+        x.data_mut().iter_mut().for_each(|v| *v = v.max(0.0));
+        Ok(x)
+    }
+
+    fn backward(&mut self, mut dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        let (shape, mask) = self.mask.take().ok_or_else(|| NnError::NoForward {
+            layer: self.describe(),
+        })?;
+        if dy.shape() != shape.as_slice() {
+            return Err(NnError::shape(
+                "ReLU",
+                "dy",
+                dy.shape(),
+                format!("{shape:?}"),
+            ));
+        }
+        if !need_dx {
+            return Ok(None);
+        }
+        // A select, not a branch: vectorises.
+        for (d, &keep) in dy.data_mut().iter_mut().zip(&mask) {
+            *d = if keep { *d } else { 0.0 };
+        }
+        Ok(Some(dy))
+    }
+
+    fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>> {
+        Ok(input.to_vec())
+    }
+}

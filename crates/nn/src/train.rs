@@ -1,0 +1,176 @@
+//! The training loop: shuffled mini-batches, forward, cross-entropy, backward, SGD step, and an
+//! evaluation on the test split after every epoch.
+
+use std::time::{Duration, Instant};
+
+use crate::checkpoint::TrainState;
+use crate::data::Dataset;
+use crate::error::{NnError, Result};
+use crate::loss::{correct, cross_entropy};
+use crate::model::Sequential;
+use crate::optim::Sgd;
+
+/// How long to train.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrainConfig {
+    /// Epochs to run (counted from the state's epoch).
+    pub epochs: usize,
+    /// Stop after this many optimizer steps in this run, even mid-epoch.
+    pub max_steps: Option<usize>,
+    /// Samples per mini-batch.
+    pub batch_size: usize,
+    /// Seed of the per-epoch shuffles (epoch e uses `seed + e`).
+    pub seed: u64,
+    /// Steps excluded from the throughput (plans, caches and buffers are built in the first).
+    pub warmup_steps: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            epochs: 1,
+            max_steps: None,
+            batch_size: 64,
+            seed: 0,
+            warmup_steps: 2,
+        }
+    }
+}
+
+/// What one epoch did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EpochReport {
+    /// 1-based epoch number (including epochs of a resumed run).
+    pub epoch: usize,
+    /// Optimizer steps so far (including a resumed run's).
+    pub step: usize,
+    /// Mean training loss over the epoch's batches.
+    pub train_loss: f64,
+    /// Training accuracy over the epoch (on the weights as they were at each batch).
+    pub train_accuracy: f64,
+    /// Loss and accuracy on the test split, if there is one.
+    pub test: Option<(f64, f64)>,
+    /// Wall time of the epoch (training and evaluation).
+    pub seconds: f64,
+}
+
+/// What a whole run did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainReport {
+    /// Epochs completed in total (including a resumed run's).
+    pub epochs: usize,
+    /// Optimizer steps in total (including a resumed run's).
+    pub steps: usize,
+    /// Mean training loss of the last epoch (or of the steps run, when stopped by `max_steps`).
+    pub train_loss: f64,
+    /// Test accuracy after the last epoch, if there is a test split.
+    pub test_accuracy: Option<f64>,
+    /// Training samples per second after the warm-up steps (all steps if there were no more).
+    pub samples_per_sec: f64,
+}
+
+/// Mean loss and accuracy of `model` on `data`, in evaluation mode.
+pub fn evaluate(model: &mut Sequential, data: &Dataset, batch_size: usize) -> Result<(f64, f64)> {
+    let (mut loss, mut right) = (0f64, 0usize);
+    for (x, labels) in data.batches(batch_size, None)? {
+        let logits = model.forward(x, false)?;
+        let (l, _) = cross_entropy(&logits, &labels)?;
+        loss += l as f64 * labels.len() as f64;
+        right += correct(&logits, &labels);
+    }
+    let n = data.len().max(1) as f64;
+    Ok((loss / n, right as f64 / n))
+}
+
+/// Trains `model` on `train` from `state`, calling `on_epoch` after every epoch; returns the
+/// report and the new state (for a checkpoint).
+pub fn fit(
+    model: &mut Sequential,
+    opt: &mut Sgd,
+    train: &Dataset,
+    test: Option<&Dataset>,
+    cfg: &TrainConfig,
+    mut state: TrainState,
+    mut on_epoch: impl FnMut(&EpochReport, &Sequential, &Sgd, TrainState) -> Result<()>,
+) -> Result<(TrainReport, TrainState)> {
+    if train.is_empty() {
+        return Err(NnError::config("train", "the training set is empty"));
+    }
+    if cfg.batch_size == 0 {
+        return Err(NnError::config("batch_size", "0 (must be positive)"));
+    }
+    let (mut steps_run, mut timed, mut timed_samples, mut all, mut all_samples) =
+        (0usize, Duration::ZERO, 0usize, Duration::ZERO, 0usize);
+    let mut last_loss = f64::NAN;
+    let mut test_accuracy = None;
+    'epochs: for _ in 0..cfg.epochs {
+        let start = Instant::now();
+        let (mut loss_sum, mut seen, mut right) = (0f64, 0usize, 0usize);
+        let mut stopped = false;
+        for (x, labels) in train.batches(
+            cfg.batch_size,
+            Some(cfg.seed.wrapping_add(state.epoch as u64)),
+        )? {
+            if cfg.max_steps.is_some_and(|m| steps_run >= m) {
+                stopped = true;
+                break;
+            }
+            let t = Instant::now();
+            let logits = model.forward(x, true)?;
+            let (loss, dlogits) = cross_entropy(&logits, &labels)?;
+            if !loss.is_finite() {
+                return Err(NnError::NonFinite {
+                    loss,
+                    step: state.step,
+                });
+            }
+            right += correct(&logits, &labels);
+            model.backward(dlogits)?;
+            opt.step(model.params_mut().into_iter().map(|(_, p)| p))?;
+            let dt = t.elapsed();
+            all += dt;
+            all_samples += labels.len();
+            if steps_run >= cfg.warmup_steps {
+                timed += dt;
+                timed_samples += labels.len();
+            }
+            steps_run += 1;
+            state.step += 1;
+            loss_sum += loss as f64 * labels.len() as f64;
+            seen += labels.len();
+        }
+        if seen > 0 {
+            last_loss = loss_sum / seen as f64;
+        }
+        if stopped {
+            break 'epochs;
+        }
+        state.epoch += 1;
+        let test_result = test
+            .map(|t| evaluate(model, t, cfg.batch_size.max(256)))
+            .transpose()?;
+        test_accuracy = test_result.map(|(_, a)| a);
+        let report = EpochReport {
+            epoch: state.epoch,
+            step: state.step,
+            train_loss: last_loss,
+            train_accuracy: right as f64 / seen.max(1) as f64,
+            test: test_result,
+            seconds: start.elapsed().as_secs_f64(),
+        };
+        on_epoch(&report, model, opt, state)?;
+    }
+    let samples_per_sec = if timed_samples > 0 {
+        timed_samples as f64 / timed.as_secs_f64()
+    } else {
+        all_samples as f64 / all.as_secs_f64().max(f64::MIN_POSITIVE)
+    };
+    let report = TrainReport {
+        epochs: state.epoch,
+        steps: state.step,
+        train_loss: last_loss,
+        test_accuracy,
+        samples_per_sec,
+    };
+    Ok((report, state))
+}

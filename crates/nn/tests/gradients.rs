@@ -1,0 +1,413 @@
+//! Every layer's gradients against central finite differences of a random linear functional
+//! L = Σ r ⊙ layer(x): directional derivatives along random directions, for the input and for
+//! every parameter, on odd sizes, strides, padding, 1D/2D/3D and every convolution algorithm.
+
+use nn::{
+    Conv, ConvAlgo, ConvConfig, Flatten, Layer, Linear, MaxPool, Relu, Sequential, Tensor,
+    cross_entropy,
+};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+fn random(shape: &[usize], rng: &mut SmallRng) -> Tensor {
+    let n = shape.iter().product();
+    Tensor::new(
+        shape,
+        (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect(),
+    )
+    .unwrap()
+}
+
+/// Distinct values at least 0.05 apart and at least 0.025 from 0, so a perturbation of ±0.01
+/// never changes which input of a pooling window wins nor the sign a ReLU sees.
+fn separated(shape: &[usize], rng: &mut SmallRng) -> Tensor {
+    use rand::seq::SliceRandom;
+    let n: usize = shape.iter().product();
+    let mut v: Vec<f32> = (0..n)
+        .map(|i| (i as f32 - n as f32 / 2.0 + 0.5) * 0.05)
+        .collect();
+    v.shuffle(rng);
+    Tensor::new(shape, v).unwrap()
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum()
+}
+
+/// L(x) = ⟨r, layer(x)⟩ in evaluation mode.
+fn functional(layer: &mut dyn Layer, x: &Tensor, r: &Tensor) -> f64 {
+    let y = layer.forward(x.clone(), false).unwrap();
+    dot(y.data(), r.data())
+}
+
+fn close(what: &str, numeric: f64, analytic: f64, scale: f64) {
+    let tol = 2e-3 * scale + 1e-3 * analytic.abs();
+    assert!(
+        (numeric - analytic).abs() <= tol,
+        "{what}: finite difference {numeric} vs backward {analytic} (tolerance {tol})"
+    );
+}
+
+/// Checks input and parameter gradients of `layer` at `x`.
+fn check(layer: &mut dyn Layer, x: Tensor, seed: u64) {
+    let rng = &mut SmallRng::seed_from_u64(seed);
+    let name = layer.describe();
+    let y = layer.forward(x.clone(), true).unwrap();
+    let r = random(y.shape(), rng);
+    let dx = layer
+        .backward(r.clone(), true)
+        .unwrap()
+        .expect("dx requested");
+    assert_eq!(dx.shape(), x.shape(), "{name}: dx shape");
+    let grads: Vec<Tensor> = layer.params().iter().map(|(_, p)| p.grad.clone()).collect();
+    let eps = 1e-2f32;
+    for trial in 0..3 {
+        // Input.
+        let d = random(x.shape(), rng);
+        let plus = Tensor::new(
+            x.shape(),
+            x.data()
+                .iter()
+                .zip(d.data())
+                .map(|(a, b)| a + eps * b)
+                .collect(),
+        )
+        .unwrap();
+        let minus = Tensor::new(
+            x.shape(),
+            x.data()
+                .iter()
+                .zip(d.data())
+                .map(|(a, b)| a - eps * b)
+                .collect(),
+        )
+        .unwrap();
+        let numeric =
+            (functional(layer, &plus, &r) - functional(layer, &minus, &r)) / (2.0 * eps as f64);
+        let scale = (dot(dx.data(), dx.data()) * dot(d.data(), d.data())).sqrt();
+        close(
+            &format!("{name} dx, direction {trial}"),
+            numeric,
+            dot(dx.data(), d.data()),
+            scale,
+        );
+        // Parameters.
+        for (pi, g) in grads.iter().enumerate() {
+            let d = random(g.shape(), rng);
+            let at = |sign: f32, layer: &mut dyn Layer| {
+                let mut params = layer.params_mut();
+                let p = &mut params[pi].1.value;
+                p.data_mut()
+                    .iter_mut()
+                    .zip(d.data())
+                    .for_each(|(v, dv)| *v += sign * eps * dv);
+            };
+            at(1.0, layer);
+            let lp = functional(layer, &x, &r);
+            at(-2.0, layer);
+            let lm = functional(layer, &x, &r);
+            at(1.0, layer);
+            let numeric = (lp - lm) / (2.0 * eps as f64);
+            let scale = (dot(g.data(), g.data()) * dot(d.data(), d.data())).sqrt();
+            close(
+                &format!("{name} param {pi}, direction {trial}"),
+                numeric,
+                dot(g.data(), d.data()),
+                scale,
+            );
+        }
+    }
+}
+
+#[test]
+fn conv_gradients_every_algorithm_and_rank() {
+    let rng = &mut SmallRng::seed_from_u64(1);
+    let cases: Vec<(ConvConfig, Vec<usize>)> = vec![
+        (ConvConfig::conv2d(3, 4, 3).padding(1), vec![2, 3, 7, 6]),
+        (
+            ConvConfig::conv2d(2, 5, 3).stride(2).padding(2),
+            vec![3, 2, 9, 8],
+        ),
+        (ConvConfig::conv2d(2, 3, 2).no_bias(), vec![1, 2, 5, 5]),
+        (ConvConfig::conv2d(16, 16, 3).padding(1), vec![2, 16, 6, 5]),
+        (ConvConfig::conv3d(2, 3, 3).padding(1), vec![2, 2, 4, 5, 3]),
+        (
+            ConvConfig {
+                rank: 1,
+                ..ConvConfig::conv2d(3, 2, 4).padding(1)
+            },
+            vec![2, 3, 11],
+        ),
+    ];
+    for (i, (cfg, shape)) in cases.into_iter().enumerate() {
+        for algo in [
+            ConvAlgo::Im2col,
+            ConvAlgo::Convgemm,
+            ConvAlgo::Winograd,
+            ConvAlgo::Auto,
+        ] {
+            let mut conv = Conv::new(cfg.clone(), algo, rng).unwrap();
+            check(&mut conv, random(&shape, rng), 100 + i as u64);
+        }
+    }
+}
+
+#[test]
+fn auto_measures_only_where_winograd_applies() {
+    let rng = &mut SmallRng::seed_from_u64(8);
+    let run = |cfg: ConvConfig, algo: ConvAlgo, shape: &[usize], rng: &mut SmallRng| {
+        let mut conv = Conv::new(cfg, algo, rng).unwrap();
+        assert_eq!(
+            conv.algorithm_in_use(),
+            None,
+            "nothing chosen before the first forward"
+        );
+        conv.forward(random(shape, rng), false).unwrap();
+        conv.algorithm_in_use().unwrap()
+    };
+    let s2 = ConvConfig::conv2d(16, 16, 3).stride(2);
+    assert_eq!(
+        run(s2.clone(), ConvAlgo::Auto, &[2, 16, 9, 9], rng),
+        ConvAlgo::Convgemm
+    );
+    assert_eq!(
+        run(s2, ConvAlgo::Winograd, &[2, 16, 9, 9], rng),
+        ConvAlgo::Convgemm,
+        "fallback"
+    );
+    let pointwise = ConvConfig::conv2d(16, 16, 1);
+    assert_eq!(
+        run(pointwise, ConvAlgo::Auto, &[2, 16, 9, 9], rng),
+        ConvAlgo::Convgemm
+    );
+    let c3 = ConvConfig::conv2d(16, 16, 3).padding(1);
+    assert_eq!(
+        run(c3.clone(), ConvAlgo::Winograd, &[2, 16, 9, 9], rng),
+        ConvAlgo::Winograd
+    );
+    assert_eq!(
+        run(c3.clone(), ConvAlgo::Im2col, &[2, 16, 9, 9], rng),
+        ConvAlgo::Im2col
+    );
+    let measured = run(c3, ConvAlgo::Auto, &[2, 16, 9, 9], rng);
+    assert!(
+        matches!(measured, ConvAlgo::Convgemm | ConvAlgo::Winograd),
+        "{measured:?}"
+    );
+}
+
+#[test]
+fn conv_algorithms_agree_with_each_other() {
+    let rng = &mut SmallRng::seed_from_u64(2);
+    let cfg = ConvConfig::conv2d(4, 6, 3).padding(1);
+    let x = random(&[2, 4, 9, 7], rng);
+    let mut outputs = Vec::new();
+    for algo in [ConvAlgo::Im2col, ConvAlgo::Convgemm, ConvAlgo::Winograd] {
+        // Same seed: same weights.
+        let mut conv = Conv::new(cfg.clone(), algo, &mut SmallRng::seed_from_u64(9)).unwrap();
+        outputs.push(conv.forward(x.clone(), false).unwrap());
+    }
+    for o in &outputs[1..] {
+        for (a, b) in o.data().iter().zip(outputs[0].data()) {
+            assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{a} vs {b}");
+        }
+    }
+}
+
+#[test]
+fn pooling_relu_linear_flatten_gradients() {
+    let rng = &mut SmallRng::seed_from_u64(3);
+    check(
+        &mut MaxPool::new(2, 2).unwrap(),
+        separated(&[2, 3, 7, 6], rng),
+        1,
+    );
+    check(
+        &mut MaxPool::with_stride(2, 3, 2).unwrap(),
+        separated(&[1, 2, 9, 8], rng),
+        2,
+    );
+    check(
+        &mut MaxPool::new(1, 3).unwrap(),
+        separated(&[2, 2, 10], rng),
+        3,
+    );
+    check(
+        &mut MaxPool::new(3, 2).unwrap(),
+        separated(&[1, 2, 5, 4, 6], rng),
+        4,
+    );
+    check(&mut Relu::new(), separated(&[3, 4, 5], rng), 5);
+    check(
+        &mut Linear::new(7, 5, rng).unwrap(),
+        random(&[3, 7], rng),
+        6,
+    );
+    check(
+        &mut Linear::new(1, 1, rng).unwrap(),
+        random(&[1, 1], rng),
+        7,
+    );
+    check(&mut Flatten::new(), random(&[2, 3, 2, 2], rng), 8);
+}
+
+#[test]
+fn max_pool_values_against_a_naive_loop() {
+    let rng = &mut SmallRng::seed_from_u64(4);
+    let x = random(&[2, 3, 7, 9], rng);
+    let y = MaxPool::with_stride(2, 3, 2)
+        .unwrap()
+        .forward(x.clone(), false)
+        .unwrap();
+    assert_eq!(y.shape(), [2, 3, 3, 4]);
+    for p in 0..6 {
+        for oh in 0..3 {
+            for ow in 0..4 {
+                let mut m = f32::NEG_INFINITY;
+                for kh in 0..3 {
+                    for kw in 0..3 {
+                        m = m.max(x.data()[p * 63 + (oh * 2 + kh) * 9 + ow * 2 + kw]);
+                    }
+                }
+                assert_eq!(y.data()[p * 12 + oh * 4 + ow], m);
+            }
+        }
+    }
+}
+
+#[test]
+fn cross_entropy_gradient_and_value() {
+    let rng = &mut SmallRng::seed_from_u64(5);
+    let logits = random(&[4, 5], rng);
+    let labels = [0, 4, 2, 2];
+    let (loss, grad) = cross_entropy(&logits, &labels).unwrap();
+    // Value against the textbook formula.
+    let mut want = 0f64;
+    for (i, row) in logits.data().chunks(5).enumerate() {
+        let s: f64 = row.iter().map(|&v| (v as f64).exp()).sum();
+        want += s.ln() - row[labels[i]] as f64;
+    }
+    assert!((loss as f64 - want / 4.0).abs() < 1e-6);
+    // Gradient by central differences, every coordinate.
+    for j in 0..logits.len() {
+        let mut p = logits.clone();
+        p.data_mut()[j] += 1e-2;
+        let mut m = logits.clone();
+        m.data_mut()[j] -= 1e-2;
+        let num = (cross_entropy(&p, &labels).unwrap().0 - cross_entropy(&m, &labels).unwrap().0)
+            as f64
+            / 2e-2;
+        assert!(
+            (num - grad.data()[j] as f64).abs() < 2e-4,
+            "coordinate {j}: {num} vs {}",
+            grad.data()[j]
+        );
+    }
+    assert!(
+        cross_entropy(&logits, &[0, 1, 2, 5]).is_err(),
+        "label 5 of 5 classes"
+    );
+    assert!(
+        cross_entropy(&logits, &[0, 1]).is_err(),
+        "2 labels for 4 rows"
+    );
+}
+
+#[test]
+fn whole_model_gradient() {
+    // A small step (1e-4): the max-pool and ReLU kinks of a whole model are closer together
+    // than in the single-layer checks (f32 rounding of the loss then costs ~5e-4 here).
+    let rng = &mut SmallRng::seed_from_u64(6);
+    let model = Sequential::new(&[2, 8, 8])
+        .push(
+            Conv::new(
+                ConvConfig::conv2d(2, 4, 3).padding(1),
+                ConvAlgo::Convgemm,
+                rng,
+            )
+            .unwrap(),
+        )
+        .unwrap()
+        .push(Relu::new())
+        .unwrap()
+        .push(MaxPool::new(2, 2).unwrap())
+        .unwrap()
+        .push(Flatten::new())
+        .unwrap()
+        .push(Linear::new(64, 3, rng).unwrap())
+        .unwrap();
+    let mut model = model;
+    let x = random(&[3, 2, 8, 8], rng);
+    let labels = [0, 2, 1];
+    let loss_at = |m: &mut Sequential| {
+        cross_entropy(&m.forward(x.clone(), false).unwrap(), &labels)
+            .unwrap()
+            .0 as f64
+    };
+    let logits = model.forward(x.clone(), true).unwrap();
+    let (_, dl) = cross_entropy(&logits, &labels).unwrap();
+    model.backward(dl).unwrap();
+    let grads: Vec<Tensor> = model.params().iter().map(|(_, p)| p.grad.clone()).collect();
+    assert_eq!(
+        model
+            .params()
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect::<Vec<_>>(),
+        ["0.weight", "0.bias", "4.weight", "4.bias"]
+    );
+    for (pi, g) in grads.iter().enumerate() {
+        let d = random(g.shape(), rng);
+        let shift = |m: &mut Sequential, s: f32| {
+            let mut ps = m.params_mut();
+            ps[pi]
+                .1
+                .value
+                .data_mut()
+                .iter_mut()
+                .zip(d.data())
+                .for_each(|(v, dv)| *v += s * 1e-4 * dv);
+        };
+        shift(&mut model, 1.0);
+        let lp = loss_at(&mut model);
+        shift(&mut model, -2.0);
+        let lm = loss_at(&mut model);
+        shift(&mut model, 1.0);
+        let num = (lp - lm) / 2e-4;
+        let ana = dot(g.data(), d.data());
+        assert!(
+            (num - ana).abs() <= 1e-3 + 2e-2 * ana.abs(),
+            "param {pi}: {num} vs {ana}"
+        );
+    }
+}
+
+#[test]
+fn bad_shapes_are_errors_not_panics() {
+    let rng = &mut SmallRng::seed_from_u64(7);
+    let mut conv = Conv::new(ConvConfig::conv2d(3, 4, 3), ConvAlgo::Auto, rng).unwrap();
+    let err = conv
+        .forward(random(&[1, 2, 5, 5], rng), true)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("x") && err.contains("[1, 2, 5, 5]"), "{err}");
+    assert!(
+        conv.forward(random(&[1, 3, 2, 2], rng), true).is_err(),
+        "input smaller than the kernel"
+    );
+    assert!(Conv::new(ConvConfig::conv2d(3, 4, 0), ConvAlgo::Auto, rng).is_err());
+    let mut lin = Linear::new(4, 2, rng).unwrap();
+    assert!(lin.forward(random(&[2, 5], rng), true).is_err());
+    assert!(
+        lin.backward(random(&[2, 2], rng), true).is_err(),
+        "backward before forward"
+    );
+    assert!(MaxPool::new(4, 2).is_err());
+    assert!(
+        MaxPool::new(2, 4)
+            .unwrap()
+            .forward(random(&[1, 1, 3, 3], rng), false)
+            .is_err()
+    );
+    assert!(Tensor::new(&[2, 3], vec![0.0; 5]).is_err());
+}
