@@ -180,7 +180,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
             let mut ic = rows.0;
             while ic < rows.1 {
                 let mc = mc_max.min(rows.1 - ic);
-                a.pack_a(ic, mc, pc, kc, mr, ac);
+                let (ablk, a_stride) = a_block(a, ic, mc, pc, kc, mr, ac);
                 let prefetch = if ic + mc >= rows.1 {
                     next.map(|n| (b, n))
                 } else {
@@ -190,7 +190,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
                     kern,
                     (ic, jc),
                     (mc, nc, kc),
-                    ac,
+                    (ablk, a_stride),
                     bc,
                     first,
                     last,
@@ -208,6 +208,31 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     }
 }
 
+/// The packed A block at `(ic, pc)` and its micro-panel stride: the source's own panels when it
+/// offers them ([`PackA::packed_a`]) and they are long enough, else packed into `ac`.
+#[inline]
+fn a_block<'s, A: PackA>(
+    a: &'s A,
+    ic: usize,
+    mc: usize,
+    pc: usize,
+    kc: usize,
+    mr: usize,
+    ac: &'s mut [f32],
+) -> (&'s [f32], usize) {
+    let panels = mc.div_ceil(mr);
+    if let Some((data, stride)) = a.packed_a(ic, mc, pc, kc, mr) {
+        let need = (panels - 1)
+            .checked_mul(stride)
+            .and_then(|x| x.checked_add(kc * mr));
+        if stride >= 1 && need.is_some_and(|need| data.len() >= need) {
+            return (data, stride);
+        }
+    }
+    a.pack_a(ic, mc, pc, kc, mr, ac);
+    (ac, kc * mr)
+}
+
 /// Loops jr and ir over the packed blocks `ac` (`mc × kc`) and `bc` (`kc × nc`) for the block of C
 /// at `(ic, jc)`.
 #[allow(clippy::too_many_arguments)]
@@ -216,7 +241,7 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
     kern: K,
     (ic, jc): (usize, usize),
     (mc, nc, kc): (usize, usize, usize),
-    ac: &[f32],
+    (ac, a_stride): (&[f32], usize),
     bc: &[f32],
     first: bool,
     last: bool,
@@ -229,7 +254,7 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
         nc2.div_ceil(steps).div_ceil(16) * 16
     });
     let (mr, nr) = (K::MR, K::NR);
-    debug_assert!(ac.len() >= mc.div_ceil(mr) * mr * kc);
+    debug_assert!(ac.len() >= (mc.div_ceil(mr) - 1) * a_stride + mr * kc);
     debug_assert!(bc.len() >= nc.div_ceil(nr) * nr * kc);
     // The tile buffer exists only for custom stores (the dense store writes from registers).
     let mut tile_buf: Option<[f32; MAX_TILE]> = None;
@@ -248,7 +273,7 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
         let mut ir = 0;
         while ir < mc {
             let m = mr.min(mc - ir);
-            let ap = ac[ir * kc..].as_ptr();
+            let ap = ac[ir / mr * a_stride..].as_ptr();
             let (i, j) = (ic + ir, jc + jr);
             match sink.direct {
                 Some(d) => {

@@ -27,7 +27,8 @@
 //! - **B source** ([`PackB`]): asked to pack the `kc × nc` block at `(pc, jc)` into `NR`-wide
 //!   micro-panels (row `p` of a panel = `NR` consecutive values of row `pc + p`, zero-padded). This is
 //!   where convgemm reads im2col(x) straight from a tensor. **A source** ([`PackA`]): the same for
-//!   `mc × kc` blocks at `(ic, pc)` in `MR`-tall micro-panels. Layouts: [`mod@pack`].
+//!   `mc × kc` blocks at `(ic, pc)` in `MR`-tall micro-panels; an A source that keeps its matrix
+//!   packed once hands its panels over in place ([`PackA::packed_a`], no copy). Layouts: [`mod@pack`].
 //! - **Store** ([`Store`]): receives each `MR × NR` micro-tile of the product with its `(i, j)`
 //!   coordinates and k-pass flags ([`Tile`]); it may scatter through an index map (col2im for
 //!   deconvgemm), add a bias, apply ReLU. [`DenseStore`] (alpha/beta, [`Bias`], ReLU) is the

@@ -14,6 +14,9 @@
 //!   column `p` (0..kc) holds `mr` consecutive values `A[ic + q*mr + 0..mr, pc + p]`, rows past `mc`
 //!   zero-filled.
 //!
+//! An A source that already holds its matrix in this layout can skip the copy:
+//! [`PackA::packed_a`] hands the driver its micro-panels in place.
+//!
 //! Both traits require `Sync`: several threads pack disjoint blocks of the same source at once.
 
 use std::cell::Cell;
@@ -47,6 +50,25 @@ pub trait PackA: Sync {
     /// Pack the `mc × kc` block at `(ic, pc)` into `mr`-tall micro-panels (layout in the module
     /// doc). `dst.len() >= mc.div_ceil(mr) * mr * kc`; the block lies inside the matrix.
     fn pack_a(&self, ic: usize, mc: usize, pc: usize, kc: usize, mr: usize, dst: &mut [f32]);
+    /// The `mc × kc` block at `(ic, pc)` already packed, read in place instead of copied: a
+    /// source that keeps its matrix packed once (fastconv's transformed kernels) returns
+    /// `Some((panels, stride))` where micro-panel `q` (`0..ceil(mc / mr)`) is
+    /// `panels[q * stride ..][.. kc * mr]` in the layout of [`PackA::pack_a`] (column `p` = `mr`
+    /// values of rows `ic + q·mr ..`, rows past `m` zero). The driver checks the slice is long
+    /// enough (`(ceil(mc / mr) − 1) · stride + kc · mr`) and otherwise calls `pack_a`. The
+    /// default returns `None`: always pack.
+    #[inline]
+    fn packed_a(
+        &self,
+        ic: usize,
+        mc: usize,
+        pc: usize,
+        kc: usize,
+        mr: usize,
+    ) -> Option<(&[f32], usize)> {
+        let _ = (ic, mc, pc, kc, mr);
+        None
+    }
 }
 
 impl PackB for MatRef<'_> {

@@ -394,3 +394,139 @@ proptest! {
         }
     }
 }
+
+/// A = FormulaA kept packed once over the whole k in `mr`-tall panels (fastconv's layout), handed
+/// to the driver in place through `packed_a`. `short` truncates the data so the driver must fall
+/// back to `pack_a`; `pack_calls` counts the fallbacks.
+struct PrePackedA {
+    m: usize,
+    k: usize,
+    mr: usize,
+    data: Vec<f32>,
+    short: bool,
+    pack_calls: std::sync::atomic::AtomicUsize,
+}
+
+impl PrePackedA {
+    fn new(m: usize, k: usize, mr: usize, short: bool) -> Self {
+        let panels = m.div_ceil(mr);
+        let mut data = vec![0.0; panels * k * mr];
+        for q in 0..panels {
+            for p in 0..k {
+                for x in 0..mr {
+                    let i = q * mr + x;
+                    if i < m {
+                        data[(q * k + p) * mr + x] = fa(i, p);
+                    }
+                }
+            }
+        }
+        if short {
+            data.truncate(data.len().saturating_sub(1));
+        }
+        Self {
+            m,
+            k,
+            mr,
+            data,
+            short,
+            pack_calls: Default::default(),
+        }
+    }
+}
+
+impl PackA for PrePackedA {
+    fn rows(&self) -> usize {
+        self.m
+    }
+    fn cols(&self) -> usize {
+        self.k
+    }
+    fn pack_a(&self, ic: usize, mc: usize, pc: usize, kc: usize, mr: usize, dst: &mut [f32]) {
+        self.pack_calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        FormulaA {
+            m: self.m,
+            k: self.k,
+        }
+        .pack_a(ic, mc, pc, kc, mr, dst)
+    }
+    fn packed_a(
+        &self,
+        ic: usize,
+        _mc: usize,
+        pc: usize,
+        _kc: usize,
+        mr: usize,
+    ) -> Option<(&[f32], usize)> {
+        (mr == self.mr && ic.is_multiple_of(mr))
+            .then(|| (&self.data[(ic / mr * self.k + pc) * mr..], self.k * mr))
+    }
+}
+
+#[test]
+fn prepacked_a_is_read_in_place() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    for g in contexts() {
+        let (mr, _) = g.tile();
+        for &(m, n, k) in &[(37, 53, 29), (130, 150, 120), (1, 1, 1), (9, 300, 1000)] {
+            // (packing mr, truncated data): in place, wrong panel height, too short.
+            for (pmr, short) in [(mr, false), (mr + 1, false), (mr, true)] {
+                let a = PrePackedA::new(m, k, pmr, short);
+                let mut c = vec![f32::NAN; m * n];
+                let mut store =
+                    DenseStore::new(MatMut::row_major("c", &mut c, m, n, n).unwrap(), 1.0, 0.0);
+                pool.install(|| g.gemm_with(&a, &FormulaB { k, n }, &mut store))
+                    .unwrap();
+                let (ad, bd) = formula_reference(m, n, k);
+                let expect = reference(
+                    m,
+                    n,
+                    k,
+                    1.0,
+                    Strided {
+                        data: &ad,
+                        rs: k,
+                        cs: 1,
+                    },
+                    Strided {
+                        data: &bd,
+                        rs: n,
+                        cs: 1,
+                    },
+                    0.0,
+                    Strided {
+                        data: &[],
+                        rs: 0,
+                        cs: 0,
+                    },
+                    GEMM_TOL,
+                );
+                let what = format!(
+                    "{} prepacked {m}x{n}x{k} mr={pmr} short={short}",
+                    g.kernel_name()
+                );
+                assert_close(
+                    &what,
+                    Strided {
+                        data: &c,
+                        rs: n,
+                        cs: 1,
+                    },
+                    m,
+                    n,
+                    &expect,
+                );
+                let packs = a.pack_calls.load(std::sync::atomic::Ordering::Relaxed);
+                if pmr == mr && !a.short {
+                    assert_eq!(packs, 0, "{what}: the packed panels were copied");
+                } else {
+                    assert!(packs > 0, "{what}: unusable panels were read in place");
+                }
+            }
+        }
+    }
+}
