@@ -15,7 +15,7 @@ use crate::{Error, Isa, MatMut, MatRef};
 /// family (tests loop over [`Isa::available`]) or to try block sizes.
 #[derive(Clone, Copy, Debug)]
 pub struct Gemm {
-    family: Family,
+    pub(crate) family: Family,
     isa: Isa,
     blocks: BlockSizes,
 }

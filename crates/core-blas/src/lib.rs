@@ -13,6 +13,8 @@
 //! - [`gemm_with`]: A and B from any [`PackA`] / [`PackB`] source, C through any [`Store`].
 //! - [`sgemm_batched`], [`Gemm::gemm_batched_with`]: many independent products of one shape
 //!   (Winograd's α^N products) under one parallel schedule.
+//! - [`small_a_rows`], [`small_a_strided`]: `Y := A · X` for a tiny A (at most 16 × 16) and long
+//!   rows of X and Y, vectorised, no packing (the Winograd transforms of fastconv).
 //! - [`isa()`]: the kernel in use; [`Gemm`] builds a context for a chosen family ([`Isa`]) or block
 //!   sizes ([`BlockSizes`]); [`peak::fma_peak_gflops`] measures the FMA roofline.
 //!
@@ -73,6 +75,7 @@ pub mod isa;
 mod kernel;
 pub mod pack;
 pub mod peak;
+mod small;
 pub mod store;
 mod view;
 
@@ -81,6 +84,7 @@ pub use error::Error;
 pub use gemm::Gemm;
 pub use isa::{Isa, isa};
 pub use pack::{PackA, PackB};
+pub use small::{SMALL_MAX, small_a_rows, small_a_strided};
 pub use store::{Bias, DenseStore, Store, Tile};
 pub use view::{MatMut, MatRef};
 

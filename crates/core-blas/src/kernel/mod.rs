@@ -13,6 +13,7 @@
 //! uninitialised-looking garbage in the output cannot leak into the result.
 
 pub(crate) mod portable;
+pub(crate) mod small;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 

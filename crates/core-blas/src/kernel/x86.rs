@@ -5,6 +5,7 @@
 
 use core::arch::x86_64::*;
 
+use super::small::{Nonzeros, small_a_body};
 use super::{Kernel, Simd, ukr};
 
 /// 256-bit vectors (AVX + FMA).
@@ -212,4 +213,15 @@ impl Kernel for Avx512 {
         // SAFETY: holding `Avx512` proves avx512f+avx2+fma; memory per contract.
         unsafe { avx512_ukr(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
     }
+}
+
+/// The small-A row product on 256-bit vectors ([`super::small`]).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA (the caller holds an `Avx2` or `Avx512` kernel value); memory as in
+/// [`small_a_body`].
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn small_a_avx2(nz: &Nonzeros, xs: &[*const f32], ys: &[*mut f32], n: usize) {
+    // SAFETY: compiled with avx2+fma; the memory contract is the caller's.
+    unsafe { small_a_body::<V256>(nz, xs, ys, n) }
 }

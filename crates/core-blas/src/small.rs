@@ -1,0 +1,188 @@
+//! `Y := A · X` for a tiny dense A (at most [`SMALL_MAX`] × [`SMALL_MAX`]) and long rows: a skinny
+//! product with A in registers and no packing, vectorised with the process-wide kernel family.
+//! Used by fastconv for the Winograd transforms (Bᵀ, Aᵀ, G along one mode of a tensor).
+
+use crate::isa::Family;
+use crate::kernel::small::{Nonzeros, small_a_body};
+use crate::{Error, Gemm};
+
+/// Largest number of rows (`p`) and columns (`q`) of A in [`Gemm::small_a_rows`].
+pub const SMALL_MAX: usize = crate::kernel::small::SMALL_MAX;
+
+fn check_a(a: &[f32], p: usize, q: usize) -> Result<(), Error> {
+    if p > SMALL_MAX || q > SMALL_MAX {
+        return Err(Error::ShapeMismatch {
+            arg: "a",
+            expected: format!("at most {SMALL_MAX}×{SMALL_MAX}"),
+            got: format!("{p}×{q}"),
+        });
+    }
+    if a.len() < p * q {
+        return Err(Error::SliceTooShort {
+            arg: "a",
+            len: a.len(),
+            needed: p * q,
+        });
+    }
+    Ok(())
+}
+
+impl Gemm {
+    /// `Y (p × n) := A (p × q) · X (q × n)`: A dense row-major (`a[j * q + i]`, `p, q <=`
+    /// [`SMALL_MAX`]), X given as `q` row slices of at least `n` values, Y as `p` row slices of
+    /// exactly `n` values each (`n` = the length of Y's rows; any addresses, no packing). Exact
+    /// zeros of A are skipped, so `0 · inf` or `0 · NaN` in X contributes nothing; with `q = 0`, Y
+    /// is zeroed. Errors name the argument: A too large or too short, X or Y with the wrong number
+    /// of rows, rows of Y of different lengths, a row of X shorter than `n`.
+    pub fn small_a_rows(
+        &self,
+        a: &[f32],
+        p: usize,
+        q: usize,
+        x: &[&[f32]],
+        y: &mut [&mut [f32]],
+    ) -> Result<(), Error> {
+        check_a(a, p, q)?;
+        for (arg, rows, want) in [("x", x.len(), q), ("y", y.len(), p)] {
+            if rows != want {
+                return Err(Error::ShapeMismatch {
+                    arg,
+                    expected: format!("{want} rows"),
+                    got: format!("{rows} rows"),
+                });
+            }
+        }
+        let n = y.first().map_or(0, |r| r.len());
+        if let Some(r) = y.iter().find(|r| r.len() != n) {
+            return Err(Error::ShapeMismatch {
+                arg: "y",
+                expected: format!("rows of {n} values (the first row)"),
+                got: format!("a row of {}", r.len()),
+            });
+        }
+        if let Some(r) = x.iter().find(|r| r.len() < n) {
+            return Err(Error::SliceTooShort {
+                arg: "x",
+                len: r.len(),
+                needed: n,
+            });
+        }
+        let mut xs = [std::ptr::null::<f32>(); SMALL_MAX];
+        let mut ys = [std::ptr::null_mut::<f32>(); SMALL_MAX];
+        for (dst, r) in xs.iter_mut().zip(x) {
+            *dst = r.as_ptr();
+        }
+        for (dst, r) in ys.iter_mut().zip(y.iter_mut()) {
+            *dst = r.as_mut_ptr();
+        }
+        // SAFETY: the q X rows hold at least n values and the p Y rows exactly n (checked above);
+        // the Y rows are distinct `&mut` slices, so they overlap neither each other nor X.
+        unsafe { self.small_a_raw(&Nonzeros::new(a, p, q), &xs[..q], &ys[..p], n) };
+        Ok(())
+    }
+
+    /// [`Gemm::small_a_rows`] on strided rows: X row `i` is `x[i * ldx ..][.. n]`, Y row `j` is
+    /// `y[j * ldy ..][.. n]`. Errors if a leading dimension is below `n` (with more than one row)
+    /// or a slice is too short.
+    #[allow(clippy::too_many_arguments)]
+    pub fn small_a_strided(
+        &self,
+        a: &[f32],
+        p: usize,
+        q: usize,
+        n: usize,
+        x: &[f32],
+        ldx: usize,
+        y: &mut [f32],
+        ldy: usize,
+    ) -> Result<(), Error> {
+        check_a(a, p, q)?;
+        for (arg, ld_arg, len, rows, ld) in
+            [("x", "ldx", x.len(), q, ldx), ("y", "ldy", y.len(), p, ldy)]
+        {
+            if rows > 1 && ld < n {
+                return Err(Error::LeadingDimension {
+                    arg: ld_arg,
+                    value: ld,
+                    min: n,
+                });
+            }
+            let needed = if rows == 0 || n == 0 {
+                0
+            } else {
+                (rows - 1)
+                    .checked_mul(ld)
+                    .and_then(|s| s.checked_add(n))
+                    .ok_or_else(|| Error::Stride {
+                        arg,
+                        reason: "size overflows usize".into(),
+                    })?
+            };
+            if len < needed {
+                return Err(Error::SliceTooShort { arg, len, needed });
+            }
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let mut xs = [std::ptr::null::<f32>(); SMALL_MAX];
+        let mut ys = [std::ptr::null_mut::<f32>(); SMALL_MAX];
+        for (i, dst) in xs.iter_mut().enumerate().take(q) {
+            *dst = x[i * ldx..].as_ptr();
+        }
+        let yp = y.as_mut_ptr();
+        for (j, dst) in ys.iter_mut().enumerate().take(p) {
+            // Inside `y`: j * ldy + n <= needed <= y.len() (checked above).
+            *dst = yp.wrapping_add(j * ldy);
+        }
+        // SAFETY: each X row has n readable values and each Y row n writable values inside the
+        // slices (lengths checked above); Y rows are ldy >= n apart so they do not overlap, and
+        // `y` is a `&mut` distinct from `x`.
+        unsafe { self.small_a_raw(&Nonzeros::new(a, p, q), &xs[..q], &ys[..p], n) };
+        Ok(())
+    }
+
+    /// Dispatch to the family's small-A body.
+    ///
+    /// # Safety
+    /// As [`small_a_body`].
+    unsafe fn small_a_raw(&self, nz: &Nonzeros, xs: &[*const f32], ys: &[*mut f32], n: usize) {
+        match self.family {
+            // SAFETY: the portable body needs no target feature; memory per the caller.
+            Family::Scalar(_) => unsafe {
+                small_a_body::<crate::kernel::portable::Lanes8>(nz, xs, ys, n)
+            },
+            // SAFETY: holding an Avx2 or Avx512 kernel proves avx2+fma; memory per the caller.
+            #[cfg(target_arch = "x86_64")]
+            Family::Avx2(_) | Family::Avx512(_) => unsafe {
+                crate::kernel::x86::small_a_avx2(nz, xs, ys, n)
+            },
+        }
+    }
+}
+
+/// [`Gemm::small_a_rows`] with the process-wide kernel family.
+pub fn small_a_rows(
+    a: &[f32],
+    p: usize,
+    q: usize,
+    x: &[&[f32]],
+    y: &mut [&mut [f32]],
+) -> Result<(), Error> {
+    Gemm::global()?.small_a_rows(a, p, q, x, y)
+}
+
+/// [`Gemm::small_a_strided`] with the process-wide kernel family.
+#[allow(clippy::too_many_arguments)]
+pub fn small_a_strided(
+    a: &[f32],
+    p: usize,
+    q: usize,
+    n: usize,
+    x: &[f32],
+    ldx: usize,
+    y: &mut [f32],
+    ldy: usize,
+) -> Result<(), Error> {
+    Gemm::global()?.small_a_strided(a, p, q, n, x, ldx, y, ldy)
+}
