@@ -1,4 +1,5 @@
 //! nn: one training step (forward, cross-entropy, backward, SGD) of the `train` example's models
+//! (lenet, resnet20, vgg16)
 //! on a fixed synthetic batch, at 1 and 2 threads; throughput in samples per second. PyTorch's
 //! figures for the same models come from `../shared/anchors/conv/train_bench.py` (see the nn
 //! section of docs/PERFORMANCE.md).
@@ -14,6 +15,7 @@ use nn::{ConvAlgo, Dataset, Sgd, build, cross_entropy};
 /// model, batch, algorithms measured.
 const CASES: &[(&str, usize, &[ConvAlgo])] = &[
     ("lenet", 64, &[ConvAlgo::Auto, ConvAlgo::Convgemm]),
+    ("resnet20", 64, &[ConvAlgo::Auto, ConvAlgo::Convgemm]),
     ("vgg16", 64, &[ConvAlgo::Auto, ConvAlgo::Convgemm]),
 ];
 

@@ -92,7 +92,7 @@ fn bad_arguments_are_clear_errors() {
         (&["--dataset", "mnist"][..], "unknown dataset `mnist`"),
         (
             &["--model", "resnet50"][..],
-            "`resnet50` is not built yet (available: lenet, vgg16)",
+            "`resnet50` is not built yet (available: lenet, resnet20, vgg16)",
         ),
         (&["--conv-algo", "fft"][..], "fft"),
         (&["--batch-size", "0", "--steps", "1"][..], "batch_size"),

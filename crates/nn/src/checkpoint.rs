@@ -1,9 +1,10 @@
 //! Checkpoints: the model's parameters, the optimizer's state and the training position in one
 //! safetensors file, written atomically.
 //!
-//! Tensor names are PyTorch's (`0.weight`, `3.bias`, …), so `safetensors.torch.load_file` gives
-//! a `state_dict` for the same `nn.Sequential` definition; momentum buffers are stored as
-//! `optimizer.momentum.<name>`. The file is written next to its destination, flushed to disk,
+//! Tensor names are PyTorch's (`0.weight`, `3.bias`, `1.running_mean`, …), so
+//! `safetensors.torch.load_file` gives a `state_dict` for the same `nn.Sequential` definition
+//! (loaded with `strict=False`: batch norm's `num_batches_tracked` counters are not kept);
+//! momentum buffers are stored as `optimizer.momentum.<name>`. The file is written next to its destination, flushed to disk,
 //! then renamed over it: an interrupted or failed save leaves the previous checkpoint intact.
 
 use std::collections::HashMap;
@@ -60,6 +61,9 @@ pub fn save(path: &Path, model: &Sequential, opt: &Sgd, state: TrainState) -> Re
             )
         })
         .collect();
+    for (name, b) in model.buffers() {
+        owned.push((name, b.shape().to_vec(), le_bytes(b.data())));
+    }
     for ((name, p), buf) in params.iter().zip(opt.buffers()) {
         if !buf.is_empty() {
             owned.push((
@@ -151,6 +155,11 @@ pub fn load(path: &Path, model: &mut Sequential, opt: &mut Sgd) -> Result<TrainS
             Vec::new()
         });
     }
+    let stats = model
+        .buffers()
+        .into_iter()
+        .map(|(name, b)| read(&name, b.shape()))
+        .collect::<Result<Vec<_>>>()?;
     let (_, header) =
         SafeTensors::read_metadata(&bytes).map_err(|e| ckpt_err(path, e.to_string()))?;
     let meta = header.metadata().clone().unwrap_or_default();
@@ -166,6 +175,9 @@ pub fn load(path: &Path, model: &mut Sequential, opt: &mut Sgd) -> Result<TrainS
     };
     for ((_, p), v) in model.params_mut().into_iter().zip(values) {
         p.value.data_mut().copy_from_slice(&v);
+    }
+    for ((_, b), v) in model.buffers_mut().into_iter().zip(stats) {
+        b.data_mut().copy_from_slice(&v);
     }
     if buffers.iter().any(|b| !b.is_empty()) {
         opt.set_buffers(buffers);

@@ -58,6 +58,17 @@ pub trait Layer: Send {
         Vec::new()
     }
 
+    /// Non-trainable state saved in checkpoints (batch norm's running statistics), with PyTorch's
+    /// names, in a fixed order.
+    fn buffers(&self) -> Vec<(&'static str, &Tensor)> {
+        Vec::new()
+    }
+
+    /// The same, mutable.
+    fn buffers_mut(&mut self) -> Vec<(&'static str, &mut Tensor)> {
+        Vec::new()
+    }
+
     /// The shape of one output sample for one input sample of shape `input` (no batch axis).
     fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>>;
 }

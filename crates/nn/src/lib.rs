@@ -43,7 +43,10 @@ pub use checkpoint::TrainState;
 pub use data::Dataset;
 pub use error::{NnError, Result};
 pub use layer::{Layer, Parameter};
-pub use layers::{Conv, ConvAlgo, ConvConfig, Flatten, Linear, MaxPool, Relu};
+pub use layers::{
+    BasicBlock, BatchNorm, Conv, ConvAlgo, ConvConfig, Flatten, GlobalAvgPool, Linear, MaxPool,
+    Relu,
+};
 pub use loss::cross_entropy;
 pub use model::{MODELS, Sequential, build};
 pub use optim::Sgd;

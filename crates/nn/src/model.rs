@@ -5,7 +5,10 @@ use rand::rngs::SmallRng;
 
 use crate::error::{NnError, Result};
 use crate::layer::{Layer, Parameter};
-use crate::layers::{Conv, ConvAlgo, ConvConfig, Flatten, Linear, MaxPool, Relu};
+use crate::layers::{
+    BasicBlock, BatchNorm, Conv, ConvAlgo, ConvConfig, Flatten, GlobalAvgPool, Linear, MaxPool,
+    Relu,
+};
 use crate::tensor::Tensor;
 
 /// Layers applied in order. Parameter names follow PyTorch's `nn.Sequential`
@@ -97,6 +100,32 @@ impl Sequential {
             .collect()
     }
 
+    /// Every non-trainable state tensor (batch norm's running statistics) with its PyTorch name.
+    pub fn buffers(&self) -> Vec<(String, &Tensor)> {
+        self.layers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| {
+                l.buffers()
+                    .into_iter()
+                    .map(move |(n, b)| (format!("{i}.{n}"), b))
+            })
+            .collect()
+    }
+
+    /// The same, mutable.
+    pub fn buffers_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        self.layers
+            .iter_mut()
+            .enumerate()
+            .flat_map(|(i, l)| {
+                l.buffers_mut()
+                    .into_iter()
+                    .map(move |(n, b)| (format!("{i}.{n}"), b))
+            })
+            .collect()
+    }
+
     /// Number of trainable values.
     pub fn num_params(&self) -> usize {
         self.params().iter().map(|(_, p)| p.value.len()).sum()
@@ -116,13 +145,18 @@ impl Sequential {
 }
 
 /// The models `build` knows.
-pub const MODELS: &[&str] = &["lenet", "vgg16"];
+pub const MODELS: &[&str] = &["lenet", "resnet20", "vgg16"];
 
 /// Builds model `name` with weights drawn from `seed` and convolutions run by `algo`.
 ///
 /// `lenet`: LeNet-5 on 1×28×28 inputs, exactly the definition PyTorch is measured with
 /// (`anchors/conv/train_bench.py`): conv 5×5 (1→6, pad 2), ReLU, max-pool 2, conv 5×5 (6→16),
 /// ReLU, max-pool 2, flatten, 400→120, ReLU, 120→84, ReLU, 84→10.
+///
+/// `resnet20`: the CIFAR ResNet-20 of He et al. (2016) on 3×32×32 inputs as the anchors define
+/// it: conv 3×3 (3→16, no bias), batch norm, ReLU, three stages of three [`BasicBlock`]s (16, 32,
+/// 64 channels; stride 2 entering the last two; 1×1 convolution + batch norm shortcuts where the
+/// shape changes), global average pooling, flatten, 64→10.
 ///
 /// `vgg16`: VGG-16 (configuration D) on 3×32×32 inputs as the anchors define it: thirteen 3×3
 /// convolutions (pad 1) with ReLU in five stages of 64, 128, 256, 512, 512 channels, each ended by
@@ -147,6 +181,25 @@ pub fn build(name: &str, algo: ConvAlgo, seed: u64) -> Result<Sequential> {
             .push(Linear::new(120, 84, rng)?)?
             .push(Relu::new())?
             .push(Linear::new(84, 10, rng)?),
+        "resnet20" => {
+            let stem = ConvConfig::conv2d(3, 16, 3).padding(1).no_bias();
+            let mut model = Sequential::new(&[3, 32, 32])
+                .push(Conv::new(stem, algo, rng)?)?
+                .push(BatchNorm::new(16)?)?
+                .push(Relu::new())?;
+            let mut cin = 16;
+            for (cout, stride) in [(16, 1), (32, 2), (64, 2)] {
+                for i in 0..3 {
+                    let s = if i == 0 { stride } else { 1 };
+                    model = model.push(BasicBlock::new(cin, cout, s, algo, rng)?)?;
+                    cin = cout;
+                }
+            }
+            model
+                .push(GlobalAvgPool::new())?
+                .push(Flatten::new())?
+                .push(Linear::new(64, 10, rng)?)
+        }
         "vgg16" => {
             let mut model = Sequential::new(&[3, 32, 32]);
             let mut cin = 3;

@@ -3,8 +3,8 @@
 //! every parameter, on odd sizes, strides, padding, 1D/2D/3D and every convolution algorithm.
 
 use nn::{
-    Conv, ConvAlgo, ConvConfig, Flatten, Layer, Linear, MaxPool, Relu, Sequential, Tensor,
-    cross_entropy,
+    BasicBlock, BatchNorm, Conv, ConvAlgo, ConvConfig, Flatten, GlobalAvgPool, Layer, Linear,
+    MaxPool, Relu, Sequential, Tensor, cross_entropy,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -34,9 +34,10 @@ fn dot(a: &[f32], b: &[f32]) -> f64 {
     a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum()
 }
 
-/// L(x) = ⟨r, layer(x)⟩ in evaluation mode.
+/// L(x) = ⟨r, layer(x)⟩ in training mode (batch norm normalises with the batch's statistics,
+/// the function backward differentiates).
 fn functional(layer: &mut dyn Layer, x: &Tensor, r: &Tensor) -> f64 {
-    let y = layer.forward(x.clone(), false).unwrap();
+    let y = layer.forward(x.clone(), true).unwrap();
     dot(y.data(), r.data())
 }
 
@@ -410,4 +411,141 @@ fn bad_shapes_are_errors_not_panics() {
             .is_err()
     );
     assert!(Tensor::new(&[2, 3], vec![0.0; 5]).is_err());
+}
+
+#[test]
+fn batch_norm_and_residual_gradients() {
+    let rng = &mut SmallRng::seed_from_u64(10);
+    check(
+        &mut BatchNorm::new(3).unwrap(),
+        random(&[4, 3, 5, 3], rng),
+        1,
+    );
+    check(
+        &mut BatchNorm::new(2).unwrap(),
+        random(&[3, 2, 2, 3, 2], rng),
+        2,
+    );
+    check(&mut BatchNorm::new(5).unwrap(), random(&[6, 5], rng), 3);
+    check(&mut GlobalAvgPool::new(), random(&[2, 3, 4, 5], rng), 4);
+}
+
+/// A residual block is differentiable only between the kinks of its ReLUs, which batch norm puts
+/// right where its outputs cluster (around 0), so finite differences of the whole block are
+/// unreliable. Its backward must instead equal the chain rule over its parts, each of which is
+/// checked by finite differences above: the same layers built from the same seed, run by hand.
+#[test]
+fn residual_block_is_the_chain_of_its_parts() {
+    for (cin, cout, stride, shape) in [(4, 4, 1, [3, 4, 5, 6]), (3, 5, 2, [3, 3, 7, 6])] {
+        let algo = ConvAlgo::Convgemm;
+        let mut block =
+            BasicBlock::new(cin, cout, stride, algo, &mut SmallRng::seed_from_u64(5)).unwrap();
+        // BasicBlock::new draws the shortcut's weights first, then c1's, then c2's.
+        let rng = &mut SmallRng::seed_from_u64(5);
+        let projected = stride != 1 || cin != cout;
+        let mut short = projected.then(|| {
+            let cfg = ConvConfig::conv2d(cin, cout, 1).stride(stride).no_bias();
+            (
+                Conv::new(cfg, algo, rng).unwrap(),
+                BatchNorm::new(cout).unwrap(),
+            )
+        });
+        let conv3 = |c, s| {
+            ConvConfig::conv2d(c, cout, 3)
+                .stride(s)
+                .padding(1)
+                .no_bias()
+        };
+        let mut c1 = Conv::new(conv3(cin, stride), algo, rng).unwrap();
+        let mut c2 = Conv::new(conv3(cout, 1), algo, rng).unwrap();
+        let (mut b1, mut b2) = (BatchNorm::new(cout).unwrap(), BatchNorm::new(cout).unwrap());
+        let (mut r1, mut out) = (Relu::new(), Relu::new());
+
+        let rng = &mut SmallRng::seed_from_u64(6);
+        let x = random(&shape, rng);
+        let y = block.forward(x.clone(), true).unwrap();
+        let skip = match &mut short {
+            Some((c, b)) => b
+                .forward(c.forward(x.clone(), true).unwrap(), true)
+                .unwrap(),
+            None => x.clone(),
+        };
+        let h = c1.forward(x.clone(), true).unwrap();
+        let h = r1.forward(b1.forward(h, true).unwrap(), true).unwrap();
+        let mut h = b2.forward(c2.forward(h, true).unwrap(), true).unwrap();
+        h.data_mut()
+            .iter_mut()
+            .zip(skip.data())
+            .for_each(|(a, b)| *a += b);
+        assert_eq!(y, out.forward(h, true).unwrap(), "forward");
+
+        let r = random(y.shape(), rng);
+        let dx = block.backward(r.clone(), true).unwrap().unwrap();
+        let d = out.backward(r, true).unwrap().unwrap();
+        let g = b2.backward(d.clone(), true).unwrap().unwrap();
+        let g = r1
+            .backward(c2.backward(g, true).unwrap().unwrap(), true)
+            .unwrap()
+            .unwrap();
+        let mut want = c1
+            .backward(b1.backward(g, true).unwrap().unwrap(), true)
+            .unwrap()
+            .unwrap();
+        let ds = match &mut short {
+            Some((c, b)) => c
+                .backward(b.backward(d, true).unwrap().unwrap(), true)
+                .unwrap()
+                .unwrap(),
+            None => d,
+        };
+        want.data_mut()
+            .iter_mut()
+            .zip(ds.data())
+            .for_each(|(a, b)| *a += b);
+        assert_eq!(dx, want, "dx");
+        let mut parts: Vec<&dyn Layer> = vec![&c1, &b1, &c2, &b2];
+        if let Some((c, b)) = &short {
+            parts.extend([c as &dyn Layer, b as &dyn Layer]);
+        }
+        let grads: Vec<&Tensor> = parts
+            .iter()
+            .flat_map(|l| l.params().into_iter().map(|(_, p)| &p.grad))
+            .collect();
+        let block_grads: Vec<&Tensor> = block.params().into_iter().map(|(_, p)| &p.grad).collect();
+        assert_eq!(block_grads, grads, "parameter gradients");
+    }
+}
+
+#[test]
+fn batch_norm_statistics_like_pytorch() {
+    let mut bn = BatchNorm::new(2).unwrap();
+    // Channel 0: 1, 2, 3, 4 (mean 2.5, biased var 1.25, unbiased 5/3); channel 1: all 7.
+    let x = Tensor::new(&[2, 2, 2], vec![1.0, 2.0, 7.0, 7.0, 3.0, 4.0, 7.0, 7.0]).unwrap();
+    let y = bn.forward(x.clone(), true).unwrap();
+    let s = 1.0 / (1.25f32 + 1e-5).sqrt();
+    let want = [-1.5 * s, -0.5 * s, 0.0, 0.0, 0.5 * s, 1.5 * s, 0.0, 0.0];
+    for (a, b) in y.data().iter().zip(want) {
+        assert!((a - b).abs() < 1e-5, "{:?}", y.data());
+    }
+    let stats: Vec<Vec<f32>> = bn
+        .buffers()
+        .iter()
+        .map(|(_, t)| t.data().to_vec())
+        .collect();
+    assert!(
+        (stats[0][0] - 0.25).abs() < 1e-6 && (stats[0][1] - 0.7).abs() < 1e-6,
+        "{stats:?}"
+    );
+    assert!(
+        (stats[1][0] - (0.9 + 0.1 * 5.0 / 3.0)).abs() < 1e-6 && (stats[1][1] - 0.9).abs() < 1e-6,
+        "{stats:?}"
+    );
+    // Evaluation normalises with the running statistics.
+    let e = bn.forward(x, false).unwrap();
+    let want0 = (1.0 - 0.25) / (stats[1][0] + 1e-5).sqrt();
+    assert!((e.data()[0] - want0).abs() < 1e-5);
+    assert!(
+        bn.forward(Tensor::zeros(&[1, 2, 1]), true).is_err(),
+        "one value per channel"
+    );
 }

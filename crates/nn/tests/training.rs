@@ -255,6 +255,21 @@ fn models_have_pytorchs_parameter_counts_and_names() {
     let lenet = build("lenet", ConvAlgo::Auto, 0).unwrap();
     assert_eq!(lenet.num_params(), 61_706);
     assert_eq!(lenet.output_shape().unwrap(), [10]);
+    let resnet = build("resnet20", ConvAlgo::Auto, 0).unwrap();
+    assert_eq!(resnet.num_params(), 272_474);
+    assert_eq!(resnet.output_shape().unwrap(), [10]);
+    let names: Vec<String> = resnet.params().into_iter().map(|(n, _)| n).collect();
+    assert!(
+        names.contains(&"3.c1.weight".to_string()) && names.contains(&"6.short.1.bias".to_string()),
+        "{names:?}"
+    );
+    let stats: Vec<String> = resnet.buffers().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        stats.len(),
+        2 * (1 + 9 * 2 + 2),
+        "running mean and var of 21 batch norms"
+    );
+    assert_eq!(stats[0], "1.running_mean");
     let vgg = build("vgg16", ConvAlgo::Auto, 0).unwrap();
     assert_eq!(vgg.num_params(), 15_245_130);
     assert_eq!(vgg.output_shape().unwrap(), [10]);
@@ -266,5 +281,46 @@ fn models_have_pytorchs_parameter_counts_and_names() {
         .err()
         .unwrap()
         .to_string();
-    assert!(err.contains("lenet, vgg16"), "{err}");
+    assert!(err.contains("lenet, resnet20, vgg16"), "{err}");
+}
+
+#[test]
+fn resnet20_checkpoint_keeps_batch_norm_statistics() {
+    let dir = std::env::temp_dir().join(format!("nn-resnet-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("r20.safetensors");
+    let data = Dataset::synthetic(16, &[3, 32, 32], 10, 4).unwrap();
+    // An explicit algorithm: Auto's measured choice may differ between the two models, and with
+    // it the rounding.
+    let mut model = build("resnet20", ConvAlgo::Convgemm, 2).unwrap();
+    let mut opt = Sgd::new(0.01, 0.9, 5e-4).unwrap();
+    let cfg = TrainConfig {
+        epochs: 1,
+        batch_size: 8,
+        ..Default::default()
+    };
+    let (report, state) = fit(
+        &mut model,
+        &mut opt,
+        &data,
+        None,
+        &cfg,
+        TrainState::default(),
+        |_, _, _, _| Ok(()),
+    )
+    .unwrap();
+    assert!(report.train_loss.is_finite());
+    checkpoint::save(&path, &model, &opt, state).unwrap();
+    let mut other = build("resnet20", ConvAlgo::Convgemm, 3).unwrap();
+    checkpoint::load(&path, &mut other, &mut Sgd::new(0.01, 0.9, 5e-4).unwrap()).unwrap();
+    for ((n, a), (_, b)) in model.buffers().iter().zip(other.buffers()) {
+        assert_eq!(*a, b, "{n}");
+    }
+    // Same weights and statistics: same evaluation output.
+    let (x, _) = data.batches(16, None).unwrap().next().unwrap();
+    assert_eq!(
+        model.forward(x.clone(), false).unwrap(),
+        other.forward(x, false).unwrap()
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

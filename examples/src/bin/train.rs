@@ -26,7 +26,7 @@ const DATASETS: &[&str] = &["digits", "synthetic"];
 #[derive(Parser, Debug)]
 #[command(about)]
 struct Args {
-    /// Model to train: lenet (LeNet-5, 1×28×28 inputs) or vgg16 (configuration D on 3×32×32).
+    /// Model to train: lenet (LeNet-5, 1×28×28 inputs), resnet20 or vgg16 (3×32×32 inputs).
     #[arg(long, default_value = "lenet")]
     model: String,
     /// Data set: `digits` (shipped with the repository; 20% held out as the test split) or

@@ -19,7 +19,9 @@ use crate::tensor::Tensor;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ConvAlgo {
     /// Winograd where it applies and a one-time measurement finds it at least 10% faster over
-    /// the three passes, convgemm elsewhere (see [`Conv::algorithm_in_use`]).
+    /// the three passes, convgemm elsewhere (see [`Conv::algorithm_in_use`]). The choice depends on
+    /// timing, so two runs may round differently: pick an algorithm explicitly for bitwise
+    /// reproducible training.
     #[default]
     Auto,
     /// The convgemm paper's `base`: explicit im2col / col2im buffers.

@@ -1,13 +1,18 @@
-//! The layers: convolution, pooling, activation, flatten, fully connected.
+//! The layers: convolution, batch norm, pooling, activation, residual block, flatten, fully
+//! connected.
 
+mod batchnorm;
 mod conv;
 mod flatten;
 mod linear;
 mod pool;
 mod relu;
+mod residual;
 
+pub use batchnorm::BatchNorm;
 pub use conv::{Conv, ConvAlgo, ConvConfig};
 pub use flatten::Flatten;
 pub use linear::Linear;
 pub use pool::MaxPool;
 pub use relu::Relu;
+pub use residual::{BasicBlock, GlobalAvgPool};

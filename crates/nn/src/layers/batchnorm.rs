@@ -1,0 +1,232 @@
+//! [`BatchNorm`]: batch normalisation over the batch and spatial axes, per channel.
+
+use rayon::prelude::*;
+
+use crate::error::{NnError, Result};
+use crate::layer::{Layer, Parameter};
+use crate::tensor::Tensor;
+
+/// What backward needs: the normalised input and 1/σ per channel.
+#[derive(Debug)]
+struct Saved {
+    shape: Vec<usize>,
+    xhat: Vec<f32>,
+    inv_std: Vec<f32>,
+}
+
+/// PyTorch's `BatchNorm{1,2,3}d(channels)` (eps 1e-5, momentum 0.1, affine): in training, each
+/// channel is normalised with the batch's mean and biased variance over `N × spatial`, then
+/// scaled by `weight` and shifted by `bias`, and the running statistics move towards the batch's
+/// (unbiased variance); in evaluation the running statistics normalise.
+#[derive(Debug)]
+pub struct BatchNorm {
+    channels: usize,
+    eps: f32,
+    momentum: f32,
+    weight: Parameter,
+    bias: Parameter,
+    running_mean: Tensor,
+    running_var: Tensor,
+    saved: Option<Saved>,
+}
+
+impl BatchNorm {
+    /// A layer over `channels` channels: weight 1, bias 0, running mean 0, running variance 1.
+    pub fn new(channels: usize) -> Result<Self> {
+        if channels == 0 {
+            return Err(NnError::config("channels", "0 (must be positive)"));
+        }
+        Ok(BatchNorm {
+            channels,
+            eps: 1e-5,
+            momentum: 0.1,
+            weight: Parameter::new(Tensor::new(&[channels], vec![1.0; channels])?),
+            bias: Parameter::new(Tensor::zeros(&[channels])),
+            running_mean: Tensor::zeros(&[channels]),
+            running_var: Tensor::new(&[channels], vec![1.0; channels])?,
+            saved: None,
+        })
+    }
+
+    /// (N, per-channel plane length) of `x`, or a shape error.
+    fn dims(&self, shape: &[usize]) -> Result<(usize, usize)> {
+        if shape.len() < 2 || shape[1] != self.channels {
+            let want = format!("N × {} × spatial", self.channels);
+            return Err(NnError::shape(self.describe(), "x", shape, want));
+        }
+        Ok((shape[0], shape[2..].iter().product()))
+    }
+}
+
+impl Layer for BatchNorm {
+    fn describe(&self) -> String {
+        format!("BatchNorm({})", self.channels)
+    }
+
+    fn forward(&mut self, mut x: Tensor, train: bool) -> Result<Tensor> {
+        let shape = x.shape().to_vec();
+        let (n, plane) = self.dims(&shape)?;
+        let c = self.channels;
+        let count = n * plane;
+        if train && count < 2 {
+            let detail = "training needs more than one value per channel (PyTorch refuses too)";
+            return Err(NnError::shape(self.describe(), "x", &shape, detail));
+        }
+        let (mean, var): (Vec<f64>, Vec<f64>) = if train {
+            (0..c)
+                .into_par_iter()
+                .map(|ch| {
+                    let planes = (0..n).map(|i| &x.data()[(i * c + ch) * plane..][..plane]);
+                    let sum: f64 = planes
+                        .clone()
+                        .map(|p| p.iter().map(|&v| v as f64).sum::<f64>())
+                        .sum();
+                    let mean = sum / count as f64;
+                    let ss: f64 = planes
+                        .map(|p| p.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>())
+                        .sum();
+                    (mean, ss / count as f64)
+                })
+                .unzip()
+        } else {
+            let m = self.running_mean.data().iter().map(|&v| v as f64).collect();
+            let v = self.running_var.data().iter().map(|&v| v as f64).collect();
+            (m, v)
+        };
+        let inv_std: Vec<f32> = var
+            .iter()
+            .map(|&v| (1.0 / (v + self.eps as f64).sqrt()) as f32)
+            .collect();
+        let (gamma, beta) = (self.weight.value.data(), self.bias.value.data());
+        let mut xhat = if train {
+            vec![0.0f32; x.len()]
+        } else {
+            Vec::new()
+        };
+        {
+            let data = x.data_mut();
+            for i in 0..n {
+                for ch in 0..c {
+                    let at = (i * c + ch) * plane;
+                    let (m, s) = (mean[ch] as f32, inv_std[ch]);
+                    let (g, b) = (gamma[ch], beta[ch]);
+                    let p = &mut data[at..at + plane];
+                    if train {
+                        for (h, v) in xhat[at..at + plane].iter_mut().zip(p.iter_mut()) {
+                            *h = (*v - m) * s;
+                            *v = *h * g + b;
+                        }
+                    } else {
+                        p.iter_mut().for_each(|v| *v = (*v - m) * s * g + b);
+                    }
+                }
+            }
+        }
+        if train {
+            let unbias = count as f64 / (count - 1) as f64;
+            let mom = self.momentum as f64;
+            for ch in 0..c {
+                let rm = &mut self.running_mean.data_mut()[ch];
+                *rm = ((1.0 - mom) * *rm as f64 + mom * mean[ch]) as f32;
+                let rv = &mut self.running_var.data_mut()[ch];
+                *rv = ((1.0 - mom) * *rv as f64 + mom * var[ch] * unbias) as f32;
+            }
+            self.saved = Some(Saved {
+                shape,
+                xhat,
+                inv_std,
+            });
+        }
+        Ok(x)
+    }
+
+    fn backward(&mut self, mut dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        let Saved {
+            shape,
+            xhat,
+            inv_std,
+        } = self.saved.take().ok_or_else(|| NnError::NoForward {
+            layer: self.describe(),
+        })?;
+        if dy.shape() != shape.as_slice() {
+            return Err(NnError::shape(
+                self.describe(),
+                "dy",
+                dy.shape(),
+                format!("{shape:?}"),
+            ));
+        }
+        let (n, plane) = self.dims(&shape)?;
+        let c = self.channels;
+        let count = (n * plane) as f64;
+        // Per channel: Σ dy and Σ dy·x̂.
+        let sums: Vec<(f64, f64)> = (0..c)
+            .into_par_iter()
+            .map(|ch| {
+                let (mut s, mut sx) = (0f64, 0f64);
+                for i in 0..n {
+                    let at = (i * c + ch) * plane;
+                    let (d, h) = (&dy.data()[at..at + plane], &xhat[at..at + plane]);
+                    s += d.iter().map(|&v| v as f64).sum::<f64>();
+                    sx += d
+                        .iter()
+                        .zip(h)
+                        .map(|(&a, &b)| a as f64 * b as f64)
+                        .sum::<f64>();
+                }
+                (s, sx)
+            })
+            .collect();
+        for (ch, &(s, sx)) in sums.iter().enumerate() {
+            self.bias.grad.data_mut()[ch] = s as f32;
+            self.weight.grad.data_mut()[ch] = sx as f32;
+        }
+        if !need_dx {
+            return Ok(None);
+        }
+        // dx = γ/σ · (dy − mean(dy) − x̂ · mean(dy·x̂)).
+        let gamma = self.weight.value.data();
+        let data = dy.data_mut();
+        for i in 0..n {
+            for ch in 0..c {
+                let at = (i * c + ch) * plane;
+                let k = gamma[ch] * inv_std[ch];
+                let (md, mdx) = ((sums[ch].0 / count) as f32, (sums[ch].1 / count) as f32);
+                for (d, &h) in data[at..at + plane].iter_mut().zip(&xhat[at..at + plane]) {
+                    *d = k * (*d - md - h * mdx);
+                }
+            }
+        }
+        Ok(Some(dy))
+    }
+
+    fn params(&self) -> Vec<(&'static str, &Parameter)> {
+        vec![("weight", &self.weight), ("bias", &self.bias)]
+    }
+
+    fn params_mut(&mut self) -> Vec<(&'static str, &mut Parameter)> {
+        vec![("weight", &mut self.weight), ("bias", &mut self.bias)]
+    }
+
+    fn buffers(&self) -> Vec<(&'static str, &Tensor)> {
+        vec![
+            ("running_mean", &self.running_mean),
+            ("running_var", &self.running_var),
+        ]
+    }
+
+    fn buffers_mut(&mut self) -> Vec<(&'static str, &mut Tensor)> {
+        vec![
+            ("running_mean", &mut self.running_mean),
+            ("running_var", &mut self.running_var),
+        ]
+    }
+
+    fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>> {
+        if input.first() != Some(&self.channels) {
+            let want = format!("{} × spatial", self.channels);
+            return Err(NnError::shape(self.describe(), "input", input, want));
+        }
+        Ok(input.to_vec())
+    }
+}
