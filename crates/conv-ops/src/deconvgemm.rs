@@ -30,7 +30,6 @@ use rayon::prelude::*;
 use crate::Result;
 use crate::error::gemm_err;
 use crate::geometry::{ConvGeometry, Dims3};
-use crate::im2col::split3;
 use crate::layout::ChannelMajor;
 use crate::ops::is_pointwise;
 
@@ -101,40 +100,110 @@ impl<B: PackB> PackB for Columns<'_, B> {
     }
 }
 
-/// One kernel tap as the scatter needs it: its offsets in the two outer dimensions and, along
-/// the innermost one, the output positions `lo..hi` that land inside the input and the input
-/// position `first` of `lo`.
+/// Along the innermost dimension, one kernel tap reaches the output positions `lo..hi` of a
+/// line (the others fall into the padding), starting at input position `first`.
 #[derive(Clone, Copy, Debug)]
-struct Tap {
-    off0: isize,
-    off1: isize,
+struct InnerRun {
     lo: usize,
     hi: usize,
     first: usize,
 }
 
-fn taps(d: &Dims3) -> Vec<Tap> {
-    let rlen = d.kernel.iter().product();
-    (0..rlen)
-        .map(|tap| {
-            let r = split3(tap, &d.kernel);
-            let valid = |u: usize| {
-                let i = d.input_coord(2, u, r[2]);
-                i >= 0 && i < d.input[2] as isize
+/// With stride 1 and 2 or 3 taps along the innermost dimension, the scatter adds a panel line's
+/// taps into a dx line in one pass (`dx[x] += Σ_r src_r[x − offset_r]`, one load and store of
+/// dx for all of them) over the input positions `xlo..xhi` every tap reaches, and the rest of
+/// each tap's run on its own: `(r2, u, x, len)` pieces.
+#[derive(Clone, Debug)]
+struct Fused {
+    xlo: usize,
+    xhi: usize,
+    edges: Vec<(usize, usize, usize, usize)>,
+}
+
+/// The kernel taps as the scatter needs them, built once per call.
+#[derive(Clone, Debug)]
+struct TapTable {
+    /// Per (r0, r1): the input coordinates reached from output coordinate 0.
+    outer: Vec<(isize, isize)>,
+    /// Per r2.
+    inner: Vec<InnerRun>,
+    fused: Option<Fused>,
+}
+
+impl TapTable {
+    fn new(d: &Dims3) -> TapTable {
+        let outer = (0..d.kernel[0] * d.kernel[1])
+            .map(|rr| {
+                let (r0, r1) = (rr / d.kernel[1], rr % d.kernel[1]);
+                (d.input_coord(0, 0, r0), d.input_coord(1, 0, r1))
+            })
+            .collect();
+        let width = d.output[2];
+        let inner: Vec<InnerRun> = (0..d.kernel[2])
+            .map(|r2| {
+                let valid = |u: usize| {
+                    let i = d.input_coord(2, u, r2);
+                    i >= 0 && i < d.input[2] as isize
+                };
+                let lo = (0..width).find(|&u| valid(u)).unwrap_or(width);
+                let hi = (lo..width).find(|&u| !valid(u)).unwrap_or(width);
+                let first = if lo < hi {
+                    d.input_coord(2, lo, r2) as usize
+                } else {
+                    0
+                };
+                InnerRun { lo, hi, first }
+            })
+            .collect();
+        let fused = (d.stride[2] == 1 && (2..=3).contains(&inner.len())).then(|| {
+            let xlo = inner.iter().map(|t| t.first).max().unwrap_or(0);
+            let xhi = inner
+                .iter()
+                .map(|t| t.first + (t.hi - t.lo))
+                .min()
+                .unwrap_or(0);
+            // No position reached by every tap: an empty interior, whole runs as edges.
+            let (xlo, xhi) = if xlo < xhi && inner.iter().all(|t| t.lo < t.hi) {
+                (xlo, xhi)
+            } else {
+                (0, 0)
             };
-            let lo = (0..d.output[2]).find(|&u| valid(u)).unwrap_or(d.output[2]);
-            let hi = (lo..d.output[2])
-                .find(|&u| !valid(u))
-                .unwrap_or(d.output[2]);
-            Tap {
-                off0: d.input_coord(0, 0, r[0]),
-                off1: d.input_coord(1, 0, r[1]),
-                lo,
-                hi,
-                first: d.input_coord(2, lo, r[2]).max(0) as usize,
+            let mut edges = Vec::new();
+            for (r2, t) in inner.iter().enumerate() {
+                let end = t.first + (t.hi - t.lo);
+                let pieces = if xlo < xhi {
+                    [(t.first, xlo.min(end)), (xhi.max(t.first), end)]
+                } else {
+                    [(t.first, end), (0, 0)]
+                };
+                for (x0, x1) in pieces {
+                    if x0 < x1 {
+                        edges.push((r2, t.lo + (x0 - t.first), x0, x1 - x0));
+                    }
+                }
             }
-        })
-        .collect()
+            Fused { xlo, xhi, edges }
+        });
+        TapTable {
+            outer,
+            inner,
+            fused,
+        }
+    }
+}
+
+/// `dst[x] += Σ_r src[r][x]` in one pass over `dst` (the sources are at least as long).
+#[inline(always)]
+fn add_sum<const K: usize>(dst: &mut [f32], src: [&[f32]; K]) {
+    let n = dst.len();
+    let src = src.map(|s| &s[..n]);
+    for x in 0..n {
+        let mut acc = dst[x];
+        for s in &src {
+            acc += s[x];
+        }
+        dst[x] = acc;
+    }
 }
 
 /// dx as a raw pointer shared by the blocks, which write disjoint elements.
@@ -153,7 +222,7 @@ unsafe impl Sync for Dx {}
 struct Plan<'a> {
     g: &'a ConvGeometry,
     d: Dims3,
-    taps: Vec<Tap>,
+    taps: TapTable,
     dy: &'a [f32],
     w: &'a [f32],
     dx: Dx,
@@ -197,34 +266,37 @@ impl Plan<'_> {
             if panel.len() < need {
                 panel.resize(need, 0.0);
             }
-            let mut l0 = 0;
-            while l0 < lines {
+            let mut one = |l0: usize, c0: usize| -> Result<()> {
                 let nl = line_block.min(lines - l0);
                 let cols = nl * width;
                 let j0 = n_lo * olen + l0 * width;
                 let bcols = Columns { b: &b, j0, cols };
-                let mut c0 = c_lo;
-                while c0 < c_hi {
-                    let nc = ch_block.min(c_hi - c0);
-                    let rows = nc * rlen;
-                    // A = rows c0·R.. of W_gᵀ (W_g is Kg × (Cg·R) row-major).
-                    let a = MatRef::new("w", &wg[c0 * rlen..], rows, kg, 1, cg * rlen)
-                        .map_err(gemm_err)?;
-                    let c = MatMut::row_major("panel", &mut panel[..rows * cols], rows, cols, cols)
-                        .map_err(gemm_err)?;
-                    let mut store = OneThread(DenseStore::new(c, 1.0, 0.0));
-                    core_blas::gemm_with(&a, &bcols, &mut store).map_err(gemm_err)?;
-                    self.scatter(
-                        &panel[..rows * cols],
-                        grp,
-                        c0,
-                        nc,
-                        n_lo * lines_per_image + l0,
-                        nl,
-                    );
-                    c0 += nc;
+                let nc = ch_block.min(c_hi - c0);
+                let rows = nc * rlen;
+                // A = rows c0·R.. of W_gᵀ (W_g is Kg × (Cg·R) row-major).
+                let a =
+                    MatRef::new("w", &wg[c0 * rlen..], rows, kg, 1, cg * rlen).map_err(gemm_err)?;
+                let c = MatMut::row_major("panel", &mut panel[..rows * cols], rows, cols, cols)
+                    .map_err(gemm_err)?;
+                let mut store = OneThread(DenseStore::new(c, 1.0, 0.0));
+                core_blas::gemm_with(&a, &bcols, &mut store).map_err(gemm_err)?;
+                self.scatter(
+                    &panel[..rows * cols],
+                    grp,
+                    c0,
+                    nc,
+                    n_lo * lines_per_image + l0,
+                    nl,
+                );
+                Ok(())
+            };
+            // Lines outer, channels inner: the B block (dy's columns) is reused from cache by
+            // every channel block, and W is small enough to stay cached (measured: the other
+            // order is 0-13% slower on the layers).
+            for l0 in (0..lines).step_by(line_block) {
+                for c0 in (c_lo..c_hi).step_by(ch_block) {
+                    one(l0, c0)?;
                 }
-                l0 += nl;
             }
             Ok(())
         })
@@ -237,7 +309,8 @@ impl Plan<'_> {
         let d = &self.d;
         let width = d.output[2];
         let cols = nl * width;
-        let (rlen, ilen) = (self.taps.len(), g.input_spatial_len());
+        let (k2, ilen) = (d.kernel[2], g.input_spatial_len());
+        let rlen = self.taps.outer.len() * k2;
         let lines_per_image = d.output[0] * d.output[1];
         let (s2, in0, in1, in2) = (
             d.stride[2],
@@ -254,28 +327,55 @@ impl Plan<'_> {
             for cc in 0..nc {
                 let plane = (n * g.in_channels() + chan0 + cc) * ilen;
                 let rows = &panel[cc * rlen * cols + t * width..];
-                for (r, tap) in self.taps.iter().enumerate() {
-                    let (i0, i1) = (b0 + tap.off0, b1 + tap.off1);
-                    if i0 < 0 || i0 >= in0 || i1 < 0 || i1 >= in1 || tap.lo >= tap.hi {
+                for (rr, &(off0, off1)) in self.taps.outer.iter().enumerate() {
+                    let (i0, i1) = (b0 + off0, b1 + off1);
+                    if i0 < 0 || i0 >= in0 || i1 < 0 || i1 >= in1 {
                         continue;
                     }
-                    let src = &rows[r * cols..][tap.lo..tap.hi];
-                    let at = plane + (i0 as usize * d.input[1] + i1 as usize) * in2 + tap.first;
-                    let span = (src.len() - 1) * s2 + 1;
-                    debug_assert!(at + span <= self.dx.len);
-                    // SAFETY: `at .. at + span` lies inside one line of one plane of dx: image
-                    // `n` < N, channel < C, (i0, i1) checked against the input just above, and
-                    // the tap table clips the run to `first + (hi − lo − 1)·s2 < input[2]`
-                    // (asserted in debug builds). Only
-                    // this block writes this (image, channel) plane now (see `Dx`).
-                    let dst = unsafe { std::slice::from_raw_parts_mut(self.dx.ptr.add(at), span) };
-                    if s2 == 1 {
-                        for (x, &v) in dst.iter_mut().zip(src) {
-                            *x += v;
+                    // The panel rows of taps (r0, r1, 0..k2), this line's columns.
+                    let src = |r2: usize| &rows[(rr * k2 + r2) * cols..][..width];
+                    let at = plane + (i0 as usize * d.input[1] + i1 as usize) * in2;
+                    debug_assert!(at + in2 <= self.dx.len);
+                    // SAFETY: `at .. at + input[2]` is one line of one plane of dx: image `n` <
+                    // N, channel < C, (i0, i1) checked against the input just above (asserted
+                    // in debug builds). Only this block writes this (image, channel) plane now
+                    // (see `Dx`).
+                    let dst = unsafe { std::slice::from_raw_parts_mut(self.dx.ptr.add(at), in2) };
+                    match &self.taps.fused {
+                        Some(f) => {
+                            let (xlo, xhi) = (f.xlo, f.xhi);
+                            if xlo < xhi {
+                                let inner = &self.taps.inner;
+                                let from = |r2: usize| {
+                                    let tap = &inner[r2];
+                                    &src(r2)[tap.lo + (xlo - tap.first)..]
+                                };
+                                let dst = &mut dst[xlo..xhi];
+                                if k2 == 3 {
+                                    add_sum(dst, [from(0), from(1), from(2)]);
+                                } else {
+                                    add_sum(dst, [from(0), from(1)]);
+                                }
+                            }
+                            for &(r2, u, x, len) in &f.edges {
+                                add_sum(&mut dst[x..x + len], [&src(r2)[u..]]);
+                            }
                         }
-                    } else {
-                        for (x, &v) in dst.iter_mut().step_by(s2).zip(src) {
-                            *x += v;
+                        None => {
+                            for (r2, tap) in self.taps.inner.iter().enumerate() {
+                                if tap.lo >= tap.hi {
+                                    continue;
+                                }
+                                let run = &src(r2)[tap.lo..tap.hi];
+                                let dst = &mut dst[tap.first..];
+                                if s2 == 1 {
+                                    add_sum(&mut dst[..run.len()], [run]);
+                                } else {
+                                    for (x, &v) in dst.iter_mut().step_by(s2).zip(run) {
+                                        *x += v;
+                                    }
+                                }
+                            }
                         }
                     }
                 }
@@ -311,7 +411,7 @@ pub(crate) fn backward_data_with(
     let plan = Plan {
         g,
         d: g.dims3(),
-        taps: taps(&g.dims3()),
+        taps: TapTable::new(&g.dims3()),
         dy,
         w,
         dx: Dx {
@@ -423,6 +523,14 @@ mod tests {
                 .unwrap()
                 .with_padding(&[2])
                 .unwrap(),
+            // Two taps along the line (fused pass), asymmetric padding.
+            ConvGeometry::new(2, 3, 2, &[6, 5], &[2, 2])
+                .unwrap()
+                .with_padding_per_side(&[1, 1], &[0, 0])
+                .unwrap(),
+            // Dilation 2 on a 3-wide line: no position is reached by all three taps (the
+            // fused pass has an empty interior, every run is an edge).
+            ConvGeometry::from_parts(1, 2, 3, &[4, 3], &[3, 3], &[1], &[2], &[2], &[2], 1).unwrap(),
             ConvGeometry::new(3, 6, 4, &[5, 7], &[1, 1])
                 .unwrap()
                 .with_groups(2)

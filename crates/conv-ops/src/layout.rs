@@ -4,7 +4,7 @@
 
 use core_blas::{PackA, PackB, Store, Tile};
 
-use crate::source::micro_panels;
+use crate::source::{copy_run, micro_panels};
 
 /// Read-only view of channels `c0..c0+rows` of an N×`channels`×`plane` tensor, as a
 /// `rows × (N·plane)` matrix.
@@ -44,8 +44,11 @@ impl PackB for ChannelMajor<'_> {
                 while t < w {
                     let j = j0 + t;
                     let len = (w - t).min(self.plane - j % self.plane);
-                    let src = self.offset(pc + p, j);
-                    out[t..t + len].copy_from_slice(&self.data[src..src + len]);
+                    let src = &self.data[self.offset(pc + p, j)..][..len];
+                    let dst = &mut out[t..t + len];
+                    // SAFETY: `dst` and `src` are slices of `len` values each (bounds checked
+                    // when they were taken), and a packing buffer never overlaps the tensor.
+                    unsafe { copy_run(dst.as_mut_ptr(), src.as_ptr(), len, 1) };
                     t += len;
                 }
                 out[w..].fill(0.0);
