@@ -1,6 +1,8 @@
 //! conv-ops: every pass of every algorithm on the layers of the conv-ops issue's table, at 1 and
 //! 2 threads, beside the GEMM-only bound (the same M, N, K on dense, already-built operands), so
-//! the cost of the fused transforms is visible. Extra records: workspace bytes per algorithm.
+//! the cost of the fused transforms is visible (`gemm-bound`: the forward's M, N, K;
+//! `bwd-data/gemm-bound`: backward-data's, C·R × K times K × N·O). Extra records: workspace
+//! bytes per algorithm.
 //!
 //! `cargo bench -p benches --bench conv` (all layers), `CONV_LAYERS=r50_3x3_c64_56,...` to pick.
 
@@ -105,6 +107,23 @@ fn bench_conv(c: &mut Criterion) {
         let mut col = vec![0f32; rows * cols];
         im2col::im2col(&g, 0, &x, &mut col).expect("im2col");
         let mut cbuf = vec![0f32; g.out_channels() * cols];
+        // The backward-data GEMM-only bound: Wᵀ (C·R × K) times dy as one dense K × (N·O)
+        // matrix, into a dense C·R × (N·O) matrix (the im2col buffer's shape).
+        let k = g.out_channels();
+        let mut wt = vec![0f32; rows * k];
+        for (i, row) in wt.chunks_exact_mut(k).enumerate() {
+            for (kk, v) in row.iter_mut().enumerate() {
+                *v = w[kk * rows + i];
+            }
+        }
+        let mut cbwd = vec![0f32; rows * cols];
+        let olen = g.output_spatial_len();
+        let mut dy_dense = vec![0f32; k * cols];
+        for (n, img) in dy.chunks_exact(k * olen).enumerate() {
+            for (kk, plane) in img.chunks_exact(olen).enumerate() {
+                dy_dense[kk * cols + n * olen..][..olen].copy_from_slice(plane);
+            }
+        }
 
         let mut group = c.benchmark_group(flop_group(&format!("conv/{}", l.0)));
         group.throughput(Throughput::Elements(g.flops()));
@@ -121,6 +140,16 @@ fn bench_conv(c: &mut Criterion) {
                         let bm = MatRef::row_major("col", &col, rows, cols, cols).expect("B");
                         let cm = MatMut::row_major("c", &mut cbuf, g.out_channels(), cols, cols)
                             .expect("C");
+                        core_blas::gemm(1.0, a, bm, 0.0, cm).expect("gemm");
+                    })
+                })
+            });
+            group.bench_function(format!("bwd-data/gemm-bound/t{threads}"), |b| {
+                pool.install(|| {
+                    b.iter(|| {
+                        let a = MatRef::row_major("wt", &wt, rows, k, k).expect("A");
+                        let bm = MatRef::row_major("dy", &dy_dense, k, cols, cols).expect("B");
+                        let cm = MatMut::row_major("c", &mut cbwd, rows, cols, cols).expect("C");
                         core_blas::gemm(1.0, a, bm, 0.0, cm).expect("gemm");
                     })
                 })
