@@ -2,14 +2,18 @@
 //! accuracy budget. Overridable: pass a tile to [`crate::WinogradPlan::new`] or tune
 //! [`CostModel`].
 //!
-//! For a forward pass with T = N·Π⌈out_d / m_d⌉ tiles of α^N points each:
-//! - transformed-domain GEMMs: `2·α^N·C·K′·T` flops, `K′` = K rounded up to the vector width
-//!   (the GEMM's vectorized dimension);
-//! - transforms, counted on the nonzeros of the sparse matrices as applied mode by mode:
-//!   input `2·C·T·Σ_n nnz(Bₙᵀ)·Π_{d≠n} α_d`, output `2·K·T·Σ_n nnz(Aₙᵀ)·Π_{d<n} m_d·Π_{d>n} α_d`,
+//! With T = N·Π⌈out_d / m_d⌉ tiles of α^N points each, per pass:
+//! - transformed-domain GEMMs: `2·α^N·C·K·T′` flops, `T′` = T rounded up to the vector width
+//!   (the tiles are the GEMM's n, packed in `NR`-wide micro-panels: 8 tiles cost as much as 16);
+//! - transforms, counted on the operations of the sparse matrices as applied mode by mode
+//!   (nonzeros, ± row pairs counted once: [`crate::SparseTransform::applied_ops`]):
+//!   input `2·C·T·Σ_n ops(Bₙᵀ)·Π_{d≠n} α_d`, output `2·K·T·Σ_n ops(Aₙᵀ)·Π_{d<n} m_d·Π_{d>n} α_d`,
 //!   weighted by `transform_weight` (they stream memory and run below GEMM speed);
 //! - memory traffic of V and M (written once, read once) and the tile gather,
-//!   `4·T·α^N·(3C + 2K)` bytes, weighted by `byte_weight` (flop-equivalents per byte);
+//!   `4·T·α^N·(3C + 2K)` bytes per pass, plus per block the backward-filter accumulator and the
+//!   copy of the packed U, weighted by `byte_weight` (flop-equivalents per byte);
+//! - all three training passes: forward (C → K), backward-data (K → C) and backward-filter
+//!   (F(r, m): Bᵀ on x, G on the chunks of dy; a tile whose F(r, m) is unavailable is refused);
 //! - accuracy: an F(m_d, r_d) is admissible only if its tabulated 2-D error
 //!   ([`crate::points::TABLE`]) is at most `max_error`; m = 1 (F(1, r): a plain dot product per
 //!   output, exact up to rounding) is always admissible, and for 1-wide kernels (r = 1) it is the
@@ -20,6 +24,7 @@ use std::collections::HashMap;
 use conv_ops::ConvGeometry;
 
 use crate::error::{FastconvError, Result};
+use crate::ntransform::SparseTransform;
 use crate::points::{tabulated, transform_for};
 
 /// Weights of the tile cost model; costs are in GEMM-flop equivalents.
@@ -29,7 +34,8 @@ pub struct CostModel {
     pub transform_weight: f64,
     /// Cost of one byte of memory traffic in GEMM flops.
     pub byte_weight: f64,
-    /// f32 lanes of the GEMM's vector registers (16 for AVX-512).
+    /// Width of the GEMM's micro-panels along the tiles (its `NR`): the tile count is rounded up
+    /// to it.
     pub vector_width: usize,
     /// Largest admissible tabulated 2-D error of any F(m_d, r_d).
     pub max_error: f64,
@@ -38,30 +44,39 @@ pub struct CostModel {
 }
 
 impl Default for CostModel {
-    /// Transforms at a quarter of GEMM speed, 2 flops per byte of traffic (a GEMM-bound core
-    /// sustains ~30 flop/cycle against ~15 bytes/cycle of L2 bandwidth), AVX-512 width, and the
-    /// accuracy budget 2e-5 (admits F(6, 3), tabulated 2-D error 1.1e-5, and keeps α ≤ 8).
+    /// Weights fitted to single-thread measurements on Zen 4 (AVX2), after the ± row pairing:
+    /// a transform flop costs 20 GEMM flops (the transforms run at SSE2 width, without FMA,
+    /// streaming their blocks, while the GEMM runs at ~70 GFLOP/s), 2 flops per byte of block
+    /// traffic, panels of 16 tiles, and the accuracy budget 3e-5, which admits the α = 9 sets
+    /// F(6, 4) (tabulated 2-D error 2.5e-5), F(7, 3), F(4, 6), F(3, 7), F(5, 5). With these the
+    /// model picks the measured best of the tiles tried on the paper's 4×4 layer (6×6, 16 %
+    /// faster than 5×5), the ResNet-50 3×3 layers (4×4, 4×4, 7×7, 4×4) and C3D (4×4×4).
     fn default() -> Self {
         CostModel {
-            transform_weight: 4.0,
+            transform_weight: 20.0,
             byte_weight: 2.0,
             vector_width: 16,
-            max_error: 2e-5,
+            max_error: 3e-5,
             max_m: 8,
         }
     }
 }
 
-/// Per-(m, r) data the model needs: α, nnz(Aᵀ), nnz(Bᵀ).
+/// Per-(m, r) data the model needs: α and the operations of Aᵀ, Bᵀ (and of F(r, m)'s Bᵀ, G).
 #[derive(Debug, Clone, Copy)]
 struct OneDim {
     m: usize,
     alpha: usize,
     nnz_at: usize,
     nnz_bt: usize,
+    /// Operations of Bᵀ and G of F(r, m) (backward-filter, same α).
+    filter_bt: usize,
+    filter_g: usize,
 }
 
-/// Estimated forward cost of tile `m` (one per dimension) for `geom` under `model`.
+/// Estimated cost of one training step's three passes (forward, backward-data, backward-filter)
+/// with tile `m` (one per dimension) for `geom` under `model`. Errors: `m` of the wrong rank, or
+/// F(m, r) or the backward-filter's F(r, m) not available for some dimension.
 pub fn tile_cost(geom: &ConvGeometry, m: &[usize], model: &CostModel) -> Result<f64> {
     if m.len() != geom.rank() {
         return Err(FastconvError::Rank {
@@ -80,19 +95,23 @@ pub fn tile_cost(geom: &ConvGeometry, m: &[usize], model: &CostModel) -> Result<
 
 fn one_dim(m: usize, r: usize) -> Result<OneDim> {
     let t = transform_for(m, r)?;
-    let nnz = |q: &crate::DenseMatrix<num_rational::BigRational>| q.data.len() - q.zeros();
+    // The plan's backward-filter runs F(r, m) with the same m: a tile without it is not usable.
+    let f = transform_for(r, m)?;
+    // Operations per column as applied (± row pairs share their products).
+    let ops = |q| SparseTransform::<f32>::from_rational(q).applied_ops();
     Ok(OneDim {
         m,
         alpha: t.alpha(),
-        nnz_at: nnz(t.at()),
-        nnz_bt: nnz(t.bt()),
+        nnz_at: ops(t.at()),
+        nnz_bt: ops(t.bt()),
+        filter_bt: ops(f.bt()),
+        filter_g: ops(f.g()),
     })
 }
 
 fn cost_of(geom: &ConvGeometry, dims: &[OneDim], model: &CostModel) -> f64 {
     let (c, k) = (geom.in_channels() as f64, geom.out_channels() as f64);
-    let w = model.vector_width.max(1);
-    let k_padded = geom.out_channels().div_ceil(w) as f64 * w as f64;
+    let w = model.vector_width.max(1) as f64;
     let tiles: f64 = geom.batch() as f64
         * geom
             .output()
@@ -101,9 +120,8 @@ fn cost_of(geom: &ConvGeometry, dims: &[OneDim], model: &CostModel) -> f64 {
             .map(|(o, d)| o.div_ceil(d.m) as f64)
             .product::<f64>();
     let a_n: f64 = dims.iter().map(|d| d.alpha as f64).product();
-    let gemm = 2.0 * a_n * c * k_padded * tiles;
-    let mut in_tr = 0.0;
-    let mut out_tr = 0.0;
+    let gemm = 2.0 * a_n * c * k * ((tiles / w).ceil() * w);
+    let (mut in_tr, mut out_tr, mut f_in, mut f_dy) = (0.0, 0.0, 0.0, 0.0);
     for n in 0..dims.len() {
         let others: f64 = dims
             .iter()
@@ -112,12 +130,26 @@ fn cost_of(geom: &ConvGeometry, dims: &[OneDim], model: &CostModel) -> f64 {
             .map(|(_, d)| d.alpha as f64)
             .product();
         in_tr += dims[n].nnz_bt as f64 * others;
+        f_in += dims[n].filter_bt as f64 * others;
         let before: f64 = dims[..n].iter().map(|d| d.m as f64).product();
         let after: f64 = dims[n + 1..].iter().map(|d| d.alpha as f64).product();
         out_tr += dims[n].nnz_at as f64 * before * after;
+        // G of F(r, m) on the m-sized chunks of dy, modes in order.
+        let done: f64 = dims[..n].iter().map(|d| d.alpha as f64).product();
+        let rest: f64 = dims[n + 1..].iter().map(|d| d.m as f64).product();
+        f_dy += dims[n].filter_g as f64 * done * rest;
     }
-    let transforms = 2.0 * tiles * (c * in_tr + k * out_tr);
-    let bytes = 4.0 * tiles * a_n * (3.0 * c + 2.0 * k);
+    // Forward (C → K), backward-data (K → C) and backward-filter (Bᵀ on x, G on dy; the GEMMs
+    // have the same flops, the tiles as their k, so no panel padding).
+    let transforms = 2.0 * tiles * ((c + k) * (in_tr + out_tr) + c * f_in + k * f_dy);
+    let gemm = 2.0 * gemm + 2.0 * a_n * c * k * tiles;
+    let block = crate::plan::default_block_tiles(a_n as usize, c as usize, k as usize) as f64;
+    // Backward-filter's accumulator (α^N·K·C, tens of MiB on wide layers: DRAM) is read and
+    // written by every block's GEMMs, and forward and backward-data copy the packed U_ξ (K·C per
+    // ξ) into the GEMM's A buffer per block; counted as 64 bytes per α^N·K·C per block, i.e.
+    // DRAM traffic at 4× the weight of the cache-resident block buffers.
+    let acc_bytes = 64.0 * a_n * c * k * (tiles / block).ceil();
+    let bytes = 3.0 * 4.0 * tiles * a_n * (3.0 * c + 2.0 * k) + acc_bytes;
     gemm + model.transform_weight * transforms + model.byte_weight * bytes
 }
 
@@ -151,7 +183,10 @@ pub fn choose_tile(geom: &ConvGeometry, model: &CostModel) -> Result<Vec<usize>>
             let od = match memo.get(&(m, r)) {
                 Some(od) => *od,
                 None => {
-                    let od = one_dim(m, r)?;
+                    // F(m, r) or the backward-filter's F(r, m) unavailable: not a candidate.
+                    let Ok(od) = one_dim(m, r) else {
+                        continue;
+                    };
                     memo.insert((m, r), od);
                     od
                 }

@@ -192,6 +192,16 @@ fn cost_model_choices() {
         .unwrap();
     let t = choose_tile(&g, &model).unwrap();
     assert!(t.iter().all(|&m| (2..=8).contains(&m)), "{t:?}");
+    // The paper's 32-channel 4×4 layer: F(6, 4) (α = 9, within the default budget; its ± row
+    // pairs make it the cheapest), and every tile within a 2e-5 budget is smaller.
+    let paper = ConvGeometry::new(1, 32, 32, &[224, 224], &[4, 4]).unwrap();
+    assert_eq!(choose_tile(&paper, &model).unwrap(), vec![6, 6]);
+    let tight = CostModel {
+        max_error: 2e-5,
+        ..model
+    };
+    let tp = choose_tile(&paper, &tight).unwrap();
+    assert!(tp.iter().all(|&m| m < 6), "{tp:?}");
     // 1×1 kernels: nothing to gain, m = 1.
     let g1 = ConvGeometry::new(8, 64, 64, &[14, 14], &[1, 1]).unwrap();
     assert_eq!(choose_tile(&g1, &model).unwrap(), vec![1, 1]);
