@@ -69,14 +69,13 @@ pub(crate) fn backward_filter(
         let t0 = b * block;
         let tb = ((b + 1) * block).min(total) - t0;
         let [d, v, scratch, u] = &mut st.bufs;
-        d.clear();
+        // No clearing: the gather writes every entry.
         d.resize(a_n * c_in * tb, 0.0);
         gather_tiles(x, g.input(), c_in, &alpha, &mp, &pad, &tpd, t0, tb, d);
         let mut dims = alpha.clone();
         dims.push(c_in * tb);
         multi_mode_product_unchecked(d, &dims, &tt.bt(), scratch, v);
         // U′ = E ×ₙ Gₙ in f32 (the chunks of dy change every call).
-        d.clear();
         d.resize(mp_n * k_out * tb, 0.0);
         gather_tiles(dy, g.output(), k_out, &mp, &mp, &zero_pad, &tpd, t0, tb, d);
         let mut dims = mp.clone();
