@@ -3,7 +3,7 @@
 use thiserror::Error;
 
 /// Every fallible operation of `dist` returns this error. Variants name the offending argument.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Debug, Error)]
 pub enum DistError {
     /// A rank argument (for example the root of a broadcast) is not a rank of the communicator.
     #[error("argument `{arg}` = {rank} is not a rank of a communicator of size {size}")]
@@ -38,6 +38,12 @@ pub enum DistError {
         "MPI is already initialised in this process; call Runtime::init once and keep the handle"
     )]
     AlreadyInitialized,
+    /// A layer, the loss or the optimizer of the replica failed.
+    #[error("training: {0}")]
+    Nn(#[from] nn::NnError),
+    /// Arguments of a data-parallel step disagree.
+    #[error("data-parallel step: {0}")]
+    Training(String),
 }
 
 /// Shorthand for results of this crate.

@@ -27,6 +27,7 @@
 //! ```
 
 mod comm;
+mod data_parallel;
 mod error;
 #[cfg(feature = "mpi")]
 mod mpi_comm;
@@ -34,6 +35,7 @@ mod runtime;
 mod single;
 
 pub use comm::{Communicator, MAX_COUNT};
+pub use data_parallel::DataParallel;
 pub use error::{DistError, Result};
 #[cfg(feature = "mpi")]
 pub use mpi_comm::{MpiCommunicator, MpiEnvironment, REQUESTED_THREADING};

@@ -84,22 +84,22 @@ mod tests {
         let mut buf = vec![1.0f32, 2.0];
         c.broadcast(&mut buf, 0).unwrap();
         assert_eq!(buf, [1.0, 2.0]);
-        assert_eq!(
+        assert!(matches!(
             c.broadcast(&mut buf, 1),
             Err(DistError::RankOutOfRange {
                 arg: "root",
                 rank: 1,
                 size: 1
             })
-        );
+        ));
         c.barrier().unwrap();
     }
 
     #[test]
     fn split_by_color() {
         let c = SingleProcess;
-        assert_eq!(c.split_by_color(Some(3), 0), Ok(Some(SingleProcess)));
-        assert_eq!(c.split_by_color(None, 0), Ok(None));
+        assert_eq!(c.split_by_color(Some(3), 0).unwrap(), Some(SingleProcess));
+        assert_eq!(c.split_by_color(None, 0).unwrap(), None);
         let sub = c.split_by_color(Some(0), 5).unwrap().unwrap();
         assert_eq!(sub.size(), 1);
         assert!(matches!(
@@ -115,14 +115,14 @@ mod tests {
     #[test]
     fn count_limit_is_checked() {
         assert!(check_count("buf", MAX_COUNT).is_ok());
-        assert_eq!(
+        assert!(matches!(
             check_count("buf", MAX_COUNT + 1),
             Err(DistError::CountTooLarge {
                 arg: "buf",
-                len: MAX_COUNT + 1,
+                len,
                 max: MAX_COUNT
-            })
-        );
+            }) if len == MAX_COUNT + 1
+        ));
     }
 
     use crate::comm::MAX_COUNT;

@@ -1,0 +1,103 @@
+//! Multi-rank test of data-parallel training: under `mpirun -np N` (`cargo xtask test` runs
+//! N = 1, 2, 4), every rank trains LeNet-5 data-parallel for a few steps and checks (1) that all
+//! replicas hold bit-identical parameters and (2) that they equal, to rounding, a single-process
+//! run on whole mini-batches that every rank computes itself. One PASS line per rank; the first
+//! failed check aborts the job.
+
+use dist::{Communicator, DataParallel, Runtime, World};
+use nn::{ConvAlgo, Dataset, Sequential, Sgd, build, cross_entropy};
+
+const BATCH: usize = 12;
+const STEPS: usize = 3;
+
+fn fail(world: &World, what: String) -> ! {
+    eprintln!(
+        "mpi_data_parallel: rank {}/{}: FAIL: {what}",
+        world.rank(),
+        world.size()
+    );
+    world.abort(1)
+}
+
+fn flat(model: &Sequential) -> Vec<f32> {
+    model
+        .params()
+        .iter()
+        .flat_map(|(_, p)| p.value.data().to_vec())
+        .collect()
+}
+
+fn run(world: &World) -> Result<usize, String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    // Ranks start from different seeds: broadcast_model must make them equal.
+    let mut model = build("lenet", ConvAlgo::Convgemm, world.rank() as u64).map_err(|x| e(&x))?;
+    let mut reference = build("lenet", ConvAlgo::Convgemm, 0).map_err(|x| e(&x))?;
+    let (mut opt, mut ropt) = (
+        Sgd::new(0.05, 0.9, 5e-4).map_err(|x| e(&x))?,
+        Sgd::new(0.05, 0.9, 5e-4).map_err(|x| e(&x))?,
+    );
+    let data = Dataset::synthetic(BATCH * STEPS, &[1, 28, 28], 10, 7).map_err(|x| e(&x))?;
+    let mut dp = DataParallel::new(world);
+    dp.broadcast_model(&mut model).map_err(|x| e(&x))?;
+    let mut checks = 0;
+    for (step, (x, labels)) in data.batches(BATCH, None).map_err(|x| e(&x))?.enumerate() {
+        let loss = dp
+            .step(&mut model, &mut opt, &x, &labels)
+            .map_err(|x| e(&x))?;
+        let logits = reference.forward(x, true).map_err(|x| e(&x))?;
+        let (rloss, dl) = cross_entropy(&logits, &labels).map_err(|x| e(&x))?;
+        reference.backward(dl).map_err(|x| e(&x))?;
+        ropt.step(reference.params_mut().into_iter().map(|(_, p)| p))
+            .map_err(|x| e(&x))?;
+        if (loss - rloss).abs() > 1e-5 * rloss.abs().max(1.0) {
+            return Err(format!(
+                "step {step}: data-parallel loss {loss}, single-process {rloss}"
+            ));
+        }
+        checks += 1;
+    }
+    // (1) Replicas are identical: compare with rank 0's parameters.
+    let mine = flat(&model);
+    let mut root = mine.clone();
+    world.broadcast(&mut root, 0).map_err(|x| e(&x))?;
+    if let Some(i) = (0..mine.len()).find(|&i| mine[i].to_bits() != root[i].to_bits()) {
+        return Err(format!(
+            "parameter {i}: {} on this rank, {} on rank 0",
+            mine[i], root[i]
+        ));
+    }
+    checks += 1;
+    // (2) Equal to single-process training up to summation order.
+    let want = flat(&reference);
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = mine
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    if worst > 1e-5 * scale {
+        return Err(format!(
+            "parameters differ from the single-process run by {worst} (scale {scale})"
+        ));
+    }
+    Ok(checks + 1)
+}
+
+fn main() {
+    let runtime = match Runtime::init() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("mpi_data_parallel: FAIL: cannot initialise MPI: {e}");
+            std::process::exit(1);
+        }
+    };
+    let world = runtime.world();
+    match run(&world) {
+        Ok(checks) => println!(
+            "mpi_data_parallel: rank {}/{}: PASS ({checks} checks)",
+            world.rank(),
+            world.size()
+        ),
+        Err(what) => fail(&world, what),
+    }
+}
