@@ -1,7 +1,9 @@
 //! core-blas SGEMM against matrixmultiply, with the FMA peak measured in the same run.
 //!
-//! Cases: square 64 to 2048 (4096 too unless `--quick`) and three convolution shapes as im2col
-//! GEMMs (ResNet 3×3 layers), on 1 and 2 threads (rayon pools built here). Criterion's throughput
+//! Cases: square 64 to 2048 (4096 too unless `--quick`) and the convolution shapes as im2col
+//! GEMMs (ResNet-50, VGG and C3D 3×3 layers), on 1 and 2 threads (rayon pools built here); and,
+//! on 1 thread, one convolution shape stored into a dense C against a channel-major C (conv-ops'
+//! output layout) through the generic tile store and through `Store::window`. Criterion's throughput
 //! is declared in FLOPs (`Throughput::Elements(2·m·n·k)`, group names end in `@flop`), so its
 //! "elem/s" read as FLOP/s. The bench also measures the FMA peak of the active kernel family on 1
 //! and 2 threads and prints, per case, a summary line with its own median GFLOP/s and % of that
@@ -15,18 +17,83 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use benches::{emit_record, flop_group};
+use core_blas::{DenseStore, MatMut, MatRef, Store, Tile, Window};
 use criterion::{BenchmarkId, Criterion, Throughput};
+
+/// C (m × batch·plane) written channel-major, element (i, j) at `((j / plane)·m + i)·plane +
+/// j % plane` (beta = 0), like conv-ops' channel-major store: through `store_tile` only, or with
+/// [`Store::window`] for the tiles inside one plane.
+struct ChannelMajor {
+    ptr: *mut f32,
+    m: usize,
+    plane: usize,
+    batch: usize,
+    windows: bool,
+}
+
+// SAFETY: distinct tiles map to distinct elements (injective map) and the driver delivers each
+// tile of a pass once; the buffer is borrowed mutably for the product by the caller.
+unsafe impl Sync for ChannelMajor {}
+// SAFETY: only a view of a buffer that outlives the store.
+unsafe impl Send for ChannelMajor {}
+
+impl Store for ChannelMajor {
+    fn rows(&self) -> usize {
+        self.m
+    }
+    fn cols(&self) -> usize {
+        self.batch * self.plane
+    }
+    fn store_tile(&self, t: &Tile<'_>) {
+        for r in 0..t.rows() {
+            let src = t.row(r);
+            let mut c = 0;
+            while c < t.cols() {
+                let j = t.j() + c;
+                let len = (t.cols() - c).min(self.plane - j % self.plane);
+                let off = ((j / self.plane) * self.m + t.i() + r) * self.plane + j % self.plane;
+                for (x, &v) in src[c..c + len].iter().enumerate() {
+                    // SAFETY: inside the m·batch·plane buffer, this tile's alone (see Sync).
+                    unsafe {
+                        let d = self.ptr.add(off + x);
+                        *d = if t.first() { v } else { *d + v };
+                    }
+                }
+                c += len;
+            }
+        }
+    }
+    fn window(&self, i: usize, j: usize, _rows: usize, cols: usize) -> Option<Window<'_>> {
+        if !self.windows || j % self.plane + cols > self.plane {
+            return None;
+        }
+        let off = ((j / self.plane) * self.m + i) * self.plane + j % self.plane;
+        // SAFETY: rows i.. and columns j..j+cols of one plane lie inside the buffer and belong to
+        // this tile only (injective map).
+        Some(unsafe { Window::new(self.ptr.add(off), self.plane, 1.0, 0.0) })
+    }
+}
 
 /// `(name, m, n, k)`.
 type Shape = (&'static str, usize, usize, usize);
 
-/// The convolution shapes: ResNet 3×3 layers as im2col GEMMs (m = filters, n = batch·H·W,
-/// k = channels·9).
-const CONV_SHAPES: [Shape; 3] = [
+/// The convolution shapes as im2col GEMMs (m = filters, n = batch·output pixels, k = channels ·
+/// kernel volume): ResNet-50 3×3 layers at batch 8 (64@56², 128@28², 256@14², 512@7²), VGG's
+/// 64@224² at batch 1, C3D's 3×3×3 64@8×56² at batch 1, and the 256×3136×2304 and
+/// 512×784×4608.
+const CONV_SHAPES: [Shape; 7] = [
     ("conv-64x50176x576", 64, 50176, 576),
+    ("conv-64x25088x1728", 64, 25088, 1728),
+    ("conv-128x6272x1152", 128, 6272, 1152),
+    ("conv-256x1568x2304", 256, 1568, 2304),
+    ("conv-512x392x4608", 512, 392, 4608),
     ("conv-256x3136x2304", 256, 3136, 2304),
     ("conv-512x784x4608", 512, 784, 4608),
 ];
+
+/// The store comparison: ResNet-50 128@28² at batch 8 written channel-major (N×C×H×W), as
+/// conv-ops' forward does: `(name, m, batch, plane, k)`.
+const STORE_SHAPE: (&str, usize, usize, usize, usize) = ("128x6272x1152", 128, 8, 784, 1152);
 
 /// The criterion filter (first positional argument), applied to the summary timings too.
 fn filter() -> Option<String> {
@@ -180,7 +247,62 @@ fn main() {
                     "GFLOP/s",
                 );
             }
-            summary.push((name, threads, ours_gf, mm_gf, peak));
+            summary.push((name.to_string(), threads, ours_gf, mm_gf, peak));
+        }
+        group.finish();
+    }
+
+    // The store comparison, 1 thread: the same product into a dense C and into a channel-major
+    // C through `store_tile` or `Store::window`.
+    {
+        let (name, m, batch, plane, k) = STORE_SHAPE;
+        let n = batch * plane;
+        let flops = 2.0 * (m * n * k) as f64;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .expect("pool");
+        let peak = core_blas::peak::fma_peak_gflops(isa, 1, peak_time).expect("peak");
+        let a = data(m * k, 1);
+        let b = data(k * n, 2);
+        let mut c = vec![0.0f32; m * n];
+        let mut group = criterion.benchmark_group(flop_group("gemm-store-t1"));
+        group
+            .sample_size(10)
+            .warm_up_time(Duration::from_millis(200))
+            .throughput(Throughput::Elements(flops as u64))
+            .measurement_time(Duration::from_secs_f64(if quick { 0.5 } else { 2.0 }));
+        let av = MatRef::row_major("a", &a, m, k, k).expect("a");
+        let bv = MatRef::row_major("b", &b, k, n, n).expect("b");
+        for variant in ["dense", "tiles", "window"] {
+            let id = format!("gemm-store-t1@flop/{variant}/{name}");
+            if filter().is_some_and(|f| !id.contains(&f)) {
+                continue;
+            }
+            let run = |c: &mut [f32]| {
+                if variant == "dense" {
+                    let cv = MatMut::row_major("c", c, m, n, n).expect("c");
+                    core_blas::gemm_with(&av, &bv, &mut DenseStore::new(cv, 1.0, 0.0))
+                } else {
+                    let mut st = ChannelMajor {
+                        ptr: c.as_mut_ptr(),
+                        m,
+                        plane,
+                        batch,
+                        windows: variant == "window",
+                    };
+                    core_blas::gemm_with(&av, &bv, &mut st)
+                }
+                .expect("gemm_with")
+            };
+            group.bench_function(BenchmarkId::new(variant, name), |bch| {
+                pool.install(|| bch.iter(|| run(&mut c)))
+            });
+            let gf = flops / pool.install(|| median_secs(summary_budget, || run(&mut c))) / 1e9;
+            let case = format!("store-{variant}-{name}-t1");
+            record(&case, "gflops", gf, "GFLOP/s");
+            record(&case, "pct_of_peak", 100.0 * gf / peak, "%");
+            summary.push((format!("store-{variant} {name}"), 1, gf, None, peak));
         }
         group.finish();
     }

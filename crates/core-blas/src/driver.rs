@@ -290,6 +290,21 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
                     }
                 }
                 None => {
+                    if let Some(w) = sink.store.window(i, j, m, n).filter(|w| w.bias_len >= m) {
+                        let d = w.raw;
+                        let beta = if first { d.beta } else { 1.0 };
+                        // SAFETY: packed micro-panels as above; the store vouched (unsafe
+                        // `Window::new`) that the m × n window is valid and this tile's alone,
+                        // and the row bias covers the m rows (checked by the filter).
+                        unsafe {
+                            kern.run(kc, d.alpha, ap, bp, beta, d.ptr, d.rs, 1, m, n);
+                            if last && d.has_epilogue() {
+                                d.epilogue(0, 0, m, n);
+                            }
+                        }
+                        ir += mr;
+                        continue;
+                    }
                     let tile = tile_buf.get_or_insert([0.0; MAX_TILE]);
                     // SAFETY: packed micro-panels as above; the tile buffer holds MR × NR values
                     // with row stride NR; beta = 0 so it is not read. The full tile is computed

@@ -34,7 +34,8 @@
 //! - **Store** ([`Store`]): receives each `MR × NR` micro-tile of the product with its `(i, j)`
 //!   coordinates and k-pass flags ([`Tile`]); it may scatter through an index map (col2im for
 //!   deconvgemm), add a bias, apply ReLU. [`DenseStore`] (alpha/beta, [`Bias`], ReLU) is the
-//!   default and writes from registers straight into C. Concurrency and k-pass rules: [`mod@store`].
+//!   default and writes from registers straight into C; a custom store whose tiles land in dense
+//!   blocks (channel-major planes) gets the same path per tile through [`Store::window`]. Concurrency and k-pass rules: [`mod@store`].
 //! - Sources and stores are generic parameters: the driver is monomorphized per kernel family and
 //!   per source/store type, so the dense defaults cost nothing for being generic.
 //!
@@ -85,7 +86,7 @@ pub use gemm::Gemm;
 pub use isa::{Isa, isa};
 pub use pack::{PackA, PackB};
 pub use small::{SMALL_MAX, small_a_rows, small_a_strided};
-pub use store::{Bias, DenseStore, Store, Tile};
+pub use store::{Bias, DenseStore, Store, Tile, Window};
 pub use view::{MatMut, MatRef};
 
 /// cblas row-major `sgemm` with the process-wide kernel: `C := alpha · op(A) · op(B) + beta · C`,

@@ -17,7 +17,9 @@
 //!   store whose index map sends two tiles to the same memory (col2im) must either synchronise
 //!   itself or return `false`, which runs that product on one thread.
 //! - The dense default writes straight from registers to C (no tile buffer); this fast path is
-//!   [`Store::direct`] and is available only to core-blas's own stores.
+//!   [`Store::direct`] and is available only to core-blas's own stores. A custom store whose
+//!   output is dense tile by tile (a strided block per tile) gets the same register-to-memory
+//!   path through [`Store::window`].
 
 use std::marker::PhantomData;
 
@@ -96,6 +98,70 @@ pub trait Store: Sync {
     /// [`DenseStore`] may forward its `direct`. Called once per product, before any tile.
     fn direct(&mut self) -> Option<Direct<'_>> {
         None
+    }
+    /// The dense fast path for one tile of a custom store: if the `rows × cols` tile at `(i, j)`
+    /// of C is a dense block of the store's output (rows `rs` apart, columns contiguous), return
+    /// it as a [`Window`]; the micro-kernel then combines into it straight from registers (alpha,
+    /// beta on the first pass, accumulation on later passes, the window's row bias and ReLU after
+    /// the last pass: the [`DenseStore`] semantics) and `store_tile` is not called for that tile
+    /// and pass. Asked once per tile and k-pass; it should answer the same for every pass of a
+    /// tile. Default `None`: every tile goes through `store_tile`. A store whose output is dense
+    /// only piecewise (channel-major planes of a convolution) returns windows for the tiles that
+    /// do not cross a piece boundary.
+    #[inline]
+    fn window(&self, i: usize, j: usize, rows: usize, cols: usize) -> Option<Window<'_>> {
+        let _ = (i, j, rows, cols);
+        None
+    }
+}
+
+/// A dense window of a store's output for one micro-tile (see [`Store::window`]): element
+/// `(r, c)` of the tile at `ptr + r · rs + c`, with how to combine into it.
+#[derive(Clone, Copy, Debug)]
+pub struct Window<'a> {
+    pub(crate) raw: DirectRaw,
+    pub(crate) bias_len: usize,
+    _p: PhantomData<&'a [f32]>,
+}
+
+impl<'a> Window<'a> {
+    /// A window at `ptr` with row stride `rs` for `C := alpha · A·B + beta · C` (C not read when
+    /// `beta == 0`).
+    ///
+    /// # Safety
+    /// For the tile `(i, j, rows, cols)` it is returned for, every `ptr.add(r * rs + c)` with
+    /// `r < rows`, `c < cols` must be valid for reads and writes for the whole product and
+    /// touched by nobody else meanwhile (no other tile of the product maps there, no other code
+    /// accesses it), exactly as if the store's `store_tile` wrote those elements.
+    pub unsafe fn new(ptr: *mut f32, rs: usize, alpha: f32, beta: f32) -> Self {
+        Window {
+            raw: DirectRaw {
+                ptr,
+                rs,
+                cs: 1,
+                alpha,
+                beta,
+                bias: BiasRaw::None,
+                relu: false,
+            },
+            bias_len: usize::MAX,
+            _p: PhantomData,
+        }
+    }
+
+    /// Add `bias[r]` to row `r` of the tile after the last pass (before ReLU). If `bias` is
+    /// shorter than the tile's rows the driver does not use the window (the tile goes through
+    /// `store_tile`).
+    pub fn with_row_bias(mut self, bias: &'a [f32]) -> Self {
+        self.raw.bias = BiasRaw::PerRow(bias.as_ptr());
+        self.bias_len = bias.len();
+        self
+    }
+
+    /// Apply `max(x, 0)` after the last pass.
+    pub fn with_relu(mut self) -> Self {
+        self.raw.relu = true;
+        self
     }
 }
 

@@ -7,7 +7,9 @@ mod common;
 use std::sync::Mutex;
 
 use common::{GEMM_TOL, Strided, assert_close, random, reference};
-use core_blas::{Bias, BlockSizes, DenseStore, Gemm, MatMut, MatRef, PackA, PackB, Store, Tile};
+use core_blas::{
+    Bias, BlockSizes, DenseStore, Gemm, MatMut, MatRef, PackA, PackB, Store, Tile, Window,
+};
 use proptest::prelude::*;
 
 fn contexts() -> Vec<Gemm> {
@@ -525,6 +527,172 @@ fn prepacked_a_is_read_in_place() {
                     assert_eq!(packs, 0, "{what}: the packed panels were copied");
                 } else {
                     assert!(packs > 0, "{what}: unusable panels were read in place");
+                }
+            }
+        }
+    }
+}
+
+/// C (m × batch·plane) stored channel-major: element (i, j) at `((j / plane) · m + i) · plane +
+/// j % plane` (a convolution's N×C×H×W output), with alpha, beta, a per-row bias and ReLU. Tiles
+/// inside one plane are dense blocks (row stride `plane`) and go through `window`; tiles that
+/// cross a plane boundary go through `store_tile`, which counts them.
+struct ChannelMajor {
+    ptr: *mut f32,
+    m: usize,
+    plane: usize,
+    batch: usize,
+    alpha: f32,
+    beta: f32,
+    bias: Vec<f32>,
+    windows: bool,
+    slow_tiles: std::sync::atomic::AtomicUsize,
+}
+
+// SAFETY: distinct tiles map to distinct elements (the map is injective), the driver delivers
+// each tile of a pass once, and the buffer is borrowed mutably by the test for the product.
+unsafe impl Sync for ChannelMajor {}
+// SAFETY: the raw pointer is only a view of the test's buffer, which outlives the store.
+unsafe impl Send for ChannelMajor {}
+
+impl Store for ChannelMajor {
+    fn rows(&self) -> usize {
+        self.m
+    }
+    fn cols(&self) -> usize {
+        self.batch * self.plane
+    }
+    fn store_tile(&self, t: &Tile<'_>) {
+        self.slow_tiles
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for r in 0..t.rows() {
+            for c in 0..t.cols() {
+                let (i, j) = (t.i() + r, t.j() + c);
+                let off = ((j / self.plane) * self.m + i) * self.plane + j % self.plane;
+                // SAFETY: inside the buffer (i < m, j < batch·plane), this tile's alone.
+                let d = unsafe { &mut *self.ptr.add(off) };
+                let prev = if !t.first() {
+                    *d
+                } else if self.beta == 0.0 {
+                    0.0
+                } else {
+                    self.beta * *d
+                };
+                let mut x = prev + self.alpha * t.get(r, c);
+                if t.last() {
+                    x = (x + self.bias[i]).max(0.0);
+                }
+                *d = x;
+            }
+        }
+    }
+    fn window(&self, i: usize, j: usize, _rows: usize, cols: usize) -> Option<Window<'_>> {
+        if !self.windows || j % self.plane + cols > self.plane {
+            return None;
+        }
+        let off = ((j / self.plane) * self.m + i) * self.plane + j % self.plane;
+        // SAFETY: rows i.., columns j..j+cols of one plane: `off + r·plane + c` stays inside the
+        // buffer and belongs to this tile only (injective map, one delivery per tile and pass).
+        let w = unsafe { Window::new(self.ptr.add(off), self.plane, self.alpha, self.beta) };
+        Some(w.with_row_bias(&self.bias[i..]).with_relu())
+    }
+}
+
+#[test]
+fn window_store_matches_tile_store() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    for g in contexts() {
+        for &(m, plane, batch, k) in &[(37, 49, 3, 29), (64, 196, 2, 300), (5, 16, 4, 1)] {
+            let n = plane * batch;
+            for (alpha, beta) in [(1.0, 0.0), (0.5, -2.0)] {
+                let c0 = random(m * n, 77);
+                let bias = random(m, 78);
+                let mut outs = Vec::new();
+                for windows in [false, true] {
+                    // NaN where beta = 0 must not leak in.
+                    let mut buf = if beta == 0.0 {
+                        vec![f32::NAN; m * n]
+                    } else {
+                        c0.clone()
+                    };
+                    let mut st = ChannelMajor {
+                        ptr: buf.as_mut_ptr(),
+                        m,
+                        plane,
+                        batch,
+                        alpha,
+                        beta,
+                        bias: bias.clone(),
+                        windows,
+                        slow_tiles: Default::default(),
+                    };
+                    pool.install(|| g.gemm_with(&FormulaA { m, k }, &FormulaB { k, n }, &mut st))
+                        .unwrap();
+                    let slow = st.slow_tiles.load(std::sync::atomic::Ordering::Relaxed);
+                    outs.push((buf, slow));
+                }
+                let what = format!(
+                    "{} channel-major {m}x{n}x{k} ab=({alpha},{beta})",
+                    g.kernel_name()
+                );
+                // The window path must actually be taken (fewer tiles through store_tile).
+                assert!(outs[1].1 < outs[0].1, "{what}: windows unused");
+                // Both against the reference in (i, j) order.
+                let (ad, bd) = formula_reference(m, n, k);
+                let cm: Vec<f32> = (0..m * n)
+                    .map(|x| {
+                        let (i, j) = (x / n, x % n);
+                        c0[((j / plane) * m + i) * plane + j % plane]
+                    })
+                    .collect();
+                let expect: Vec<(f64, f64)> = reference(
+                    m,
+                    n,
+                    k,
+                    alpha,
+                    Strided {
+                        data: &ad,
+                        rs: k,
+                        cs: 1,
+                    },
+                    Strided {
+                        data: &bd,
+                        rs: n,
+                        cs: 1,
+                    },
+                    beta,
+                    Strided {
+                        data: &cm,
+                        rs: n,
+                        cs: 1,
+                    },
+                    GEMM_TOL,
+                )
+                .into_iter()
+                .enumerate()
+                .map(|(x, (v, b))| ((v + bias[x / n] as f64).max(0.0), b + 1e-6))
+                .collect();
+                for (buf, _) in &outs {
+                    let rowmajor: Vec<f32> = (0..m * n)
+                        .map(|x| {
+                            let (i, j) = (x / n, x % n);
+                            buf[((j / plane) * m + i) * plane + j % plane]
+                        })
+                        .collect();
+                    assert_close(
+                        &what,
+                        Strided {
+                            data: &rowmajor,
+                            rs: n,
+                            cs: 1,
+                        },
+                        m,
+                        n,
+                        &expect,
+                    );
                 }
             }
         }
