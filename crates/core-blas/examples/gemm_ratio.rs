@@ -1,0 +1,123 @@
+//! Paired GEMM-to-peak ratios for tuning on a VM whose clock drifts:
+//! `cargo run --release -p core-blas --example gemm_ratio -- M N K [threads] [reps]`.
+//!
+//! Each repetition times one `sgemm` (1 thread: CPU time of the calling thread from
+//! `/proc/thread-self/schedstat`, so preemption by other processes does not count; more threads:
+//! wall time) and right after it the FMA peak of the same family and thread count over ~40 ms. The
+//! printed figure is the median over repetitions of `GEMM rate / peak of that moment`, which
+//! follows clock changes between repetitions. `MATMUL_NUM_THREADS` decides matrixmultiply's
+//! threads; it is measured the same way when `--mm` is given.
+
+use std::time::{Duration, Instant};
+
+fn cpu_ns() -> f64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap_or(f64::NAN)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let with_mm = raw.iter().any(|a| a == "--mm");
+    let args: Vec<usize> = raw.iter().filter_map(|a| a.parse().ok()).collect();
+    let (m, n, k) = match args.as_slice() {
+        [m, n, k, ..] => (*m, *n, *k),
+        _ => (2048, 2048, 2048),
+    };
+    let threads = args.get(3).copied().unwrap_or(1);
+    let flops = 2.0 * (m * n * k) as f64;
+    let reps = args
+        .get(4)
+        .copied()
+        .unwrap_or(((4e10 / flops) as usize).clamp(5, 101));
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?;
+    let g = core_blas::Gemm::global()?;
+    let a: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6)
+        .collect();
+    let b: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 5) % 11) as f32 * 0.1 - 0.5)
+        .collect();
+    let mut c = vec![0.0f32; m * n];
+    let peak = || core_blas::peak::fma_peak_gflops(g.isa(), threads, Duration::from_millis(40));
+    let clock = |f: &mut dyn FnMut()| {
+        if threads == 1 {
+            let t = cpu_ns();
+            f();
+            (cpu_ns() - t) * 1e-9
+        } else {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        }
+    };
+    // Runs and clocks on a thread of the pool (the calling thread when the pool has one thread,
+    // as far as the CPU clock is concerned: the product stays on the pool thread that runs it).
+    let ours = |c: &mut [f32]| {
+        pool.install(|| {
+            clock(&mut || {
+                g.sgemm(false, false, m, n, k, 1.0, &a, k, &b, n, 0.0, c, n)
+                    .expect("valid sgemm")
+            })
+        })
+    };
+    let mm = |c: &mut [f32]| {
+        // SAFETY: the pointers and strides describe the m×k, k×n and m×n row-major buffers.
+        unsafe {
+            matrixmultiply::sgemm(
+                m,
+                k,
+                n,
+                1.0,
+                a.as_ptr(),
+                k as isize,
+                1,
+                b.as_ptr(),
+                n as isize,
+                1,
+                0.0,
+                c.as_mut_ptr(),
+                n as isize,
+                1,
+            )
+        }
+    };
+    ours(&mut c);
+    if with_mm {
+        mm(&mut c);
+    }
+    let (mut r_ours, mut r_mm, mut g_ours, mut peaks) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..reps {
+        let t = ours(&mut c);
+        let p = peak()?;
+        g_ours.push(flops / t / 1e9);
+        r_ours.push(flops / t / 1e9 / p);
+        peaks.push(p);
+        if with_mm {
+            let t = clock(&mut || mm(&mut c));
+            let p = peak()?;
+            r_mm.push(flops / t / 1e9 / p);
+        }
+    }
+    let mm_txt = if with_mm {
+        format!(", matrixmultiply {:.1}%", 100.0 * median(r_mm))
+    } else {
+        String::new()
+    };
+    println!(
+        "{} {m}x{n}x{k} t={threads}: {:.1}% of peak (median of {reps} paired), {:.1} GFLOP/s, peak {:.1}{mm_txt}",
+        g.kernel_name(),
+        100.0 * median(r_ours),
+        median(g_ours),
+        median(peaks),
+    );
+    Ok(())
+}
