@@ -115,7 +115,12 @@ pub fn forward(
                             dense = dense.with_relu();
                         }
                         if is_pointwise(g) {
-                            core_blas::gemm_with(&a, &pointwise_b(g, grp, x, n, 1), &mut dense)
+                            // B = x[n] of the group: a dense (C/G) × O matrix, packed (and
+                            // prefetched) as one.
+                            let cg = g.in_channels_per_group();
+                            let xn = &x[(n * g.in_channels() + grp * cg) * olen..][..cg * olen];
+                            let b = MatRef::row_major("x", xn, cg, olen, olen)?;
+                            core_blas::gemm_with(&a, &b, &mut dense)
                         } else {
                             core_blas::gemm_with(&a, &Im2colB::images(g, grp, x, n, 1), &mut dense)
                         }
