@@ -107,3 +107,14 @@ fn bad_arguments_are_clear_errors() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn data_parallel_on_one_process_trains() {
+    // Without mpirun the world is this process: the data-parallel path runs unchanged.
+    let out = train(&["--parallel", "data", "--steps", "3", "--batch-size", "8", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(v["world_size"], 1);
+    assert_eq!(v["steps"], 3);
+}

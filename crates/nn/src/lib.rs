@@ -51,4 +51,6 @@ pub use loss::cross_entropy;
 pub use model::{MODELS, Sequential, build};
 pub use optim::Sgd;
 pub use tensor::Tensor;
-pub use train::{EpochReport, TrainConfig, TrainReport, evaluate, fit};
+pub use train::{
+    EpochReport, StepResult, TrainConfig, TrainReport, evaluate, fit, fit_with, local_step,
+};

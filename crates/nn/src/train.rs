@@ -9,6 +9,7 @@ use crate::error::{NnError, Result};
 use crate::loss::{correct, cross_entropy};
 use crate::model::Sequential;
 use crate::optim::Sgd;
+use crate::tensor::Tensor;
 
 /// How long to train.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,7 +47,8 @@ pub struct EpochReport {
     pub step: usize,
     /// Mean training loss over the epoch's batches.
     pub train_loss: f64,
-    /// Training accuracy over the epoch (on the weights as they were at each batch).
+    /// Training accuracy over the epoch (on the weights as they were at each batch); NaN when the
+    /// step does not report it.
     pub train_accuracy: f64,
     /// Loss and accuracy on the test split, if there is one.
     pub test: Option<(f64, f64)>,
@@ -82,22 +84,64 @@ pub fn evaluate(model: &mut Sequential, data: &Dataset, batch_size: usize) -> Re
     Ok((loss / n, right as f64 / n))
 }
 
-/// Trains `model` on `train` from `state`, calling `on_epoch` after every epoch; returns the
-/// report and the new state (for a checkpoint).
+/// What one optimizer step on a mini-batch reports.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepResult {
+    /// The mini-batch's mean loss.
+    pub loss: f32,
+    /// Samples of the mini-batch classified right, when the step knows.
+    pub correct: Option<usize>,
+}
+
+/// One step on one process: forward, cross-entropy, backward, `opt`'s update.
+pub fn local_step(
+    model: &mut Sequential,
+    opt: &mut Sgd,
+    x: Tensor,
+    labels: &[usize],
+) -> Result<StepResult> {
+    let logits = model.forward(x, true)?;
+    let (loss, dlogits) = cross_entropy(&logits, labels)?;
+    let right = correct(&logits, labels);
+    model.backward(dlogits)?;
+    opt.step(model.params_mut().into_iter().map(|(_, p)| p))?;
+    Ok(StepResult {
+        loss,
+        correct: Some(right),
+    })
+}
+
+/// Trains `model` on `train` from `state` with [`local_step`], calling `on_epoch` after every
+/// epoch; returns the report and the new state (for a checkpoint).
 pub fn fit(
     model: &mut Sequential,
     opt: &mut Sgd,
     train: &Dataset,
     test: Option<&Dataset>,
     cfg: &TrainConfig,
-    mut state: TrainState,
-    mut on_epoch: impl FnMut(&EpochReport, &Sequential, &Sgd, TrainState) -> Result<()>,
+    state: TrainState,
+    on_epoch: impl FnMut(&EpochReport, &Sequential, &Sgd, TrainState) -> Result<()>,
 ) -> Result<(TrainReport, TrainState)> {
+    fit_with(model, opt, train, test, cfg, state, local_step, on_epoch)
+}
+
+/// The training loop with the step supplied: `dist`'s data-parallel step plugs in here, so the
+/// loop (shuffles, epochs, `max_steps`, warm-up, evaluation, reports) exists once.
+pub fn fit_with<E: From<NnError>>(
+    model: &mut Sequential,
+    opt: &mut Sgd,
+    train: &Dataset,
+    test: Option<&Dataset>,
+    cfg: &TrainConfig,
+    mut state: TrainState,
+    mut step: impl FnMut(&mut Sequential, &mut Sgd, Tensor, &[usize]) -> Result<StepResult, E>,
+    mut on_epoch: impl FnMut(&EpochReport, &Sequential, &Sgd, TrainState) -> Result<(), E>,
+) -> Result<(TrainReport, TrainState), E> {
     if train.is_empty() {
-        return Err(NnError::config("train", "the training set is empty"));
+        return Err(NnError::config("train", "the training set is empty").into());
     }
     if cfg.batch_size == 0 {
-        return Err(NnError::config("batch_size", "0 (must be positive)"));
+        return Err(NnError::config("batch_size", "0 (must be positive)").into());
     }
     let (mut steps_run, mut timed, mut timed_samples, mut all, mut all_samples) =
         (0usize, Duration::ZERO, 0usize, Duration::ZERO, 0usize);
@@ -105,7 +149,7 @@ pub fn fit(
     let mut test_accuracy = None;
     'epochs: for _ in 0..cfg.epochs {
         let start = Instant::now();
-        let (mut loss_sum, mut seen, mut right) = (0f64, 0usize, 0usize);
+        let (mut loss_sum, mut seen, mut right, mut known) = (0f64, 0usize, 0usize, true);
         let mut stopped = false;
         for (x, labels) in train.batches(
             cfg.batch_size,
@@ -116,17 +160,16 @@ pub fn fit(
                 break;
             }
             let t = Instant::now();
-            let logits = model.forward(x, true)?;
-            let (loss, dlogits) = cross_entropy(&logits, &labels)?;
+            let StepResult { loss, correct } = step(model, opt, x, &labels)?;
             if !loss.is_finite() {
                 return Err(NnError::NonFinite {
                     loss,
                     step: state.step,
-                });
+                }
+                .into());
             }
-            right += correct(&logits, &labels);
-            model.backward(dlogits)?;
-            opt.step(model.params_mut().into_iter().map(|(_, p)| p))?;
+            right += correct.unwrap_or(0);
+            known &= correct.is_some();
             let dt = t.elapsed();
             all += dt;
             all_samples += labels.len();
@@ -154,7 +197,11 @@ pub fn fit(
             epoch: state.epoch,
             step: state.step,
             train_loss: last_loss,
-            train_accuracy: right as f64 / seen.max(1) as f64,
+            train_accuracy: if known {
+                right as f64 / seen.max(1) as f64
+            } else {
+                f64::NAN
+            },
             test: test_result,
             seconds: start.elapsed().as_secs_f64(),
         };

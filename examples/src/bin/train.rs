@@ -10,14 +10,20 @@
 //! cargo run --release -p examples --bin train -- --epochs 10 --conv-algo convgemm \
 //!     --checkpoint lenet.safetensors
 //! cargo run --release -p examples --bin train -- --dataset synthetic --steps 50 --json
+//! cargo build --release -p examples --features mpi --bin train
+//! mpirun -np 2 target/release/train --parallel data --epochs 5
 //! ```
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use dist::{Communicator, DataParallel, DistError, Runtime};
 use examples::peak_rss_bytes;
-use nn::{ConvAlgo, Dataset, Sgd, TrainConfig, TrainState, build, checkpoint, fit};
+use nn::{
+    ConvAlgo, Dataset, EpochReport, Sequential, Sgd, StepResult, TrainConfig, TrainState, build,
+    checkpoint, fit, fit_with,
+};
 
 /// The data sets this binary can load.
 const DATASETS: &[&str] = &["digits", "synthetic"];
@@ -63,6 +69,11 @@ struct Args {
     /// Print a JSON summary as the last line of stdout.
     #[arg(long)]
     json: bool,
+    /// Distributed layout when launched by mpirun (build with `--features mpi`): `data` =
+    /// data-parallel synchronous SGD over all ranks (each trains on its shard of every batch;
+    /// rank 0 prints and writes checkpoints). Without MPI the world is this one process.
+    #[arg(long)]
+    parallel: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -83,6 +94,20 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             .build_global()?;
     }
     let threads = rayon::current_num_threads();
+    let runtime = Runtime::init()?;
+    let world = runtime.world();
+    let (root, ranks) = (world.is_root(), world.size());
+    match (args.parallel.as_deref(), ranks) {
+        (None, 1) | (Some("data"), _) => {}
+        (None, n) => return Err(format!("launched on {n} ranks: pass --parallel data").into()),
+        (Some(other), _) => {
+            return Err(format!("unknown --parallel `{other}` (available: data)").into());
+        }
+    }
+    // Rank 0 talks; the other ranks train silently.
+    macro_rules! say {
+        ($($t:tt)*) => { if root { println!($($t)*); } };
+    }
     let mut model = build(&args.model, args.conv_algo, args.seed)?;
     let input = model.input_shape().to_vec();
     let (train, test) = match args.dataset.as_str() {
@@ -118,15 +143,15 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut state = TrainState::default();
     if let Some(path) = &args.resume {
         state = checkpoint::load(path, &mut model, &mut opt)?;
-        println!(
+        say!(
             "resumed from {} at epoch {}, step {}",
             path.display(),
             state.epoch,
             state.step
         );
     }
-    println!(
-        "{} ({} parameters) on {} ({} train / {} test samples), {threads} thread(s), kernels {}",
+    say!(
+        "{} ({} parameters) on {} ({} train / {} test samples), {ranks} rank(s) × {threads} thread(s), kernels {}",
         args.model,
         model.num_params(),
         args.dataset,
@@ -142,32 +167,58 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         ..TrainConfig::default()
     };
     let total = state.epoch + args.epochs;
-    let (report, _) = fit(
-        &mut model,
-        &mut opt,
-        &train,
-        test.as_ref(),
-        &cfg,
-        state,
-        |e, m, o, s| {
-            let test = e.test.map_or(String::new(), |(l, a)| {
-                format!("  test loss {l:.4}  test acc {:.1}%", 100.0 * a)
-            });
-            println!(
-                "epoch {:>3}/{total}  step {:>6}  loss {:.4}  train acc {:.1}%{test}  {:.2} s",
-                e.epoch,
-                e.step,
-                e.train_loss,
-                100.0 * e.train_accuracy,
-                e.seconds
-            );
-            if let Some(path) = &args.checkpoint {
-                checkpoint::save(path, m, o, s)?;
-            }
-            Ok(())
-        },
-    )?;
-    println!(
+    let on_epoch = |e: &EpochReport, m: &Sequential, o: &Sgd, s: TrainState| -> nn::Result<()> {
+        let test = e.test.map_or(String::new(), |(l, a)| {
+            format!("  test loss {l:.4}  test acc {:.1}%", 100.0 * a)
+        });
+        let train_acc = if e.train_accuracy.is_nan() {
+            String::new()
+        } else {
+            format!("  train acc {:.1}%", 100.0 * e.train_accuracy)
+        };
+        say!(
+            "epoch {:>3}/{total}  step {:>6}  loss {:.4}{train_acc}{test}  {:.2} s",
+            e.epoch,
+            e.step,
+            e.train_loss,
+            e.seconds
+        );
+        match &args.checkpoint {
+            Some(path) if root => checkpoint::save(path, m, o, s),
+            _ => Ok(()),
+        }
+    };
+    let (report, _) = if args.parallel.is_some() {
+        let mut dp = DataParallel::new(&world);
+        dp.broadcast_model(&mut model)?;
+        fit_with(
+            &mut model,
+            &mut opt,
+            &train,
+            test.as_ref(),
+            &cfg,
+            state,
+            |m, o, x, l| {
+                let loss = dp.step(m, o, &x, l)?;
+                Ok::<_, DistError>(StepResult {
+                    loss,
+                    correct: None,
+                })
+            },
+            |e, m, o, s| on_epoch(e, m, o, s).map_err(DistError::from),
+        )?
+    } else {
+        fit(
+            &mut model,
+            &mut opt,
+            &train,
+            test.as_ref(),
+            &cfg,
+            state,
+            on_epoch,
+        )?
+    };
+    say!(
         "done: {} epochs, {} steps, {:.0} samples/s, final train loss {:.4}{}",
         report.epochs,
         report.steps,
@@ -178,11 +229,13 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             100.0 * a
         )),
     );
-    print!(
-        "model as run (`auto` shows what it measured and chose):\n{}",
-        model.summary()
-    );
-    if args.json {
+    if root {
+        print!(
+            "model as run (`auto` shows what it measured and chose):\n{}",
+            model.summary()
+        );
+    }
+    if args.json && root {
         let summary = serde_json::json!({
             "model": args.model,
             "dataset": args.dataset,
@@ -192,7 +245,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             "peak_rss_bytes": peak_rss_bytes(),
             "steps": report.steps,
             "epochs": report.epochs,
-            "world_size": 1,
+            "world_size": ranks,
             "threads": threads,
             "batch_size": args.batch_size,
             "conv_algo": args.conv_algo.to_string(),
