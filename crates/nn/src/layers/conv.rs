@@ -148,6 +148,9 @@ pub struct Conv {
     weight: Parameter,
     bias: Option<Parameter>,
     planned: Option<Planned>,
+    /// `Auto`'s measured choice per spatial input size, so a smaller last batch or the
+    /// evaluation batch replans without measuring again.
+    measured: Vec<(Vec<usize>, ConvAlgo)>,
     saved_x: Option<Tensor>,
 }
 
@@ -196,6 +199,7 @@ impl Conv {
             weight,
             bias,
             planned: None,
+            measured: Vec::new(),
             saved_x: None,
         })
     }
@@ -291,7 +295,7 @@ impl Conv {
     }
 
     /// Makes the plan match the input `x`, rebuilding it only when its shape changes (`Auto`
-    /// measures then).
+    /// measures the first time it sees a spatial size).
     fn ensure_plan(&mut self, x: &Tensor) -> Result<()> {
         let shape = x.shape();
         let current = self
@@ -303,7 +307,14 @@ impl Conv {
             let geom = self.geometry(shape)?;
             let algo = match self.static_choice(&geom) {
                 Some(a) => a,
-                None => self.measure(&geom, x.data())?,
+                None => match self.measured.iter().find(|(d, _)| d == &shape[2..]) {
+                    Some(&(_, a)) => a,
+                    None => {
+                        let a = self.measure(&geom, x.data())?;
+                        self.measured.push((shape[2..].to_vec(), a));
+                        a
+                    }
+                },
             };
             let winograd = match algo {
                 ConvAlgo::Winograd => Some(WinogradPlan::new(&geom, None)?),
