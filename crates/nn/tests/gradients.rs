@@ -190,11 +190,19 @@ fn auto_measures_only_where_winograd_applies() {
         run(c3.clone(), ConvAlgo::Im2col, &[2, 16, 9, 9], rng),
         ConvAlgo::Im2col
     );
-    let measured = run(c3, ConvAlgo::Auto, &[2, 16, 9, 9], rng);
+    let measured = run(c3.clone(), ConvAlgo::Auto, &[2, 16, 9, 9], rng);
     assert!(
         matches!(measured, ConvAlgo::Convgemm | ConvAlgo::Winograd),
         "{measured:?}"
     );
+    // A new batch size of a measured spatial size keeps the measured choice (no new timing).
+    let mut conv = Conv::new(c3, ConvAlgo::Auto, rng).unwrap();
+    conv.forward(random(&[3, 16, 9, 9], rng), true).unwrap();
+    let first = conv.algorithm_in_use().unwrap();
+    for n in [1, 5, 2] {
+        conv.forward(random(&[n, 16, 9, 9], rng), false).unwrap();
+        assert_eq!(conv.algorithm_in_use(), Some(first), "batch {n}");
+    }
 }
 
 #[test]
