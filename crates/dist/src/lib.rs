@@ -25,6 +25,30 @@
 //! assert_eq!(grad[0], world.size() as f32);
 //! # Ok::<(), dist::DistError>(())
 //! ```
+//!
+//! ## Data parallelism
+//!
+//! [`DataParallel`] runs synchronous SGD over the ranks of a communicator: each rank trains on its
+//! shard of every mini-batch and the gradients are averaged before every step, so the replicas
+//! take the step one process would take on the whole batch (checked under `mpirun` by
+//! `tests/mpi_data_parallel.rs`). On one process it is plain training:
+//!
+//! ```
+//! use dist::{DataParallel, Runtime};
+//! use nn::{ConvAlgo, Dataset, Sgd, build};
+//!
+//! let runtime = Runtime::init()?;
+//! let world = runtime.world();
+//! let mut model = build("lenet", ConvAlgo::Convgemm, 0)?;
+//! let mut opt = Sgd::new(0.05, 0.9, 5e-4)?;
+//! let data = Dataset::synthetic(8, &[1, 28, 28], 10, 0)?;
+//! let (x, labels) = data.batches(8, None)?.next().expect("one batch");
+//! let mut dp = DataParallel::new(&world);
+//! dp.broadcast_model(&mut model)?; // every replica starts from rank 0's weights
+//! let loss = dp.step(&mut model, &mut opt, &x, &labels)?;
+//! assert!(loss.is_finite());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod comm;
 mod data_parallel;
