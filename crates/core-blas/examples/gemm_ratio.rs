@@ -2,7 +2,7 @@
 //! `cargo run --release -p core-blas --example gemm_ratio -- M N K [threads] [reps]`.
 //!
 //! Each repetition times one `sgemm` (1 thread: CPU time of the calling thread from
-//! `/proc/thread-self/schedstat`, so preemption by other processes does not count; more threads:
+//! `CLOCK_THREAD_CPUTIME_ID`, so preemption by other processes does not count; more threads:
 //! wall time) and right after it the FMA peak of the same family and thread count over ~40 ms. The
 //! printed figure is the median over repetitions of `GEMM rate / peak of that moment`, which
 //! follows clock changes between repetitions. `MATMUL_NUM_THREADS` decides matrixmultiply's
@@ -10,11 +10,32 @@
 
 use std::time::{Duration, Instant};
 
+/// CPU time of the calling thread in nanoseconds (`CLOCK_THREAD_CPUTIME_ID`, exact: reading
+/// `/proc/thread-self/schedstat` instead lags by up to a scheduler tick, several ms).
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
 fn cpu_ns() -> f64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
-        .unwrap_or(f64::NAN)
+    #[repr(C)]
+    struct Timespec {
+        sec: i64,
+        nsec: i64,
+    }
+    unsafe extern "C" {
+        fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+    }
+    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+    let mut ts = Timespec { sec: 0, nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec (two 64-bit fields on 64-bit Linux).
+    let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return f64::NAN;
+    }
+    ts.sec as f64 * 1e9 + ts.nsec as f64
+}
+
+/// No thread CPU clock here: NaN (use the wall-clock figures).
+#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
+fn cpu_ns() -> f64 {
+    f64::NAN
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
