@@ -264,23 +264,37 @@ fn pooling_relu_linear_flatten_gradients() {
 fn max_pool_values_against_a_naive_loop() {
     let rng = &mut SmallRng::seed_from_u64(4);
     let x = random(&[2, 3, 7, 9], rng);
-    let y = MaxPool::with_stride(2, 3, 2)
-        .unwrap()
-        .forward(x.clone(), false)
-        .unwrap();
-    assert_eq!(y.shape(), [2, 3, 3, 4]);
-    for p in 0..6 {
-        for oh in 0..3 {
-            for ow in 0..4 {
-                let mut m = f32::NEG_INFINITY;
-                for kh in 0..3 {
-                    for kw in 0..3 {
-                        m = m.max(x.data()[p * 63 + (oh * 2 + kh) * 9 + ow * 2 + kw]);
+    // (kernel, stride): the generic path and the 2×2 fast path, odd sizes (floor mode).
+    for (k, s) in [(3, 2), (2, 2), (2, 1)] {
+        let y = MaxPool::with_stride(2, k, s)
+            .unwrap()
+            .forward(x.clone(), false)
+            .unwrap();
+        let (oh_n, ow_n) = ((7 - k) / s + 1, (9 - k) / s + 1);
+        assert_eq!(y.shape(), [2, 3, oh_n, ow_n]);
+        for p in 0..6 {
+            for oh in 0..oh_n {
+                for ow in 0..ow_n {
+                    let mut m = f32::NEG_INFINITY;
+                    for kh in 0..k {
+                        for kw in 0..k {
+                            m = m.max(x.data()[p * 63 + (oh * s + kh) * 9 + ow * s + kw]);
+                        }
                     }
+                    assert_eq!(y.data()[(p * oh_n + oh) * ow_n + ow], m, "k {k} s {s}");
                 }
-                assert_eq!(y.data()[p * 12 + oh * 4 + ow], m);
             }
         }
+    }
+    // A NaN in a window propagates (PyTorch's behaviour), in both paths.
+    for k in [2, 3] {
+        let mut xn = x.clone();
+        xn.data_mut()[1] = f32::NAN;
+        let y = MaxPool::with_stride(2, k, 2)
+            .unwrap()
+            .forward(xn, false)
+            .unwrap();
+        assert!(y.data()[0].is_nan() && !y.data()[2].is_nan(), "k {k}");
     }
 }
 

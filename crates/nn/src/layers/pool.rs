@@ -106,11 +106,17 @@ impl Layer for MaxPool {
             std::array::from_fn(|d| if d < 3 - self.rank { 1 } else { self.kernel });
         let s3: [usize; 3] =
             std::array::from_fn(|d| if d < 3 - self.rank { 1 } else { self.stride });
+        let pairs_2d = self.rank == 2 && self.kernel == 2 && self.stride == 2;
         y.par_chunks_mut(olen)
             .zip(arg.par_chunks_mut(olen))
             .enumerate()
             .for_each(|(p, (yp, ap))| {
                 let xp = &x.data()[p * ilen..][..ilen];
+                if pairs_2d {
+                    // The common 2×2 window with stride 2, without the generic index arithmetic.
+                    pool_2x2(xp, i3[2], o3[1], o3[2], yp, ap);
+                    return;
+                }
                 let mut o = 0;
                 for o0 in 0..o3[0] {
                     for o1 in 0..o3[1] {
@@ -121,13 +127,7 @@ impl Layer for MaxPool {
                                     let row = ((o0 * s3[0] + k0) * i3[1] + o1 * s3[1] + k1) * i3[2];
                                     for k2 in 0..k3[2] {
                                         let i = row + o2 * s3[2] + k2;
-                                        // A NaN wins (and keeps winning), so NaN propagates
-                                        // as in PyTorch.
-                                        let v = xp[i];
-                                        if at == usize::MAX
-                                            || v > best
-                                            || v.is_nan() && !best.is_nan()
-                                        {
+                                        if at == usize::MAX || wins(xp[i], best) {
                                             best = xp[i];
                                             at = i;
                                         }
@@ -187,5 +187,36 @@ impl Layer for MaxPool {
         let mut out = vec![input[0]];
         out.extend(&o3[3 - self.rank..]);
         Ok(out)
+    }
+}
+
+/// Whether `v` replaces the current maximum `best`: larger, or a NaN over a number (NaN
+/// propagates, as in PyTorch); ties keep the first.
+#[inline(always)]
+fn wins(v: f32, best: f32) -> bool {
+    v > best || v.is_nan() && !best.is_nan()
+}
+
+/// 2×2 windows with stride 2 over one plane of width `w`: `oh × ow` outputs and their argmax.
+fn pool_2x2(x: &[f32], w: usize, oh: usize, ow: usize, y: &mut [f32], arg: &mut [u32]) {
+    for r in 0..oh {
+        let (top, bottom) = (2 * r * w, (2 * r + 1) * w);
+        let (t, b) = (&x[top..top + 2 * ow], &x[bottom..bottom + 2 * ow]);
+        let (yr, ar) = (&mut y[r * ow..][..ow], &mut arg[r * ow..][..ow]);
+        for c in 0..ow {
+            let (mut best, mut at) = (t[2 * c], top + 2 * c);
+            for (v, i) in [
+                (t[2 * c + 1], top + 2 * c + 1),
+                (b[2 * c], bottom + 2 * c),
+                (b[2 * c + 1], bottom + 2 * c + 1),
+            ] {
+                if wins(v, best) {
+                    best = v;
+                    at = i;
+                }
+            }
+            yr[c] = best;
+            ar[c] = at as u32;
+        }
     }
 }
