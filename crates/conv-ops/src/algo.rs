@@ -169,9 +169,10 @@ impl fmt::Display for Preset {
 /// buffer of `rdx`, the flipped weights of [`BackwardDataAlgo::FlippedConvgemm`], zero for the
 /// fused algorithms. Not counted: the GEMM's packing buffers
 /// (per thread, bounded by the cache blocking, independent of the batch), the micro-tile
-/// the store receives, and deconvgemm's C panel (one per thread, kept in thread-local storage
-/// across calls: at most 64 Ki floats, or one output line by one channel's taps when that is
-/// larger; independent of the batch).
+/// the store receives, and the C panel of deconvgemm and of the forward convgemm on small
+/// output planes (one per thread, kept in thread-local storage across calls: at most 128 Ki
+/// floats, or K/G × 4·NR, or one output line by one channel's taps, whichever is largest;
+/// independent of the batch).
 pub fn workspace_bytes(g: &ConvGeometry, pass: Pass) -> usize {
     let (rows, cols) = crate::im2col::im2col_shape(g);
     let buffer = rows * cols * size_of::<f32>();

@@ -21,16 +21,13 @@
 //! A pointwise layer (1×1 kernel, stride 1, no padding) has col2im = identity: dx of one image
 //! and group is the dense product W_gᵀ·dy, stored by the GEMM straight into dx.
 
-use std::cell::RefCell;
-
-use core_blas::store::Direct;
-use core_blas::{DenseStore, MatMut, MatRef, PackB, Store, Tile};
+use core_blas::{DenseStore, MatMut, MatRef};
 use rayon::prelude::*;
 
 use crate::Result;
 use crate::error::gemm_err;
 use crate::geometry::{ConvGeometry, Dims3};
-use crate::layout::ChannelMajor;
+use crate::layout::{ChannelMajor, Columns, OneThread, with_panel};
 use crate::ops::is_pointwise;
 
 /// The C panel size the blocking aims at: about this many columns (rounded to whole output
@@ -49,55 +46,6 @@ impl PanelBlocking {
         cols: 256,
         floats: 64 * 1024,
     };
-}
-
-thread_local! {
-    /// The C panel of this thread, reused across calls (grows to the largest panel used).
-    static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-/// A dense store that keeps its product on the calling thread: the blocks of deconvgemm already
-/// run in parallel, each with its own panel.
-struct OneThread<'a>(DenseStore<'a>);
-
-impl Store for OneThread<'_> {
-    fn rows(&self) -> usize {
-        self.0.rows()
-    }
-    fn cols(&self) -> usize {
-        self.0.cols()
-    }
-    fn store_tile(&self, tile: &Tile<'_>) {
-        self.0.store_tile(tile)
-    }
-    fn concurrent(&self) -> bool {
-        false
-    }
-    fn direct(&mut self) -> Option<Direct<'_>> {
-        self.0.direct()
-    }
-}
-
-/// Columns `j0..j0 + cols` of a B source, as a B source of its own.
-struct Columns<'a, B> {
-    b: &'a B,
-    j0: usize,
-    cols: usize,
-}
-
-impl<B: PackB> PackB for Columns<'_, B> {
-    fn rows(&self) -> usize {
-        self.b.rows()
-    }
-    fn cols(&self) -> usize {
-        self.cols
-    }
-    fn pack_b(&self, pc: usize, kc: usize, jc: usize, nc: usize, nr: usize, dst: &mut [f32]) {
-        self.b.pack_b(pc, kc, self.j0 + jc, nc, nr, dst)
-    }
-    fn prefetch_b(&self, pc: usize, kc: usize, jc: usize, nc: usize) {
-        self.b.prefetch_b(pc, kc, self.j0 + jc, nc)
-    }
 }
 
 /// Along the innermost dimension, one kernel tap reaches the output positions `lo..hi` of a
@@ -261,11 +209,7 @@ impl Plan<'_> {
             batch: g.batch(),
         };
         let wg = &self.w[grp * kg * cg * rlen..][..kg * cg * rlen];
-        PANEL.with_borrow_mut(|panel| {
-            let need = ch_block * rlen * cols_max;
-            if panel.len() < need {
-                panel.resize(need, 0.0);
-            }
+        with_panel(ch_block * rlen * cols_max, |panel| {
             let mut one = |l0: usize, c0: usize| -> Result<()> {
                 let nl = line_block.min(lines - l0);
                 let cols = nl * width;

@@ -2,7 +2,10 @@
 //! uses: row = channel, column = (image, position). It is not a strided matrix when N > 1 (the
 //! channel stride is O, the image stride Ch·O), so it gets its own packers and store.
 
-use core_blas::{PackA, PackB, Store, Tile};
+use std::cell::RefCell;
+
+use core_blas::store::Direct;
+use core_blas::{DenseStore, PackA, PackB, Store, Tile};
 
 use crate::source::{copy_run, micro_panels};
 
@@ -88,7 +91,7 @@ impl PackA for ChannelMajor<'_> {
     }
 }
 
-/// What to do with a finished C block in [`ChannelMajorStore`]:
+/// What to do with a finished C block in [`ChannelMajorStore`] and [`forward_panels`]:
 /// `y = alpha·C + beta·y (+ bias[channel]) (then ReLU)`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Epilogue<'a> {
@@ -96,6 +99,34 @@ pub(crate) struct Epilogue<'a> {
     pub(crate) beta: f32,
     pub(crate) bias: Option<&'a [f32]>,
     pub(crate) relu: bool,
+}
+
+impl Epilogue<'_> {
+    /// `dst = alpha·src + beta·dst + add`, then ReLU (beta = 0 never reads dst; NaN stays
+    /// NaN, as in [`ChannelMajorStore`]).
+    #[inline]
+    fn apply(&self, dst: &mut [f32], src: &[f32], add: f32) {
+        let (alpha, beta) = (self.alpha, self.beta);
+        let relu = |v: f32| if v < 0.0 { 0.0 } else { v };
+        match (beta == 0.0, self.relu) {
+            (true, false) => dst
+                .iter_mut()
+                .zip(src)
+                .for_each(|(d, &v)| *d = alpha * v + add),
+            (true, true) => dst
+                .iter_mut()
+                .zip(src)
+                .for_each(|(d, &v)| *d = relu(alpha * v + add)),
+            (false, false) => dst
+                .iter_mut()
+                .zip(src)
+                .for_each(|(d, &v)| *d = alpha * v + beta * *d + add),
+            (false, true) => dst
+                .iter_mut()
+                .zip(src)
+                .for_each(|(d, &v)| *d = relu(alpha * v + beta * *d + add)),
+        }
+    }
 }
 
 /// Writes C = (channels `c0..c0+rows`) × (N·plane) tiles into an N×`channels`×`plane` tensor.
@@ -192,6 +223,213 @@ impl Store for ChannelMajorStore<'_> {
                     *d = out;
                 }
                 t += len;
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// The C panel of this thread (deconvgemm, forward convgemm on small planes), reused
+    /// across calls: it grows to the largest panel used.
+    static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on this thread's C panel of at least `len` values (contents unspecified).
+pub(crate) fn with_panel<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    PANEL.with_borrow_mut(|panel| {
+        if panel.len() < len {
+            panel.resize(len, 0.0);
+        }
+        f(&mut panel[..len])
+    })
+}
+
+/// A dense store that keeps its product on the calling thread: used where the caller already
+/// runs blocks in parallel, each with its own panel.
+pub(crate) struct OneThread<'a>(pub(crate) DenseStore<'a>);
+
+impl Store for OneThread<'_> {
+    fn rows(&self) -> usize {
+        self.0.rows()
+    }
+    fn cols(&self) -> usize {
+        self.0.cols()
+    }
+    fn store_tile(&self, tile: &Tile<'_>) {
+        self.0.store_tile(tile)
+    }
+    fn concurrent(&self) -> bool {
+        false
+    }
+    fn direct(&mut self) -> Option<Direct<'_>> {
+        self.0.direct()
+    }
+}
+
+/// Columns `j0..j0 + cols` of a B source, as a B source of its own.
+pub(crate) struct Columns<'a, B> {
+    pub(crate) b: &'a B,
+    pub(crate) j0: usize,
+    pub(crate) cols: usize,
+}
+
+impl<B: PackB> PackB for Columns<'_, B> {
+    fn rows(&self) -> usize {
+        self.b.rows()
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn pack_b(&self, pc: usize, kc: usize, jc: usize, nc: usize, nr: usize, dst: &mut [f32]) {
+        self.b.pack_b(pc, kc, self.j0 + jc, nc, nr, dst)
+    }
+    fn prefetch_b(&self, pc: usize, kc: usize, jc: usize, nc: usize) {
+        self.b.prefetch_b(pc, kc, self.j0 + jc, nc)
+    }
+}
+
+/// Forward convgemm over a whole batch of small output planes: C = A · B (A: K/G × rows of B,
+/// B: columns = image · O of all images) one block of columns at a time (spanning images, a
+/// multiple of NR wide) into this thread's C panel with the dense store (the kernel writes
+/// from registers and accumulates the k-passes in the panel), then copied into y channel by
+/// channel with the epilogue. Blocks run in parallel (they write disjoint elements of y).
+///
+/// `y` is N × `channels` × `plane`; C's rows are channels `c0..c0 + a.rows()`.
+pub(crate) fn forward_panels<B: PackB>(
+    a: &core_blas::MatRef<'_>,
+    b: &B,
+    y: &mut [f32],
+    (channels, plane, c0): (usize, usize, usize),
+    epi: Epilogue<'_>,
+) -> Result<(), core_blas::Error> {
+    use rayon::prelude::*;
+    let (rows, n) = (a.rows(), b.cols());
+    if rows == 0 || n == 0 {
+        return Ok(());
+    }
+    let nr = core_blas::Gemm::global()?.tile().1;
+    let threads = rayon::current_num_threads().max(1);
+    // About 128 Ki floats per panel (512 KiB: half the L2 it is updated in across the
+    // k-passes; 64 Ki repacked A too often when K/G is 512), at least 4·NR columns; as many
+    // blocks as a multiple of the thread count.
+    let target = (PANEL_FLOATS / rows).max(4 * nr);
+    let blocks = n.div_ceil(target).div_ceil(threads) * threads;
+    let cols_max = n.div_ceil(blocks).div_ceil(nr) * nr;
+    let blocks = n.div_ceil(cols_max);
+    let out = YPtr {
+        ptr: y.as_mut_ptr(),
+        len: y.len(),
+    };
+    let run = |blk: usize| -> Result<(), core_blas::Error> {
+        let j0 = blk * cols_max;
+        let cols = cols_max.min(n - j0);
+        with_panel(rows * cols, |panel| {
+            let c = core_blas::MatMut::row_major("panel", panel, rows, cols, cols)?;
+            let mut store = OneThread(DenseStore::new(c, 1.0, 0.0));
+            core_blas::gemm_with(a, &Columns { b, j0, cols }, &mut store)?;
+            for (r, src) in panel.chunks_exact(cols).enumerate() {
+                let ch = c0 + r;
+                let add = epi.bias.map_or(0.0, |b| b[ch]);
+                let mut t = 0;
+                while t < cols {
+                    let j = j0 + t;
+                    let len = (cols - t).min(plane - j % plane);
+                    let off = ((j / plane) * channels + ch) * plane + j % plane;
+                    // SAFETY: `off .. off + len` is one run of channel `ch` of image `j / plane`
+                    // inside y (C's columns lie in the batch, its rows in the channels), and only
+                    // this block writes these columns (see `YPtr`).
+                    let dst = unsafe { out.slice(off, len) };
+                    epi.apply(dst, &src[t..t + len], add);
+                    t += len;
+                }
+            }
+            Ok(())
+        })
+    };
+    if threads == 1 || blocks == 1 {
+        (0..blocks).try_for_each(run)
+    } else {
+        (0..blocks).into_par_iter().try_for_each(run)
+    }
+}
+
+/// Floats of one forward C panel (see [`forward_panels`]).
+const PANEL_FLOATS: usize = 128 * 1024;
+
+/// y as a raw pointer shared by the blocks of [`forward_panels`], which write disjoint columns.
+#[derive(Clone, Copy)]
+struct YPtr {
+    ptr: *mut f32,
+    len: usize,
+}
+
+impl YPtr {
+    /// `y[off .. off + len]`.
+    ///
+    /// # Safety
+    /// The range must lie inside y and no other live slice may overlap it.
+    unsafe fn slice<'a>(self, off: usize, len: usize) -> &'a mut [f32] {
+        debug_assert!(off + len <= self.len);
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off), len) }
+    }
+}
+
+// SAFETY: the blocks that share a `YPtr` write disjoint column ranges of C, which the
+// channel-major map sends to disjoint elements of y; the `&mut y` borrow held by
+// `forward_panels` outlives them.
+unsafe impl Sync for YPtr {}
+
+#[cfg(test)]
+mod tests {
+    use crate::testing::{Tolerance, uniform};
+    use crate::{ConvGeometry, ForwardAlgo, Workspace, forward, reference};
+
+    /// The C-panel forward on 1, 2 and 3 threads (blocks per thread, a short last block), with
+    /// bias and ReLU, groups and a pointwise layer, against the reference.
+    #[test]
+    fn forward_panels_match_the_reference() {
+        let geoms = [
+            ConvGeometry::new(5, 6, 40, &[23, 29], &[3, 3])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap()
+                .with_groups(2)
+                .unwrap(),
+            ConvGeometry::new(4, 30, 70, &[17, 19], &[1, 1]).unwrap(),
+            ConvGeometry::new(3, 4, 64, &[5, 6, 7], &[2, 3, 3])
+                .unwrap()
+                .with_stride(&[1, 2, 1])
+                .unwrap(),
+        ];
+        for g in &geoms {
+            let (x, w) = (uniform(1, g.x_len()), uniform(2, g.w_len()));
+            let bias = uniform(3, g.out_channels());
+            let mut want = vec![0f32; g.y_len()];
+            reference::forward(g, &x, &w, Some(&bias), &mut want).unwrap();
+            want.iter_mut().for_each(|v| *v = v.max(0.0));
+            for threads in 1..=3 {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let mut y = vec![f32::NAN; g.y_len()];
+                pool.install(|| {
+                    forward(
+                        g,
+                        &x,
+                        &w,
+                        Some(&bias),
+                        true,
+                        &mut y,
+                        ForwardAlgo::Convgemm,
+                        &mut Workspace::new(false),
+                    )
+                })
+                .unwrap();
+                Tolerance::for_f32_sum(g.in_channels_per_group() * g.kernel_len())
+                    .check(&format!("{g:?} {threads} threads"), &y, &want)
+                    .unwrap();
             }
         }
     }

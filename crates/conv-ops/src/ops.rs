@@ -9,7 +9,7 @@ use crate::convgemm_trans::Im2colTB;
 use crate::error::{Result, gemm_err};
 use crate::geometry::ConvGeometry;
 use crate::im2col::{col2im_add, im2col, im2col_shape};
-use crate::layout::{ChannelMajor, ChannelMajorStore, Epilogue};
+use crate::layout::{ChannelMajor, ChannelMajorStore, Epilogue, forward_panels};
 
 /// The weights of group `grp` as a (K/G) × (C/G·R) row-major matrix.
 fn weights<'a>(g: &ConvGeometry, grp: usize, w: &'a [f32]) -> Result<MatRef<'a>> {
@@ -56,7 +56,8 @@ fn pointwise_b<'a>(
 }
 
 /// Output planes at least this large run the forward convgemm image by image with a dense store;
-/// smaller ones as one GEMM over the whole batch (a per-image GEMM would be too narrow).
+/// smaller ones over the whole batch, C panel by C panel (a per-image GEMM would be too
+/// narrow), see [`forward_panels`].
 const PER_IMAGE_MIN_PLANE: usize = 1024;
 
 /// True for a 1×1 kernel with stride 1 and no padding: im2col(x) is x itself.
@@ -125,12 +126,14 @@ pub fn forward(
                             core_blas::gemm_with(&a, &Im2colB::images(g, grp, x, n, 1), &mut dense)
                         }
                     }),
+                // Small planes: one product over the whole batch, C panel by C panel.
                 ForwardAlgo::Convgemm if is_pointwise(g) => {
                     let b = pointwise_b(g, grp, x, 0, g.batch());
-                    core_blas::gemm_with(&a, &b, &mut batch_store(y))
+                    forward_panels(&a, &b, y, (g.out_channels(), olen, grp * kg), epi)
                 }
                 ForwardAlgo::Convgemm => {
-                    core_blas::gemm_with(&a, &Im2colB::new(g, grp, x), &mut batch_store(y))
+                    let b = Im2colB::new(g, grp, x);
+                    forward_panels(&a, &b, y, (g.out_channels(), olen, grp * kg), epi)
                 }
                 ForwardAlgo::Im2colGemm => {
                     let (rows, cols) = im2col_shape(g);

@@ -164,6 +164,12 @@ fn realistic_layers() {
             .unwrap()
             .with_groups(2)
             .unwrap(),
+        // Small planes, many columns: the forward runs C panel by C panel (several blocks
+        // spanning images, the last one shorter), bias and ReLU in the copy to y.
+        ConvGeometry::new(5, 8, 48, &[31, 30], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
         // Pointwise on a large plane: image by image, B = x itself.
         ConvGeometry::new(2, 6, 4, &[1030], &[1])
             .unwrap()
