@@ -199,6 +199,28 @@ pub(crate) fn correlate(
         }
     };
 
+    // Batches that split evenly over the threads (or are large): whole images per task, each
+    // task writing only its images' output planes, with no waves or barriers in between. One
+    // task per thread (`with_min_len`), so each thread allocates its buffers once.
+    if threads > 1 && (job.batch.is_multiple_of(threads) || job.batch >= 4 * threads) {
+        let img_len = k_out * out_len;
+        return y
+            .par_chunks_mut(img_len)
+            .enumerate()
+            .with_min_len(job.batch.div_ceil(threads))
+            .try_for_each_init(Buffers::default, |bufs, (n, yn)| -> Result<()> {
+                let (img0, img1) = (n * tiles_per_image, (n + 1) * tiles_per_image);
+                let mut t0 = img0;
+                while t0 < img1 {
+                    let t1 = (t0 + block).min(img1);
+                    run_block(bufs, t0, t1)?;
+                    scatter(yn, n * k_out, t0, t1, &bufs.y, t0, t1, 0..k_out);
+                    t0 = t1;
+                }
+                Ok(())
+            });
+    }
+
     // Waves of one block per thread; buffers live across waves (no page faults per block).
     let mut bufs: Vec<Buffers> = (0..threads.min(n_blocks))
         .map(|_| Buffers::default())

@@ -228,3 +228,54 @@ fn cost_model_choices() {
         plan.tile()
     );
 }
+
+/// Thread pools of 1 to 3 threads on batches that take the image-parallel path (batch a multiple
+/// of the threads) and the wave path (batch 1, or not a multiple and small): same results as the
+/// reference, forward and backward-data (which share the tiled executor) and backward-filter.
+#[test]
+fn thread_counts_and_batch_splits() {
+    let mut rng = SmallRng::seed_from_u64(99);
+    for (threads, batch) in [(1, 3), (2, 1), (2, 4), (3, 4), (3, 6), (2, 9)] {
+        let g = ConvGeometry::new(batch, 3, 4, &[rng.random_range(9..=17), 13], &[3, 2])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let (x, w, dy) = (
+            uniform(1, g.x_len()),
+            uniform(2, g.w_len()),
+            uniform(3, g.y_len()),
+        );
+        let mut plan = WinogradPlan::new(&g, Some(&[3, 2])).unwrap();
+        plan.set_block_tiles(5).unwrap();
+        let (mut y, mut dx, mut dw) = (
+            vec![f32::NAN; g.y_len()],
+            vec![f32::NAN; g.x_len()],
+            vec![f32::NAN; g.w_len()],
+        );
+        pool.install(|| {
+            plan.forward(&x, &w, &mut y).unwrap();
+            plan.backward_data(&dy, &w, &mut dx).unwrap();
+            plan.backward_filter(&x, &dy, &mut dw).unwrap();
+        });
+        let ctx = format!("{threads} threads, batch {batch}");
+        let mut y_ref = vec![0.0; g.y_len()];
+        reference::forward(&g, &x, &w, None, &mut y_ref).unwrap();
+        assert!(max_rel_error(&y, &f64s(&y_ref)) <= TOL, "forward {ctx}");
+        let mut dx_ref = vec![0.0; g.x_len()];
+        reference::backward_data(&g, &dy, &w, &mut dx_ref).unwrap();
+        assert!(
+            max_rel_error(&dx, &f64s(&dx_ref)) <= TOL,
+            "backward-data {ctx}"
+        );
+        let mut dw_ref = vec![0.0; g.w_len()];
+        reference::backward_filter(&g, &x, &dy, &mut dw_ref).unwrap();
+        assert!(
+            max_rel_error(&dw, &f64s(&dw_ref)) <= TOL,
+            "backward-filter {ctx}"
+        );
+    }
+}
