@@ -23,8 +23,43 @@ use crate::synthesis::{DenseMatrix, WinogradTransform};
 
 /// Floating-point element type of the transforms (`f32` for execution, `f64` for references and
 /// the kernel transform).
-pub trait Real: Float + AddAssign + Send + Sync + std::fmt::Debug + 'static {}
-impl Real for f32 {}
+pub trait Real: Float + AddAssign + Send + Sync + std::fmt::Debug + 'static {
+    /// `Y (p × n) := A (p × q) · X (q × n)` on rows `ldx` and `ldy` apart, through a vectorised
+    /// kernel of `core-blas` when the type has one; `false` means "not done, use the generic
+    /// loops" (f64, or a matrix beyond the kernel's size).
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn small_product(
+        _a: &[Self],
+        _p: usize,
+        _q: usize,
+        _n: usize,
+        _x: &[Self],
+        _ldx: usize,
+        _y: &mut [Self],
+        _ldy: usize,
+    ) -> bool {
+        false
+    }
+}
+
+impl Real for f32 {
+    /// `core_blas::small_a_strided`: FMA on the widest vectors of the CPU (AVX2 here), which no
+    /// crate above core-blas may compile for itself.
+    fn small_product(
+        a: &[f32],
+        p: usize,
+        q: usize,
+        n: usize,
+        x: &[f32],
+        ldx: usize,
+        y: &mut [f32],
+        ldy: usize,
+    ) -> bool {
+        core_blas::small_a_strided(a, p, q, n, x, ldx, y, ldy).is_ok()
+    }
+}
+
 impl Real for f64 {}
 
 /// A transform matrix stored as per-row lists of its nonzero entries (zeros skipped exactly, as
@@ -37,9 +72,11 @@ pub struct SparseTransform<T> {
     row_start: Vec<usize>,
     /// `(column, value)` pairs.
     entries: Vec<(usize, T)>,
-    /// The rows as applied: pairs of rows equal up to the signs of their entries share their
-    /// products (see [`RowGroup`]).
+    /// The rows as applied by the generic loops: pairs of rows equal up to the signs of their
+    /// entries share their products (see [`RowGroup`]).
     groups: Vec<RowGroup<T>>,
+    /// Dense row-major copy, for [`Real::small_product`].
+    dense: Vec<T>,
 }
 
 /// One or two rows of a transform, applied together. For a pair (`a`, `b`) whose entries have
@@ -54,6 +91,22 @@ struct RowGroup<T> {
     b: Option<usize>,
     same: Vec<(usize, T)>,
     flip: Vec<(usize, T)>,
+}
+
+/// Row-major dense matrix from per-row nonzeros.
+fn densify<T: Real>(
+    rows: usize,
+    cols: usize,
+    row_start: &[usize],
+    entries: &[(usize, T)],
+) -> Vec<T> {
+    let mut d = vec![T::zero(); rows * cols];
+    for i in 0..rows {
+        for &(j, v) in &entries[row_start[i]..row_start[i + 1]] {
+            d[i * cols + j] = v;
+        }
+    }
+    d
 }
 
 /// Pairs the rows of a sparse matrix whose entries agree up to sign (same columns, equal
@@ -127,6 +180,7 @@ impl<T: Real> SparseTransform<T> {
             rows: m.rows,
             cols: m.cols,
             groups: group_rows(m.rows, &row_start, &entries),
+            dense: densify(m.rows, m.cols, &row_start, &entries),
             row_start,
             entries,
         }
@@ -156,6 +210,7 @@ impl<T: Real> SparseTransform<T> {
             rows: m.rows,
             cols: m.cols,
             groups: group_rows(m.rows, &row_start, &entries),
+            dense: densify(m.rows, m.cols, &row_start, &entries),
             row_start,
             entries,
         })
@@ -288,6 +343,9 @@ pub(crate) fn mode_n_product_unchecked<T: Real>(
     for o in 0..outer {
         let xs = &x[o * n_in * inner..(o + 1) * n_in * inner];
         let ys = &mut y[o * n_out * inner..(o + 1) * n_out * inner];
+        if T::small_product(&u.dense, n_out, n_in, inner, xs, inner, ys, inner) {
+            continue;
+        }
         for base in (0..full).step_by(CHUNK) {
             for g in &u.groups {
                 match g.b {

@@ -86,6 +86,24 @@ impl PackA for PackedMatrix<'_> {
         self.cols
     }
 
+    /// Our panels read in place when the driver's panel height is ours and its block starts on a
+    /// panel (always, with core-blas's kernels): no copy of U per block.
+    fn packed_a(
+        &self,
+        ic: usize,
+        _mc: usize,
+        pc: usize,
+        _kc: usize,
+        mr: usize,
+    ) -> Option<(&[f32], usize)> {
+        (mr == self.mr && ic.is_multiple_of(mr)).then(|| {
+            (
+                &self.data[((ic / mr) * self.cols + pc) * mr..],
+                self.cols * mr,
+            )
+        })
+    }
+
     fn pack_a(&self, ic: usize, mc: usize, pc: usize, kc: usize, mr: usize, dst: &mut [f32]) {
         let panels = mc.div_ceil(mr);
         if mr == self.mr && ic.is_multiple_of(mr) {

@@ -245,7 +245,9 @@ fn tile_matches_direct_correlation_1d_2d_3d() {
     }
 }
 
-/// A batch of tiles as a trailing mode gives the same result as the tiles one by one.
+/// A batch of tiles as a trailing mode gives the same result as the tiles one by one, up to the
+/// rounding of FMA (the vectorised columns of the batch) against a separate multiply and add (the
+/// scalar tail that a single tile takes): a few ulps of the largest value.
 #[test]
 fn batched_input_transform_equals_per_tile() {
     let t = WinogradTransform::synthesize(4, 3, &points(4, 3)).unwrap();
@@ -267,8 +269,10 @@ fn batched_input_transform_equals_per_tile() {
     for (b, tile) in tiles.iter().enumerate() {
         let mut one = Vec::new();
         tt.input_transform(tile, 1, &mut scratch, &mut one).unwrap();
+        let scale = one.iter().fold(1.0f32, |a, x| a.max(x.abs()));
         for i in 0..36 {
-            assert_eq!(v[i * batch + b], one[i]);
+            let (got, want) = (v[i * batch + b], one[i]);
+            assert!((got - want).abs() <= 1e-6 * scale, "{i}: {got} vs {want}");
         }
     }
 }
