@@ -100,6 +100,14 @@ impl PackB for MatRef<'_> {
     }
 }
 
+/// Hint that `data[idx]` will be read soon: brings its cache line toward L2 (`prefetcht1` on
+/// x86_64; a no-op elsewhere and when `idx` is out of bounds). For [`PackB::prefetch_b`]
+/// implementations in crates that may not use intrinsics.
+#[inline(always)]
+pub fn prefetch_l2(data: &[f32], idx: usize) {
+    prefetch(data, idx)
+}
+
 /// Bring the cache line holding `data[idx]` toward L2 (no-op off x86_64 or out of bounds).
 #[inline(always)]
 fn prefetch(data: &[f32], idx: usize) {

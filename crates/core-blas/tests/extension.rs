@@ -698,3 +698,14 @@ fn window_store_matches_tile_store() {
         }
     }
 }
+
+#[test]
+fn prefetch_hint_never_faults() {
+    let v = vec![1.0f32; 100];
+    // In bounds, at the end, past the end, on an empty slice: a hint, never a panic or a fault.
+    for idx in [0, 50, 99, 100, usize::MAX] {
+        core_blas::pack::prefetch_l2(&v, idx);
+        core_blas::pack::prefetch_l2(&[], idx);
+    }
+    assert_eq!(v.iter().sum::<f32>(), 100.0);
+}
