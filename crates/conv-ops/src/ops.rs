@@ -205,6 +205,25 @@ pub fn backward_filter(
         for grp in 0..g.groups() {
             let a = out_channels(g, grp, dy);
             let dwg = &mut dw[grp * kg * wcols..][..kg * wcols];
+            if algo == BackwardFilterAlgo::ConvgemmTrans && is_pointwise(g) {
+                // Pointwise: im2col(x)ᵀ of image n is x[n]ᵀ, a dense matrix (core-blas packs
+                // it with its row-major gather): dw_g = Σ_n dy[n] · x[n]ᵀ, one product per
+                // image accumulating into dw_g.
+                let (cg, olen) = (g.in_channels_per_group(), g.output_spatial_len());
+                for n in 0..g.batch() {
+                    let dyn_ = &dy[(n * g.out_channels() + grp * kg) * olen..][..kg * olen];
+                    let xn = &x[(n * g.in_channels() + grp * cg) * olen..][..cg * olen];
+                    let a = MatRef::row_major("dy", dyn_, kg, olen, olen).map_err(gemm_err)?;
+                    let b = MatRef::row_major("x", xn, cg, olen, olen)
+                        .map_err(gemm_err)?
+                        .t();
+                    let c =
+                        MatMut::row_major("dw", &mut *dwg, kg, wcols, wcols).map_err(gemm_err)?;
+                    let beta = if n == 0 { 0.0 } else { 1.0 };
+                    core_blas::gemm(1.0, a, b, beta, c).map_err(gemm_err)?;
+                }
+                continue;
+            }
             let c = MatMut::row_major("dw", dwg, kg, wcols, wcols).map_err(gemm_err)?;
             let mut store = DenseStore::new(c, 1.0, 0.0);
             match algo {
