@@ -67,7 +67,7 @@ pub(crate) fn is_pointwise(g: &ConvGeometry) -> bool {
         && g.pad_before().iter().chain(g.pad_after()).all(|&p| p == 0)
 }
 
-/// y = conv(x, w) (+ bias[k]) (then ReLU when `relu`), by `algo`.
+/// y = conv(x, w) (+ bias\[k\]) (then ReLU when `relu`), by `algo`.
 ///
 /// Layouts: x N×C×spatial, w K×(C/G)×kernel, y N×K×output spatial, bias K (see
 /// [`ConvGeometry`]). `ws` holds the buffer of the `base` algorithm.
@@ -250,7 +250,7 @@ pub fn backward_filter(
     result
 }
 
-/// db[k] = Σ over images and output positions of dy[n][k][..] (the bias gradient).
+/// db\[k\] = Σ over images and output positions of dy\[n\]\[k\]\[..\] (the bias gradient).
 pub fn bias_grad(g: &ConvGeometry, dy: &[f32], db: &mut [f32]) -> Result<()> {
     g.check_len("dy", dy.len(), g.y_len())?;
     g.check_len("db", db.len(), g.out_channels())?;

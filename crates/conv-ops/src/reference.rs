@@ -119,7 +119,7 @@ pub fn backward_filter(g: &ConvGeometry, x: &[f32], dy: &[f32], dw: &mut [f32]) 
     Ok(())
 }
 
-/// db[k] = Σ over batch and output positions of dy[n][k][..].
+/// db\[k\] = Σ over batch and output positions of dy\[n\]\[k\]\[..\].
 pub fn bias_grad(g: &ConvGeometry, dy: &[f32], db: &mut [f32]) -> Result<()> {
     g.check_len("dy", dy.len(), g.y_len())?;
     g.check_len("db", db.len(), g.out_channels())?;
