@@ -419,6 +419,10 @@ fn bad_shapes_are_errors_not_panics() {
         "input smaller than the kernel"
     );
     assert!(Conv::new(ConvConfig::conv2d(3, 4, 0), ConvAlgo::Auto, rng).is_err());
+    // After a successful forward (a plan exists), a wrong rank is still an error, not a panic.
+    conv.forward(random(&[1, 3, 5, 5], rng), true).unwrap();
+    assert!(conv.forward(random(&[3], rng), true).is_err());
+    assert!(conv.forward(random(&[1, 3, 5], rng), true).is_err());
     let mut lin = Linear::new(4, 2, rng).unwrap();
     assert!(lin.forward(random(&[2, 5], rng), true).is_err());
     assert!(

@@ -298,13 +298,14 @@ impl Conv {
     /// measures the first time it sees a spatial size).
     fn ensure_plan(&mut self, x: &Tensor) -> Result<()> {
         let shape = x.shape();
+        // Validates the shape (rank, channels) before anything indexes it.
+        let geom = self.geometry(shape)?;
         let current = self
             .planned
             .as_ref()
             .is_some_and(|p| p.geom.batch() == shape[0] && p.geom.input() == &shape[2..]);
         if !current {
             self.planned = None;
-            let geom = self.geometry(shape)?;
             let algo = match self.static_choice(&geom) {
                 Some(a) => a,
                 None => match self.measured.iter().find(|(d, _)| d == &shape[2..]) {
