@@ -111,10 +111,38 @@ fn bad_arguments_are_clear_errors() {
 #[test]
 fn data_parallel_on_one_process_trains() {
     // Without mpirun the world is this process: the data-parallel path runs unchanged.
-    let out = train(&["--parallel", "data", "--steps", "3", "--batch-size", "8", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = train(&[
+        "--parallel",
+        "data",
+        "--steps",
+        "3",
+        "--batch-size",
+        "8",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
     let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!(v["world_size"], 1);
     assert_eq!(v["steps"], 3);
+}
+
+#[test]
+#[cfg(not(feature = "mpi"))]
+fn several_mpi_ranks_without_mpi_is_an_error() {
+    // What mpirun sets for each rank; a binary without the mpi feature must not train alone.
+    let out = Command::new(env!("CARGO_BIN_EXE_train"))
+        .args(["--steps", "1"])
+        .env("OMPI_COMM_WORLD_SIZE", "2")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--features mpi"),
+        "{err}"
+    );
 }

@@ -97,6 +97,18 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let runtime = Runtime::init()?;
     let world = runtime.world();
     let (root, ranks) = (world.is_root(), world.size());
+    // Launched by mpirun with several ranks, but built without MPI: every rank would train alone.
+    let launched = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok())
+        .unwrap_or(1);
+    if launched > 1 && ranks == 1 {
+        return Err(format!(
+            "launched as one of {launched} MPI ranks, but this binary has no MPI: \
+             build it with `--features mpi`"
+        )
+        .into());
+    }
     match (args.parallel.as_deref(), ranks) {
         (None, 1) | (Some("data"), _) => {}
         (None, n) => return Err(format!("launched on {n} ranks: pass --parallel data").into()),
