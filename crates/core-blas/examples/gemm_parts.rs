@@ -28,31 +28,10 @@ impl PackB for NoPackB {
 }
 
 /// CPU time of the calling thread in nanoseconds (`CLOCK_THREAD_CPUTIME_ID`, exact: reading
-/// `/proc/thread-self/schedstat` instead lags by up to a scheduler tick, several ms).
-#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+/// `/proc/thread-self/schedstat` instead lags by up to a scheduler tick, several ms); NaN where
+/// the platform has no thread CPU clock (use the wall-clock figures).
 fn cpu_ns() -> f64 {
-    #[repr(C)]
-    struct Timespec {
-        sec: i64,
-        nsec: i64,
-    }
-    unsafe extern "C" {
-        fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
-    }
-    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
-    let mut ts = Timespec { sec: 0, nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec (two 64-bit fields on 64-bit Linux).
-    let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return f64::NAN;
-    }
-    ts.sec as f64 * 1e9 + ts.nsec as f64
-}
-
-/// No thread CPU clock here: NaN (use the wall-clock figures).
-#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
-fn cpu_ns() -> f64 {
-    f64::NAN
+    cpu_time::ThreadTime::try_now().map_or(f64::NAN, |t| t.as_duration().as_nanos() as f64)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
