@@ -89,10 +89,16 @@ fn checkpoint_then_resume_continues_counting() {
 #[test]
 fn bad_arguments_are_clear_errors() {
     for (args, needle) in [
-        (&["--dataset", "mnist"][..], "unknown dataset `mnist`"),
+        (&["--dataset", "imagenet"][..], "unknown dataset `imagenet`"),
+        (&["--dataset", "mnist"][..], "--data-dir"),
         (
-            &["--model", "resnet50"][..],
-            "`resnet50` is not built yet (available: lenet, resnet20, vgg16)",
+            &["--dataset", "cifar10", "--data-dir", "/nonexistent"][..],
+            "/nonexistent/data_batch_1.bin: not found",
+        ),
+        (&["--dataset", "volumes"][..], "volumes need a 3D model"),
+        (
+            &["--model", "resnet101"][..],
+            "`resnet101` is not a model (available: lenet, resnet20, vgg16, vgg-a",
         ),
         (&["--conv-algo", "fft"][..], "fft"),
         (&["--batch-size", "0", "--steps", "1"][..], "batch_size"),
@@ -145,4 +151,56 @@ fn several_mpi_ranks_without_mpi_is_an_error() {
         !out.status.success() && err.contains("--features mpi"),
         "{err}"
     );
+}
+
+#[test]
+fn cifar10_files_train_a_torchvision_resnet() {
+    // Two CIFAR-10 binary files of random records; ResNet-18 is rebuilt for 3×32×32 and 10 classes.
+    let dir = std::env::temp_dir().join(format!("train-cli-cifar-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let record = |i: usize| {
+        let mut r = vec![(i % 10) as u8];
+        r.extend((0..3072).map(|p| ((p * 7 + i * 13) % 256) as u8));
+        r
+    };
+    for (f, n) in [
+        ("data_batch_1.bin", 8),
+        ("data_batch_2.bin", 8),
+        ("data_batch_3.bin", 8),
+        ("data_batch_4.bin", 8),
+        ("data_batch_5.bin", 8),
+        ("test_batch.bin", 4),
+    ] {
+        let bytes: Vec<u8> = (0..n).flat_map(record).collect();
+        std::fs::write(dir.join(f), bytes).unwrap();
+    }
+    let out = train(&[
+        "--model",
+        "resnet18",
+        "--dataset",
+        "cifar10",
+        "--data-dir",
+        dir.to_str().unwrap(),
+        "--batch-size",
+        "8",
+        "--epochs",
+        "1",
+        "--lr",
+        "0.01",
+        "--conv-algo",
+        "convgemm",
+        "--json",
+    ]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.contains("40 train / 4 test samples"), "{stdout}");
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(v["steps"], 5, "one epoch of 40 samples in batches of 8");
+    assert!(v["train_loss"].as_f64().unwrap().is_finite());
+    assert!(v["test_accuracy"].as_f64().is_some());
 }

@@ -89,6 +89,14 @@ pub enum NnError {
         /// What was wrong.
         detail: String,
     },
+    /// A binary data file (MNIST's IDX, CIFAR-10's records) is missing or malformed.
+    #[error("data file {path}: {detail}")]
+    DataFile {
+        /// The file (or the directory it was looked for in).
+        path: PathBuf,
+        /// What was wrong.
+        detail: String,
+    },
     /// A checkpoint is malformed or does not match the model.
     #[error("checkpoint {path}: {detail}")]
     Checkpoint {

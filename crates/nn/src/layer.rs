@@ -49,23 +49,23 @@ pub trait Layer: Send {
     fn backward(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>>;
 
     /// The parameters with their PyTorch names (`weight`, `bias`), in a fixed order.
-    fn params(&self) -> Vec<(&'static str, &Parameter)> {
+    fn params(&self) -> Vec<(String, &Parameter)> {
         Vec::new()
     }
 
     /// The same, mutable.
-    fn params_mut(&mut self) -> Vec<(&'static str, &mut Parameter)> {
+    fn params_mut(&mut self) -> Vec<(String, &mut Parameter)> {
         Vec::new()
     }
 
     /// Non-trainable state saved in checkpoints (batch norm's running statistics), with PyTorch's
     /// names, in a fixed order.
-    fn buffers(&self) -> Vec<(&'static str, &Tensor)> {
+    fn buffers(&self) -> Vec<(String, &Tensor)> {
         Vec::new()
     }
 
     /// The same, mutable.
-    fn buffers_mut(&mut self) -> Vec<(&'static str, &mut Tensor)> {
+    fn buffers_mut(&mut self) -> Vec<(String, &mut Tensor)> {
         Vec::new()
     }
 

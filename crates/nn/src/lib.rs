@@ -44,11 +44,11 @@ pub use data::Dataset;
 pub use error::{NnError, Result};
 pub use layer::{Layer, Parameter};
 pub use layers::{
-    BasicBlock, BatchNorm, Conv, ConvAlgo, ConvConfig, Flatten, GlobalAvgPool, Linear, MaxPool,
-    Relu,
+    BasicBlock, BatchNorm, Conv, ConvAlgo, ConvConfig, Dropout, Flatten, GlobalAvgPool, Linear,
+    MaxPool, Relu, Residual,
 };
 pub use loss::cross_entropy;
-pub use model::{MODELS, Sequential, build};
+pub use model::{MODELS, ModelOptions, Sequential, build, build_with};
 pub use optim::Sgd;
 pub use tensor::Tensor;
 pub use train::{

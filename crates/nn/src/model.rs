@@ -1,21 +1,28 @@
 //! [`Sequential`] models and the named architectures the `train` example offers.
 
-use rand::SeedableRng;
 use rand::rngs::SmallRng;
+use rand::{RngCore, SeedableRng};
 
 use crate::error::{NnError, Result};
 use crate::layer::{Layer, Parameter};
 use crate::layers::{
-    BasicBlock, BatchNorm, Conv, ConvAlgo, ConvConfig, Flatten, GlobalAvgPool, Linear, MaxPool,
-    Relu,
+    BasicBlock, BatchNorm, Conv, ConvAlgo, ConvConfig, Dropout, Flatten, GlobalAvgPool, Linear,
+    MaxPool, Relu, Residual,
 };
 use crate::tensor::Tensor;
 
-/// Layers applied in order. Parameter names follow PyTorch's `nn.Sequential`
-/// (`"{index}.weight"`), so checkpoints line up with a PyTorch model of the same definition.
+/// Layers applied in order, each with a name. Parameter names follow PyTorch's module paths:
+/// `push` names a layer by its index, like `nn.Sequential` (`"3.weight"`), and `push_named` by a
+/// field name, like a custom `nn.Module` (`"conv1.weight"`, `"layer1.0.bn2.running_mean"` when
+/// models nest), so checkpoints line up with a PyTorch model of the same definition.
+///
+/// A `Sequential` is itself a [`Layer`], so blocks nest (torchvision's `layer1`, `features`).
+/// A top-level model declares its sample shape ([`Sequential::new`]) and every `push` is checked
+/// against it; a nested block ([`Sequential::block`]) takes whatever shape its layers accept.
 pub struct Sequential {
     layers: Vec<Box<dyn Layer>>,
-    input_shape: Vec<usize>,
+    names: Vec<String>,
+    input_shape: Option<Vec<usize>>,
 }
 
 impl Sequential {
@@ -23,28 +30,74 @@ impl Sequential {
     pub fn new(input_shape: &[usize]) -> Self {
         Sequential {
             layers: Vec::new(),
-            input_shape: input_shape.to_vec(),
+            names: Vec::new(),
+            input_shape: Some(input_shape.to_vec()),
         }
     }
 
-    /// Appends a layer, checking that it accepts the current output shape.
-    pub fn push(mut self, layer: impl Layer + 'static) -> Result<Self> {
-        let shape = self.output_shape()?;
-        layer.output_shape(&shape)?;
-        self.layers.push(Box::new(layer));
+    /// A block to nest inside a model: no declared input shape, so `push` checks nothing until
+    /// the block is pushed into a model (whose `push` runs the block's `output_shape`).
+    pub fn block() -> Self {
+        Sequential {
+            layers: Vec::new(),
+            names: Vec::new(),
+            input_shape: None,
+        }
+    }
+
+    /// Appends a layer named by its index, checking that it accepts the current output shape.
+    pub fn push(self, layer: impl Layer + 'static) -> Result<Self> {
+        let name = self.layers.len().to_string();
+        self.push_as(name, Box::new(layer))
+    }
+
+    /// Appends a layer under `name` (a PyTorch attribute name: letters, digits and `_`, unique
+    /// in this model), checking that it accepts the current output shape.
+    pub fn push_named(self, name: &str, layer: impl Layer + 'static) -> Result<Self> {
+        let valid = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(NnError::config(
+                "name",
+                format!("`{name}` is not a module name (letters, digits, `_`)"),
+            ));
+        }
+        self.push_as(name.to_string(), Box::new(layer))
+    }
+
+    fn push_as(mut self, name: String, layer: Box<dyn Layer>) -> Result<Self> {
+        if self.names.contains(&name) {
+            return Err(NnError::config(
+                "name",
+                format!("`{name}` is already a layer of this model"),
+            ));
+        }
+        if self.input_shape.is_some() {
+            let shape = self.output_shape()?;
+            layer.output_shape(&shape)?;
+        }
+        self.layers.push(layer);
+        self.names.push(name);
         Ok(self)
     }
 
-    /// The shape of one input sample.
+    /// The shape of one input sample (empty for a [`block`](Sequential::block)).
     pub fn input_shape(&self) -> &[usize] {
-        &self.input_shape
+        self.input_shape.as_deref().unwrap_or(&[])
     }
 
-    /// The shape of one output sample.
+    /// The shape of one output sample; an error for a block, which has no declared input.
     pub fn output_shape(&self) -> Result<Vec<usize>> {
+        let input = self
+            .input_shape
+            .clone()
+            .ok_or_else(|| NnError::config("input_shape", "a block declares no input shape"))?;
+        self.shape_after(input)
+    }
+
+    fn shape_after(&self, input: Vec<usize>) -> Result<Vec<usize>> {
         self.layers
             .iter()
-            .try_fold(self.input_shape.clone(), |s, l| l.output_shape(&s))
+            .try_fold(input, |s, l| l.output_shape(&s))
     }
 
     /// The layers.
@@ -52,10 +105,17 @@ impl Sequential {
         &self.layers
     }
 
+    /// The layers' names, in order.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
     /// Runs every layer on `x` (`N × input_shape`); with `train`, layers keep what backward needs.
     pub fn forward(&mut self, x: Tensor, train: bool) -> Result<Tensor> {
-        if x.shape().len() != self.input_shape.len() + 1 || x.shape()[1..] != self.input_shape[..] {
-            let want = format!("N × {:?}", self.input_shape);
+        if let Some(input) = &self.input_shape
+            && (x.shape().len() != input.len() + 1 || x.shape()[1..] != input[..])
+        {
+            let want = format!("N × {input:?}");
             return Err(NnError::shape("Sequential", "x", x.shape(), want));
         }
         self.layers
@@ -66,23 +126,35 @@ impl Sequential {
     /// Back-propagates `dy` (the gradient of the loss with respect to the output) through every
     /// layer, writing every parameter's gradient. The input gradient is not computed.
     pub fn backward(&mut self, dy: Tensor) -> Result<()> {
-        let mut d = Some(dy);
+        self.backward_layers(dy, false).map(|_| ())
+    }
+
+    fn backward_layers(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        let mut d = dy;
         for (i, layer) in self.layers.iter_mut().enumerate().rev() {
-            let dy = d.take().expect("every layer but the first returns dx");
-            d = layer.backward(dy, i > 0)?;
+            let need = i > 0 || need_dx;
+            match layer.backward(d, need)? {
+                Some(dx) if need => d = dx,
+                _ if !need => return Ok(None),
+                _ => {
+                    return Err(NnError::NoForward {
+                        layer: layer.describe(),
+                    });
+                }
+            }
         }
-        Ok(())
+        Ok(Some(d))
     }
 
     /// Every parameter with its PyTorch name, in a fixed order.
     pub fn params(&self) -> Vec<(String, &Parameter)> {
         self.layers
             .iter()
-            .enumerate()
-            .flat_map(|(i, l)| {
+            .zip(&self.names)
+            .flat_map(|(l, name)| {
                 l.params()
                     .into_iter()
-                    .map(move |(n, p)| (format!("{i}.{n}"), p))
+                    .map(move |(n, p)| (format!("{name}.{n}"), p))
             })
             .collect()
     }
@@ -91,11 +163,11 @@ impl Sequential {
     pub fn params_mut(&mut self) -> Vec<(String, &mut Parameter)> {
         self.layers
             .iter_mut()
-            .enumerate()
-            .flat_map(|(i, l)| {
+            .zip(&self.names)
+            .flat_map(|(l, name)| {
                 l.params_mut()
                     .into_iter()
-                    .map(move |(n, p)| (format!("{i}.{n}"), p))
+                    .map(move |(n, p)| (format!("{name}.{n}"), p))
             })
             .collect()
     }
@@ -104,11 +176,11 @@ impl Sequential {
     pub fn buffers(&self) -> Vec<(String, &Tensor)> {
         self.layers
             .iter()
-            .enumerate()
-            .flat_map(|(i, l)| {
+            .zip(&self.names)
+            .flat_map(|(l, name)| {
                 l.buffers()
                     .into_iter()
-                    .map(move |(n, b)| (format!("{i}.{n}"), b))
+                    .map(move |(n, b)| (format!("{name}.{n}"), b))
             })
             .collect()
     }
@@ -117,11 +189,11 @@ impl Sequential {
     pub fn buffers_mut(&mut self) -> Vec<(String, &mut Tensor)> {
         self.layers
             .iter_mut()
-            .enumerate()
-            .flat_map(|(i, l)| {
+            .zip(&self.names)
+            .flat_map(|(l, name)| {
                 l.buffers_mut()
                     .into_iter()
-                    .map(move |(n, b)| (format!("{i}.{n}"), b))
+                    .map(move |(n, b)| (format!("{name}.{n}"), b))
             })
             .collect()
     }
@@ -134,20 +206,84 @@ impl Sequential {
     /// One line per layer.
     pub fn summary(&self) -> String {
         let mut s = String::new();
-        let mut shape = self.input_shape.clone();
+        let mut shape = self.input_shape().to_vec();
         s.push_str(&format!("input {shape:?}\n"));
-        for (i, l) in self.layers.iter().enumerate() {
+        for (l, name) in self.layers.iter().zip(&self.names) {
             shape = l.output_shape(&shape).unwrap_or_default();
-            s.push_str(&format!("{i:>3} {:<50} → {shape:?}\n", l.describe()));
+            s.push_str(&format!("{name:>8} {:<50} → {shape:?}\n", l.describe()));
         }
         s
     }
 }
 
-/// The models `build` knows.
-pub const MODELS: &[&str] = &["lenet", "resnet20", "vgg16"];
+impl Layer for Sequential {
+    fn describe(&self) -> String {
+        let names: Vec<&str> = self.names.iter().map(String::as_str).collect();
+        format!("Sequential({})", names.join(", "))
+    }
 
-/// Builds model `name` with weights drawn from `seed` and convolutions run by `algo`.
+    fn forward(&mut self, x: Tensor, train: bool) -> Result<Tensor> {
+        Sequential::forward(self, x, train)
+    }
+
+    fn backward(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        self.backward_layers(dy, need_dx)
+    }
+
+    fn params(&self) -> Vec<(String, &Parameter)> {
+        Sequential::params(self)
+    }
+
+    fn params_mut(&mut self) -> Vec<(String, &mut Parameter)> {
+        Sequential::params_mut(self)
+    }
+
+    fn buffers(&self) -> Vec<(String, &Tensor)> {
+        Sequential::buffers(self)
+    }
+
+    fn buffers_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        Sequential::buffers_mut(self)
+    }
+
+    fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>> {
+        if let Some(own) = &self.input_shape
+            && own[..] != input[..]
+        {
+            return Err(NnError::shape(
+                "Sequential",
+                "input",
+                input,
+                format!("{own:?}"),
+            ));
+        }
+        self.shape_after(input.to_vec())
+    }
+}
+
+/// The models `build` knows.
+pub const MODELS: &[&str] = &[
+    "lenet", "resnet20", "vgg16", "vgg-a", "resnet18", "resnet34", "resnet50", "c3d",
+];
+
+/// What [`build_with`] may change in a model: the number of classes and the sample shape. `None`
+/// keeps the model's own (see [`build`]); a shape the model cannot take is an error naming the
+/// layer that refuses it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModelOptions {
+    /// Outputs of the classifier.
+    pub classes: Option<usize>,
+    /// The shape of one sample (no batch axis), e.g. `[3, 32, 32]` for a ResNet-18 on CIFAR-10.
+    pub input: Option<Vec<usize>>,
+}
+
+/// Builds model `name` with its own classes and sample shape; see [`build_with`].
+pub fn build(name: &str, algo: ConvAlgo, seed: u64) -> Result<Sequential> {
+    build_with(name, &ModelOptions::default(), algo, seed)
+}
+
+/// Builds model `name` with weights drawn from `seed`, convolutions run by `algo`, and the
+/// classes and sample shape of `opts` where given (defaults below).
 ///
 /// `lenet`: LeNet-5 on 1×28×28 inputs, exactly the definition PyTorch is measured with
 /// (`anchors/conv/train_bench.py`): conv 5×5 (1→6, pad 2), ReLU, max-pool 2, conv 5×5 (6→16),
@@ -161,10 +297,39 @@ pub const MODELS: &[&str] = &["lenet", "resnet20", "vgg16"];
 /// `vgg16`: VGG-16 (configuration D) on 3×32×32 inputs as the anchors define it: thirteen 3×3
 /// convolutions (pad 1) with ReLU in five stages of 64, 128, 256, 512, 512 channels, each ended by
 /// a 2×2 max-pool, then flatten, 512→512, ReLU, 512→512, ReLU, 512→10 (no batch norm, no dropout).
-pub fn build(name: &str, algo: ConvAlgo, seed: u64) -> Result<Sequential> {
+///
+/// `resnet18`, `resnet34`, `resnet50`: torchvision's ResNets (`torchvision.models.resnet*`, ResNet-50
+/// with the stride on its 3×3 convolutions, "v1.5") with torchvision's parameter names, on
+/// 3×224×224 inputs and 1000 classes: conv 7×7 stride 2, batch norm, ReLU, max-pool 3×3 stride 2
+/// pad 1, four stages of basic (18, 34: 2-2-2-2 and 3-4-6-3 blocks) or bottleneck (50: 3-4-6-3)
+/// blocks, global average pooling, fully connected. Any input of at least 32×32 works.
+///
+/// `vgg-a`: torchvision's `vgg11` (configuration A: eight 3×3 convolutions, five max-pools) with
+/// its classifier 25088→4096→4096→classes, ReLU and dropout 0.5, on 3×224×224 inputs and 1000
+/// classes. Its classifier needs 7×7 features (inputs of 224-255 pixels): torchvision's adaptive
+/// average pooling to 7×7 is the identity there and is not implemented for other sizes.
+///
+/// `c3d`: C3D (Tran et al., 2015) on 3×16×112×112 clips and the 487 classes of Sports-1M: eight
+/// 3×3×3 convolutions (pad 1) with ReLU (`conv1`, `conv2`, `conv3a/b`, `conv4a/b`, `conv5a/b`:
+/// 64, 128, 256, 256, 512, 512, 512, 512 channels), max-pools 1×2×2 then 2×2×2 (the last padded
+/// 0×1×1), `fc6` 8192→4096, `fc7` 4096→4096 (ReLU, dropout 0.5) and `fc8` 4096→classes.
+pub fn build_with(
+    name: &str,
+    opts: &ModelOptions,
+    algo: ConvAlgo,
+    seed: u64,
+) -> Result<Sequential> {
     let rng = &mut SmallRng::seed_from_u64(seed);
+    let input = |default: &[usize]| opts.input.clone().unwrap_or_else(|| default.to_vec());
+    let classes = |default: usize| opts.classes.unwrap_or(default);
+    if opts.classes == Some(0) {
+        return Err(NnError::config(
+            "classes",
+            "a classifier needs at least one class",
+        ));
+    }
     match name {
-        "lenet" => Sequential::new(&[1, 28, 28])
+        "lenet" => Sequential::new(&input(&[1, 28, 28]))
             .push(Conv::new(
                 ConvConfig::conv2d(1, 6, 5).padding(2),
                 algo,
@@ -180,10 +345,13 @@ pub fn build(name: &str, algo: ConvAlgo, seed: u64) -> Result<Sequential> {
             .push(Relu::new())?
             .push(Linear::new(120, 84, rng)?)?
             .push(Relu::new())?
-            .push(Linear::new(84, 10, rng)?),
+            .push(Linear::new(84, classes(10), rng)?),
         "resnet20" => {
-            let stem = ConvConfig::conv2d(3, 16, 3).padding(1).no_bias();
-            let mut model = Sequential::new(&[3, 32, 32])
+            let shape = input(&[3, 32, 32]);
+            let stem = ConvConfig::conv2d(in_channels(&shape)?, 16, 3)
+                .padding(1)
+                .no_bias();
+            let mut model = Sequential::new(&shape)
                 .push(Conv::new(stem, algo, rng)?)?
                 .push(BatchNorm::new(16)?)?
                 .push(Relu::new())?;
@@ -191,18 +359,19 @@ pub fn build(name: &str, algo: ConvAlgo, seed: u64) -> Result<Sequential> {
             for (cout, stride) in [(16, 1), (32, 2), (64, 2)] {
                 for i in 0..3 {
                     let s = if i == 0 { stride } else { 1 };
-                    model = model.push(BasicBlock::new(cin, cout, s, algo, rng)?)?;
+                    model = model.push(BasicBlock::basic_block(cin, cout, s, algo, rng)?)?;
                     cin = cout;
                 }
             }
             model
                 .push(GlobalAvgPool::new())?
                 .push(Flatten::new())?
-                .push(Linear::new(64, 10, rng)?)
+                .push(Linear::new(64, classes(10), rng)?)
         }
         "vgg16" => {
-            let mut model = Sequential::new(&[3, 32, 32]);
-            let mut cin = 3;
+            let shape = input(&[3, 32, 32]);
+            let mut model = Sequential::new(&shape);
+            let mut cin = in_channels(&shape)?;
             for stage in [
                 &[64, 64][..],
                 &[128, 128],
@@ -223,14 +392,172 @@ pub fn build(name: &str, algo: ConvAlgo, seed: u64) -> Result<Sequential> {
                 .push(Relu::new())?
                 .push(Linear::new(512, 512, rng)?)?
                 .push(Relu::new())?
-                .push(Linear::new(512, 10, rng)?)
+                .push(Linear::new(512, classes(10), rng)?)
         }
+        "vgg-a" => vgg_a(&input(&[3, 224, 224]), classes(1000), algo, rng),
+        "resnet18" => torchvision_resnet(
+            &input(&[3, 224, 224]),
+            classes(1000),
+            [2, 2, 2, 2],
+            false,
+            algo,
+            rng,
+        ),
+        "resnet34" => torchvision_resnet(
+            &input(&[3, 224, 224]),
+            classes(1000),
+            [3, 4, 6, 3],
+            false,
+            algo,
+            rng,
+        ),
+        "resnet50" => torchvision_resnet(
+            &input(&[3, 224, 224]),
+            classes(1000),
+            [3, 4, 6, 3],
+            true,
+            algo,
+            rng,
+        ),
+        "c3d" => c3d(&input(&[3, 16, 112, 112]), classes(487), algo, rng),
         _ => Err(NnError::config(
             "model",
-            format!(
-                "`{name}` is not built yet (available: {})",
-                MODELS.join(", ")
-            ),
+            format!("`{name}` is not a model (available: {})", MODELS.join(", ")),
         )),
     }
+}
+
+/// The channel count of a sample shape `C × spatial`.
+fn in_channels(shape: &[usize]) -> Result<usize> {
+    match shape {
+        [c, _, ..] => Ok(*c),
+        _ => Err(NnError::config(
+            "input",
+            format!("{shape:?} is not C × spatial"),
+        )),
+    }
+}
+
+/// torchvision's ResNet with `blocks` per stage, basic or bottleneck blocks.
+fn torchvision_resnet(
+    input: &[usize],
+    classes: usize,
+    blocks: [usize; 4],
+    bottleneck: bool,
+    algo: ConvAlgo,
+    rng: &mut SmallRng,
+) -> Result<Sequential> {
+    let stem = ConvConfig::conv2d(in_channels(input)?, 64, 7)
+        .stride(2)
+        .padding(3)
+        .no_bias();
+    let mut model = Sequential::new(input)
+        .push_named("conv1", Conv::new(stem, algo, rng)?)?
+        .push_named("bn1", BatchNorm::new(64)?)?
+        .push_named("relu", Relu::new())?
+        .push_named("maxpool", MaxPool::nd(&[3, 3], &[2, 2], &[1, 1])?)?;
+    let expansion = if bottleneck { 4 } else { 1 };
+    let mut cin = 64;
+    for (stage, (&n, width)) in blocks.iter().zip([64, 128, 256, 512]).enumerate() {
+        let mut layer = Sequential::block();
+        for i in 0..n {
+            let stride = if i == 0 && stage > 0 { 2 } else { 1 };
+            layer = layer.push(if bottleneck {
+                Residual::bottleneck(cin, width, stride, algo, rng)?
+            } else {
+                Residual::torchvision_basic(cin, width, stride, algo, rng)?
+            })?;
+            cin = width * expansion;
+        }
+        model = model.push_named(&format!("layer{}", stage + 1), layer)?;
+    }
+    model
+        .push_named("avgpool", GlobalAvgPool::new())?
+        .push_named("flatten", Flatten::new())?
+        .push_named("fc", Linear::new(512 * expansion, classes, rng)?)
+}
+
+/// torchvision's `vgg11`: `features` (configuration A) and `classifier`, names by index.
+fn vgg_a(
+    input: &[usize],
+    classes: usize,
+    algo: ConvAlgo,
+    rng: &mut SmallRng,
+) -> Result<Sequential> {
+    let mut features = Sequential::block();
+    let mut cin = in_channels(input)?;
+    for v in [64, 0, 128, 0, 256, 256, 0, 512, 512, 0, 512, 512, 0] {
+        features = if v == 0 {
+            features.push(MaxPool::new(2, 2)?)?
+        } else {
+            let conv = ConvConfig::conv2d(cin, v, 3).padding(1);
+            cin = v;
+            features
+                .push(Conv::new(conv, algo, rng)?)?
+                .push(Relu::new())?
+        };
+    }
+    let seed = rng.next_u64();
+    let classifier = Sequential::block()
+        .push(Linear::new(512 * 7 * 7, 4096, rng)?)?
+        .push(Relu::new())?
+        .push(Dropout::new(0.5, seed)?)?
+        .push(Linear::new(4096, 4096, rng)?)?
+        .push(Relu::new())?
+        .push(Dropout::new(0.5, seed + 1)?)?
+        .push(Linear::new(4096, classes, rng)?)?;
+    Sequential::new(input)
+        .push_named("features", features)?
+        .push_named("flatten", Flatten::new())?
+        .push_named("classifier", classifier)
+}
+
+/// C3D (Tran et al., 2015) with the names of its common PyTorch port.
+fn c3d(input: &[usize], classes: usize, algo: ConvAlgo, rng: &mut SmallRng) -> Result<Sequential> {
+    let mut model = Sequential::new(input);
+    let mut cin = in_channels(input)?;
+    // (convolutions with their widths, the pool after them, its kernel = stride, its padding)
+    type Stage<'a> = (&'a [(&'a str, usize)], &'a str, [usize; 3], [usize; 3]);
+    let stages: [Stage; 5] = [
+        (&[("conv1", 64)], "pool1", [1, 2, 2], [0, 0, 0]),
+        (&[("conv2", 128)], "pool2", [2, 2, 2], [0, 0, 0]),
+        (
+            &[("conv3a", 256), ("conv3b", 256)],
+            "pool3",
+            [2, 2, 2],
+            [0, 0, 0],
+        ),
+        (
+            &[("conv4a", 512), ("conv4b", 512)],
+            "pool4",
+            [2, 2, 2],
+            [0, 0, 0],
+        ),
+        (
+            &[("conv5a", 512), ("conv5b", 512)],
+            "pool5",
+            [2, 2, 2],
+            [0, 1, 1],
+        ),
+    ];
+    for (convs, pool, k, pad) in stages {
+        for &(name, cout) in convs {
+            let conv = ConvConfig::conv3d(cin, cout, 3).padding(1);
+            model = model
+                .push_named(name, Conv::new(conv, algo, rng)?)?
+                .push_named(&format!("relu_{name}"), Relu::new())?;
+            cin = cout;
+        }
+        model = model.push_named(pool, MaxPool::nd(&k, &k, &pad)?)?;
+    }
+    let seed = rng.next_u64();
+    model
+        .push_named("flatten", Flatten::new())?
+        .push_named("fc6", Linear::new(8192, 4096, rng)?)?
+        .push_named("relu6", Relu::new())?
+        .push_named("dropout6", Dropout::new(0.5, seed)?)?
+        .push_named("fc7", Linear::new(4096, 4096, rng)?)?
+        .push_named("relu7", Relu::new())?
+        .push_named("dropout7", Dropout::new(0.5, seed + 1)?)?
+        .push_named("fc8", Linear::new(4096, classes, rng)?)
 }

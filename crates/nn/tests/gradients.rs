@@ -3,8 +3,8 @@
 //! every parameter, on odd sizes, strides, padding, 1D/2D/3D and every convolution algorithm.
 
 use nn::{
-    BasicBlock, BatchNorm, Conv, ConvAlgo, ConvConfig, Flatten, GlobalAvgPool, Layer, Linear,
-    MaxPool, Relu, Sequential, Tensor, cross_entropy,
+    BasicBlock, BatchNorm, Conv, ConvAlgo, ConvConfig, Dropout, Flatten, GlobalAvgPool, Layer,
+    Linear, MaxPool, Relu, Sequential, Tensor, cross_entropy,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -298,6 +298,82 @@ fn max_pool_values_against_a_naive_loop() {
     }
 }
 
+/// Max pooling by the definition, for any kernel, stride and padding in 1-3 dimensions.
+fn naive_max_pool(x: &Tensor, k: &[usize], s: &[usize], p: &[usize]) -> Tensor {
+    let r = k.len();
+    let sp = &x.shape()[2..];
+    let o: Vec<usize> = (0..r)
+        .map(|d| (sp[d] + 2 * p[d] - k[d]) / s[d] + 1)
+        .collect();
+    let planes = x.shape()[0] * x.shape()[1];
+    let (ilen, olen) = (sp.iter().product::<usize>(), o.iter().product::<usize>());
+    let mut y = vec![f32::NEG_INFINITY; planes * olen];
+    for pl in 0..planes {
+        for oi in 0..olen {
+            // Output coordinates, then every kernel offset; padded positions are skipped.
+            let oc: Vec<usize> = (0..r)
+                .map(|d| oi / o[d + 1..].iter().product::<usize>() % o[d])
+                .collect();
+            for ki in 0..k.iter().product::<usize>() {
+                let kc: Vec<usize> = (0..r)
+                    .map(|d| ki / k[d + 1..].iter().product::<usize>() % k[d])
+                    .collect();
+                let pos: Option<Vec<usize>> = (0..r)
+                    .map(|d| {
+                        let v = (oc[d] * s[d] + kc[d]) as isize - p[d] as isize;
+                        (v >= 0 && (v as usize) < sp[d]).then_some(v as usize)
+                    })
+                    .collect();
+                if let Some(pos) = pos {
+                    let flat = pos.iter().zip(sp).fold(0, |a, (&c, &n)| a * n + c);
+                    let v = x.data()[pl * ilen + flat];
+                    let y = &mut y[pl * olen + oi];
+                    *y = y.max(v);
+                }
+            }
+        }
+    }
+    let mut shape = x.shape()[..2].to_vec();
+    shape.extend(o);
+    Tensor::new(&shape, y).unwrap()
+}
+
+#[test]
+fn padded_and_anisotropic_max_pool_against_the_definition() {
+    let rng = &mut SmallRng::seed_from_u64(14);
+    // ResNet's stem pool, C3D's first pool and last pool, 1D, odd sizes.
+    // (kernel, stride, padding, input shape)
+    type Case<'a> = (&'a [usize], &'a [usize], &'a [usize], &'a [usize]);
+    let cases: [Case; 5] = [
+        (&[3, 3], &[2, 2], &[1, 1], &[2, 3, 9, 8]),
+        (&[1, 2, 2], &[1, 2, 2], &[0, 0, 0], &[1, 2, 5, 6, 7]),
+        (&[2, 2, 2], &[2, 2, 2], &[0, 1, 1], &[1, 3, 4, 5, 3]),
+        (&[3], &[1], &[1], &[2, 2, 7]),
+        (&[3, 2], &[2, 1], &[1, 0], &[1, 2, 6, 5]),
+    ];
+    for (i, (k, s, p, shape)) in cases.into_iter().enumerate() {
+        let x = random(shape, rng);
+        let mut pool = MaxPool::nd(k, s, p).unwrap();
+        let y = pool.forward(x.clone(), false).unwrap();
+        assert_eq!(
+            y,
+            naive_max_pool(&x, k, s, p),
+            "case {i}: {}",
+            pool.describe()
+        );
+        check(
+            &mut MaxPool::nd(k, s, p).unwrap(),
+            separated(shape, rng),
+            20 + i as u64,
+        );
+    }
+    // Padding beyond half the kernel, mismatched lengths, zero stride.
+    assert!(MaxPool::nd(&[3, 3], &[2, 2], &[2, 1]).is_err());
+    assert!(MaxPool::nd(&[3, 3], &[2], &[1, 1]).is_err());
+    assert!(MaxPool::nd(&[3], &[0], &[0]).is_err());
+    assert!(MaxPool::nd(&[2; 4], &[2; 4], &[0; 4]).is_err());
+}
+
 #[test]
 fn cross_entropy_gradient_and_value() {
     let rng = &mut SmallRng::seed_from_u64(5);
@@ -465,8 +541,9 @@ fn residual_block_is_the_chain_of_its_parts() {
     for (cin, cout, stride, shape) in [(4, 4, 1, [3, 4, 5, 6]), (3, 5, 2, [3, 3, 7, 6])] {
         let algo = ConvAlgo::Convgemm;
         let mut block =
-            BasicBlock::new(cin, cout, stride, algo, &mut SmallRng::seed_from_u64(5)).unwrap();
-        // BasicBlock::new draws the shortcut's weights first, then c1's, then c2's.
+            BasicBlock::basic_block(cin, cout, stride, algo, &mut SmallRng::seed_from_u64(5))
+                .unwrap();
+        // BasicBlock::basic_block draws the shortcut's weights first, then c1's, then c2's.
         let rng = &mut SmallRng::seed_from_u64(5);
         let projected = stride != 1 || cin != cout;
         let mut short = projected.then(|| {
@@ -574,4 +651,40 @@ fn batch_norm_statistics_like_pytorch() {
         bn.forward(Tensor::zeros(&[1, 2, 1]), true).is_err(),
         "one value per channel"
     );
+}
+
+#[test]
+fn dropout_scales_survivors_and_routes_gradients_through_them() {
+    let rng = &mut SmallRng::seed_from_u64(15);
+    let x = separated(&[4, 50, 50], rng);
+    let mut d = Dropout::new(0.3, 7).unwrap();
+    assert_eq!(
+        d.forward(x.clone(), false).unwrap(),
+        x,
+        "evaluation: identity"
+    );
+    let y = d.forward(x.clone(), true).unwrap();
+    let scale = 1.0 / 0.7f32;
+    let mut dropped = 0;
+    for (a, b) in y.data().iter().zip(x.data()) {
+        if *a == 0.0 {
+            dropped += 1;
+        } else {
+            assert!(
+                (a - b * scale).abs() <= 1e-6 * b.abs().max(1.0),
+                "{a} vs {b}"
+            );
+        }
+    }
+    let frac = dropped as f64 / x.len() as f64;
+    assert!((0.27..0.33).contains(&frac), "dropped {frac}");
+    // ∂y/∂x is the same mask and scale.
+    let dy = random(y.shape(), rng);
+    let dx = d.backward(dy.clone(), true).unwrap().unwrap();
+    for ((g, up), out) in dx.data().iter().zip(dy.data()).zip(y.data()) {
+        let want = if *out == 0.0 { 0.0 } else { up * scale };
+        assert_eq!(*g, want);
+    }
+    assert!(d.backward(dy, true).is_err(), "backward twice");
+    assert!(Dropout::new(1.0, 0).is_err() && Dropout::new(-0.1, 0).is_err());
 }

@@ -1,8 +1,8 @@
 //! Data, optimizer, checkpoints and the training loop, end to end.
 
 use nn::{
-    ConvAlgo, Dataset, Parameter, Sgd, Tensor, TrainConfig, TrainState, build, checkpoint,
-    evaluate, fit,
+    ConvAlgo, Dataset, ModelOptions, Parameter, Sgd, Tensor, TrainConfig, TrainState, build,
+    build_with, checkpoint, evaluate, fit, local_step,
 };
 
 #[test]
@@ -277,11 +277,110 @@ fn models_have_pytorchs_parameter_counts_and_names() {
     assert_eq!(names.first().unwrap(), "0.weight");
     // 13 convs + 13 ReLUs + 5 pools (0-30), Flatten 31, Linear 32, ReLU 33, Linear 34, ReLU 35.
     assert_eq!(names.last().unwrap(), "36.bias");
-    let err = build("resnet50", ConvAlgo::Auto, 0)
+    let err = build("resnet101", ConvAlgo::Auto, 0)
         .err()
         .unwrap()
         .to_string();
-    assert!(err.contains("lenet, resnet20, vgg16"), "{err}");
+    assert!(err.contains("lenet, resnet20, vgg16, vgg-a"), "{err}");
+}
+
+/// torchvision's parameter counts (`sum(p.numel() for p in m.parameters())` of
+/// `torchvision.models.resnet18/34/50()` and `vgg11()`, 1000 classes) and names, and C3D's
+/// count by its definition (Tran et al. 2015, 487 classes).
+#[test]
+fn large_models_have_torchvisions_counts_and_names() {
+    let cases = [
+        ("resnet18", 11_689_512, vec![1000]),
+        ("resnet34", 21_797_672, vec![1000]),
+        ("resnet50", 25_557_032, vec![1000]),
+        ("vgg-a", 132_863_336, vec![1000]),
+        ("c3d", 79_991_015, vec![487]),
+    ];
+    for (name, count, out) in cases {
+        let m = build(name, ConvAlgo::Convgemm, 0).unwrap();
+        assert_eq!(m.num_params(), count, "{name}");
+        assert_eq!(m.output_shape().unwrap(), out, "{name}");
+    }
+    let r18 = build("resnet18", ConvAlgo::Convgemm, 0).unwrap();
+    let names: Vec<String> = r18.params().into_iter().map(|(n, _)| n).collect();
+    for want in [
+        "conv1.weight",
+        "bn1.bias",
+        "layer1.0.conv1.weight",
+        "layer1.1.bn2.weight",
+        "layer2.0.downsample.0.weight",
+        "layer4.1.conv2.weight",
+        "fc.bias",
+    ] {
+        assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
+    }
+    assert_eq!(
+        names.len(),
+        62,
+        "torchvision's resnet18 has 62 parameter tensors"
+    );
+    let stats: Vec<String> = r18.buffers().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(stats[0], "bn1.running_mean");
+    assert!(stats.contains(&"layer3.0.downsample.1.running_var".to_string()));
+    let r50 = build("resnet50", ConvAlgo::Convgemm, 0).unwrap();
+    let names: Vec<String> = r50.params().into_iter().map(|(n, _)| n).collect();
+    assert!(names.contains(&"layer1.0.downsample.0.weight".to_string()));
+    assert!(names.contains(&"layer4.2.conv3.weight".to_string()));
+    assert_eq!(
+        names.len(),
+        161,
+        "torchvision's resnet50 has 161 parameter tensors"
+    );
+    let vgg = build("vgg-a", ConvAlgo::Convgemm, 0).unwrap();
+    let names: Vec<String> = vgg.params().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names[0], "features.0.weight");
+    assert!(names.contains(&"features.18.weight".to_string()));
+    assert_eq!(names.last().unwrap(), "classifier.6.bias");
+    let c3d = build("c3d", ConvAlgo::Convgemm, 0).unwrap();
+    let names: Vec<String> = c3d.params().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names[0], "conv1.weight");
+    assert!(names.contains(&"conv5b.bias".to_string()));
+    assert_eq!(names.last().unwrap(), "fc8.bias");
+}
+
+#[test]
+fn model_options_change_classes_and_input() {
+    // A ResNet-18 on CIFAR-sized inputs with 10 classes trains: the loss falls on a fixed batch.
+    let opts = ModelOptions {
+        classes: Some(10),
+        input: Some(vec![3, 32, 32]),
+    };
+    for name in ["resnet18", "resnet50"] {
+        let mut model = build_with(name, &opts, ConvAlgo::Convgemm, 1).unwrap();
+        assert_eq!(model.output_shape().unwrap(), [10]);
+        let data = Dataset::synthetic(4, &[3, 32, 32], 10, 2).unwrap();
+        let mut opt = Sgd::new(0.01, 0.9, 0.0).unwrap();
+        let mut losses = Vec::new();
+        for _ in 0..4 {
+            let (x, labels) = data.batches(4, None).unwrap().next().unwrap();
+            let r = local_step(&mut model, &mut opt, x, &labels).unwrap();
+            losses.push(r.loss);
+        }
+        assert!(losses[3] < losses[0], "{name}: {losses:?}");
+    }
+    // Inputs a model cannot take are errors naming the layer, not panics.
+    let small = ModelOptions {
+        classes: None,
+        input: Some(vec![3, 32, 32]),
+    };
+    let err = build_with("vgg-a", &small, ConvAlgo::Convgemm, 0)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("Linear"), "{err}");
+    let err = build_with("c3d", &small, ConvAlgo::Convgemm, 0)
+        .err()
+        .unwrap();
+    assert!(!err.to_string().is_empty());
+    let none = ModelOptions {
+        classes: Some(0),
+        input: None,
+    };
+    assert!(build_with("lenet", &none, ConvAlgo::Convgemm, 0).is_err());
 }
 
 #[test]
@@ -323,4 +422,201 @@ fn resnet20_checkpoint_keeps_batch_norm_statistics() {
         other.forward(x, false).unwrap()
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A temporary directory removed at the end of the test.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let d = std::env::temp_dir().join(format!("nn-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        TempDir(d)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn idx_bytes(dims: &[u32], payload: &[u8]) -> Vec<u8> {
+    let mut b = vec![0, 0, 8, dims.len() as u8];
+    dims.iter().for_each(|d| b.extend(d.to_be_bytes()));
+    b.extend(payload);
+    b
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+#[test]
+fn mnist_files_plain_and_gzip() {
+    let dir = TempDir::new("mnist");
+    // 3 train images of 2×3 and 2 test images; train files gzipped, test files plain.
+    let train_px: Vec<u8> = (0..18).map(|i| (i * 14) as u8).collect();
+    std::fs::write(
+        dir.0.join("train-images-idx3-ubyte.gz"),
+        gzip(&idx_bytes(&[3, 2, 3], &train_px)),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.0.join("train-labels-idx1-ubyte.gz"),
+        gzip(&idx_bytes(&[3], &[7, 0, 9])),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.0.join("t10k-images-idx3-ubyte"),
+        idx_bytes(&[2, 2, 3], &[255; 12]),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.0.join("t10k-labels-idx1-ubyte"),
+        idx_bytes(&[2], &[1, 2]),
+    )
+    .unwrap();
+    let (train, test) = Dataset::mnist(&dir.0).unwrap();
+    assert_eq!((train.len(), test.len()), (3, 2));
+    assert_eq!(train.sample_shape(), [1, 2, 3]);
+    assert_eq!(train.labels(), [7, 0, 9]);
+    let (x, _) = train.batches(3, None).unwrap().next().unwrap();
+    assert_eq!(x.data()[1], 14.0 / 255.0);
+    assert_eq!(x.data()[17], 238.0 / 255.0);
+
+    // Errors name the file: a bad label, a truncated payload, a wrong magic, a missing file.
+    std::fs::write(
+        dir.0.join("t10k-labels-idx1-ubyte"),
+        idx_bytes(&[2], &[1, 12]),
+    )
+    .unwrap();
+    let e = Dataset::mnist(&dir.0).unwrap_err().to_string();
+    assert!(e.contains("t10k-labels") && e.contains("label 12"), "{e}");
+    std::fs::write(
+        dir.0.join("t10k-labels-idx1-ubyte"),
+        idx_bytes(&[3], &[1, 2]),
+    )
+    .unwrap();
+    let e = Dataset::mnist(&dir.0).unwrap_err().to_string();
+    assert!(
+        e.contains("t10k-labels") && e.contains("need 11 bytes"),
+        "{e}"
+    );
+    std::fs::write(
+        dir.0.join("t10k-labels-idx1-ubyte"),
+        idx_bytes(&[2, 1], &[1, 2]),
+    )
+    .unwrap();
+    let e = Dataset::mnist(&dir.0).unwrap_err().to_string();
+    assert!(e.contains("magic"), "{e}");
+    std::fs::remove_file(dir.0.join("t10k-labels-idx1-ubyte")).unwrap();
+    let e = Dataset::mnist(&dir.0).unwrap_err().to_string();
+    assert!(
+        e.contains("t10k-labels-idx1-ubyte") && e.contains("not found"),
+        "{e}"
+    );
+    std::fs::write(dir.0.join("t10k-labels-idx1-ubyte.gz"), b"not gzip").unwrap();
+    let e = Dataset::mnist(&dir.0).unwrap_err().to_string();
+    assert!(e.contains("gzip"), "{e}");
+}
+
+#[test]
+fn cifar10_binary_records() {
+    let dir = TempDir::new("cifar");
+    let sub = dir.0.join("cifar-10-batches-bin");
+    std::fs::create_dir_all(&sub).unwrap();
+    let record = |label: u8, v: u8| [&[label][..], &[v; 3072][..]].concat();
+    for i in 1..=5u8 {
+        let f = [record(i, i), record(0, 255)].concat();
+        std::fs::write(sub.join(format!("data_batch_{i}.bin")), f).unwrap();
+    }
+    std::fs::write(sub.join("test_batch.bin"), record(9, 51)).unwrap();
+    let (train, test) = Dataset::cifar10(&dir.0).unwrap();
+    assert_eq!((train.len(), test.len()), (10, 1));
+    assert_eq!(train.sample_shape(), [3, 32, 32]);
+    assert_eq!(train.labels()[..4], [1, 0, 2, 0]);
+    let (x, y) = test.batches(1, None).unwrap().next().unwrap();
+    assert_eq!((x.data()[3071], y[0]), (0.2, 9));
+    // A truncated file and an out-of-range label are errors naming the file.
+    std::fs::write(sub.join("test_batch.bin"), &record(9, 51)[..3000]).unwrap();
+    let e = Dataset::cifar10(&dir.0).unwrap_err().to_string();
+    assert!(e.contains("test_batch.bin") && e.contains("records"), "{e}");
+    std::fs::write(sub.join("test_batch.bin"), record(10, 51)).unwrap();
+    let e = Dataset::cifar10(&dir.0).unwrap_err().to_string();
+    assert!(e.contains("label 10"), "{e}");
+    std::fs::remove_file(sub.join("data_batch_3.bin")).unwrap();
+    let e = Dataset::cifar10(&dir.0).unwrap_err().to_string();
+    assert!(e.contains("data_batch_3.bin"), "{e}");
+}
+
+#[test]
+fn volumes_are_learnable_by_a_3d_cnn() {
+    use nn::{Conv, ConvConfig, Flatten, Linear, MaxPool, Relu, Sequential};
+    use rand::SeedableRng;
+    let shape = [1, 12, 12, 12];
+    let data = Dataset::volumes(400, &shape, 3).unwrap();
+    assert_eq!(
+        data,
+        Dataset::volumes(400, &shape, 3).unwrap(),
+        "deterministic"
+    );
+    let mut counts = [0; 4];
+    data.labels().iter().for_each(|&l| counts[l] += 1);
+    assert_eq!(counts, [100; 4]);
+    assert!(Dataset::volumes(4, &[1, 12, 12], 0).is_err());
+    let (train, test) = data.split(0.25, 0).unwrap();
+    let rng = &mut rand::rngs::SmallRng::seed_from_u64(0);
+    let mut model = Sequential::new(&shape)
+        .push(
+            Conv::new(
+                ConvConfig::conv3d(1, 8, 3).padding(1),
+                ConvAlgo::Convgemm,
+                rng,
+            )
+            .unwrap(),
+        )
+        .unwrap()
+        .push(Relu::new())
+        .unwrap()
+        .push(MaxPool::new(3, 2).unwrap())
+        .unwrap()
+        .push(
+            Conv::new(
+                ConvConfig::conv3d(8, 8, 3).padding(1),
+                ConvAlgo::Convgemm,
+                rng,
+            )
+            .unwrap(),
+        )
+        .unwrap()
+        .push(Relu::new())
+        .unwrap()
+        .push(MaxPool::new(3, 2).unwrap())
+        .unwrap()
+        .push(Flatten::new())
+        .unwrap()
+        .push(Linear::new(8 * 27, 4, rng).unwrap())
+        .unwrap();
+    let mut opt = Sgd::new(0.05, 0.9, 0.0).unwrap();
+    let cfg = TrainConfig {
+        epochs: 8,
+        batch_size: 20,
+        ..Default::default()
+    };
+    let (report, _) = fit(
+        &mut model,
+        &mut opt,
+        &train,
+        Some(&test),
+        &cfg,
+        TrainState::default(),
+        |_, _, _, _| Ok(()),
+    )
+    .unwrap();
+    let acc = report.test_accuracy.unwrap();
+    assert!(acc > 0.7, "test accuracy {acc} (chance 0.25)");
 }

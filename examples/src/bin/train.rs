@@ -21,24 +21,49 @@ use clap::Parser;
 use dist::{Communicator, DataParallel, DistError, Runtime};
 use examples::peak_rss_bytes;
 use nn::{
-    ConvAlgo, Dataset, EpochReport, Sequential, Sgd, StepResult, TrainConfig, TrainState, build,
-    checkpoint, fit, fit_with,
+    ConvAlgo, Dataset, EpochReport, ModelOptions, Sequential, Sgd, StepResult, TrainConfig,
+    TrainState, build, build_with, checkpoint, fit, fit_with,
 };
 
 /// The data sets this binary can load.
-const DATASETS: &[&str] = &["digits", "synthetic"];
+const DATASETS: &[&str] = &[
+    "digits",
+    "mnist",
+    "fashion-mnist",
+    "cifar10",
+    "volumes",
+    "synthetic",
+];
+
+/// Generated samples to hold (`volumes`, `synthetic`): enough for `steps` batches (20 by default,
+/// 1000 at most) but at most 256 MiB, and at least one batch; `fit` cycles over them.
+fn synthetic_len(sample: &[usize], batch: usize, steps: Option<usize>) -> usize {
+    let bytes = 4 * sample.iter().product::<usize>().max(1);
+    let want = batch * steps.unwrap_or(20).clamp(1, 1000);
+    want.min((256 << 20) / bytes).max(batch)
+}
 
 /// Train a convolutional network on this machine.
 #[derive(Parser, Debug)]
 #[command(about)]
 struct Args {
-    /// Model to train: lenet (LeNet-5, 1×28×28 inputs), resnet20 or vgg16 (3×32×32 inputs).
+    /// Model to train: lenet (LeNet-5, 1×28×28 inputs), resnet20 or vgg16 (3×32×32), vgg-a,
+    /// resnet18, resnet34, resnet50 (torchvision's, 3×224×224; the ResNets take any input of at
+    /// least 32×32, e.g. CIFAR-10's), c3d (3×16×112×112 clips). The classifier is sized to the
+    /// data set's classes.
     #[arg(long, default_value = "lenet")]
     model: String,
-    /// Data set: `digits` (shipped with the repository; 20% held out as the test split) or
-    /// `synthetic` (random inputs of the model's shape, for throughput).
+    /// Data set: `digits` (shipped with the repository; 20% held out as the test split),
+    /// `mnist`, `fashion-mnist` or `cifar10` (their distribution files in --data-dir, with their
+    /// own test splits), `volumes` (generated 3D shapes at a 3D model's input size, 20% held
+    /// out) or `synthetic` (random inputs of the model's shape, for throughput).
     #[arg(long, default_value = "digits")]
     dataset: String,
+    /// Directory holding the files of `mnist`, `fashion-mnist` (`train-images-idx3-ubyte[.gz]`,
+    /// `train-labels-idx1-ubyte[.gz]`, `t10k-…`) or `cifar10` (`data_batch_1.bin`…`test_batch.bin`,
+    /// directly or in `cifar-10-batches-bin/`).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
     /// Epochs to train.
     #[arg(long, default_value_t = 10)]
     epochs: usize,
@@ -120,8 +145,19 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     macro_rules! say {
         ($($t:tt)*) => { if root { println!($($t)*); } };
     }
+    // The model's own sample shape and classes decide how `digits`, `volumes` and `synthetic`
+    // are served; the file data sets have theirs, and the model is rebuilt to match them.
     let mut model = build(&args.model, args.conv_algo, args.seed)?;
     let input = model.input_shape().to_vec();
+    let classes = *model.output_shape()?.first().ok_or("model has no output")?;
+    let data_dir = || {
+        args.data_dir.as_deref().ok_or_else(|| {
+            format!(
+                "--dataset {} reads its files from --data-dir (see --help)",
+                args.dataset
+            )
+        })
+    };
     let (train, test) = match args.dataset.as_str() {
         "digits" => {
             let d = Dataset::digits()?;
@@ -138,9 +174,28 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             let (train, test) = d.split(0.2, args.seed)?;
             (train, Some(test))
         }
+        "mnist" | "fashion-mnist" => {
+            let (train, test) = Dataset::mnist(data_dir()?)?;
+            (train, Some(test))
+        }
+        "cifar10" => {
+            let (train, test) = Dataset::cifar10(data_dir()?)?;
+            (train, Some(test))
+        }
+        "volumes" => {
+            if input.len() != 4 {
+                return Err(format!(
+                    "model `{}` takes {input:?} inputs; volumes need a 3D model (C × D × H × W, e.g. c3d)",
+                    args.model
+                )
+                .into());
+            }
+            let n = synthetic_len(&input, args.batch_size, None);
+            let (train, test) = Dataset::volumes(n, &input, args.seed)?.split(0.2, args.seed)?;
+            (train, Some(test))
+        }
         "synthetic" => {
-            let classes = *model.output_shape()?.first().ok_or("model has no output")?;
-            let n = args.batch_size * args.steps.unwrap_or(20).clamp(1, 1000);
+            let n = synthetic_len(&input, args.batch_size, args.steps);
             (Dataset::synthetic(n, &input, classes, args.seed)?, None)
         }
         other => {
@@ -151,6 +206,21 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             .into());
         }
     };
+    if train.sample_shape() != input.as_slice() || train.classes() != classes {
+        let opts = ModelOptions {
+            classes: Some(train.classes()),
+            input: Some(train.sample_shape().to_vec()),
+        };
+        model = build_with(&args.model, &opts, args.conv_algo, args.seed).map_err(|e| {
+            format!(
+                "model `{}` on {} samples of {:?} with {} classes: {e}",
+                args.model,
+                args.dataset,
+                train.sample_shape(),
+                train.classes()
+            )
+        })?;
+    }
     let mut opt = Sgd::new(args.lr, 0.9, 5e-4)?;
     let mut state = TrainState::default();
     if let Some(path) = &args.resume {

@@ -207,25 +207,28 @@ impl Layer for BatchNorm {
         Ok(Some(dy))
     }
 
-    fn params(&self) -> Vec<(&'static str, &Parameter)> {
-        vec![("weight", &self.weight), ("bias", &self.bias)]
+    fn params(&self) -> Vec<(String, &Parameter)> {
+        vec![("weight".into(), &self.weight), ("bias".into(), &self.bias)]
     }
 
-    fn params_mut(&mut self) -> Vec<(&'static str, &mut Parameter)> {
-        vec![("weight", &mut self.weight), ("bias", &mut self.bias)]
-    }
-
-    fn buffers(&self) -> Vec<(&'static str, &Tensor)> {
+    fn params_mut(&mut self) -> Vec<(String, &mut Parameter)> {
         vec![
-            ("running_mean", &self.running_mean),
-            ("running_var", &self.running_var),
+            ("weight".into(), &mut self.weight),
+            ("bias".into(), &mut self.bias),
         ]
     }
 
-    fn buffers_mut(&mut self) -> Vec<(&'static str, &mut Tensor)> {
+    fn buffers(&self) -> Vec<(String, &Tensor)> {
         vec![
-            ("running_mean", &mut self.running_mean),
-            ("running_var", &mut self.running_var),
+            ("running_mean".into(), &self.running_mean),
+            ("running_var".into(), &self.running_var),
+        ]
+    }
+
+    fn buffers_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        vec![
+            ("running_mean".into(), &mut self.running_mean),
+            ("running_var".into(), &mut self.running_var),
         ]
     }
 

@@ -477,18 +477,18 @@ impl Layer for Conv {
         Ok(dx)
     }
 
-    fn params(&self) -> Vec<(&'static str, &Parameter)> {
-        let mut v = vec![("weight", &self.weight)];
+    fn params(&self) -> Vec<(String, &Parameter)> {
+        let mut v = vec![("weight".into(), &self.weight)];
         if let Some(b) = &self.bias {
-            v.push(("bias", b));
+            v.push(("bias".into(), b));
         }
         v
     }
 
-    fn params_mut(&mut self) -> Vec<(&'static str, &mut Parameter)> {
-        let mut v = vec![("weight", &mut self.weight)];
+    fn params_mut(&mut self) -> Vec<(String, &mut Parameter)> {
+        let mut v = vec![("weight".into(), &mut self.weight)];
         if let Some(b) = &mut self.bias {
-            v.push(("bias", b));
+            v.push(("bias".into(), b));
         }
         v
     }

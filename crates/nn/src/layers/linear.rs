@@ -132,12 +132,15 @@ impl Layer for Linear {
         Ok(Some(Tensor::new(&[n, i], dx)?))
     }
 
-    fn params(&self) -> Vec<(&'static str, &Parameter)> {
-        vec![("weight", &self.weight), ("bias", &self.bias)]
+    fn params(&self) -> Vec<(String, &Parameter)> {
+        vec![("weight".into(), &self.weight), ("bias".into(), &self.bias)]
     }
 
-    fn params_mut(&mut self) -> Vec<(&'static str, &mut Parameter)> {
-        vec![("weight", &mut self.weight), ("bias", &mut self.bias)]
+    fn params_mut(&mut self) -> Vec<(String, &mut Parameter)> {
+        vec![
+            ("weight".into(), &mut self.weight),
+            ("bias".into(), &mut self.bias),
+        ]
     }
 
     fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>> {

@@ -1,8 +1,9 @@
-//! The layers: convolution, batch norm, pooling, activation, residual block, flatten, fully
-//! connected.
+//! The layers: convolution, batch norm, pooling, activation, dropout, residual blocks, flatten,
+//! fully connected.
 
 mod batchnorm;
 mod conv;
+mod dropout;
 mod flatten;
 mod linear;
 mod pool;
@@ -11,8 +12,9 @@ mod residual;
 
 pub use batchnorm::BatchNorm;
 pub use conv::{Conv, ConvAlgo, ConvConfig};
+pub use dropout::Dropout;
 pub use flatten::Flatten;
 pub use linear::Linear;
 pub use pool::MaxPool;
 pub use relu::Relu;
-pub use residual::{BasicBlock, GlobalAvgPool};
+pub use residual::{BasicBlock, GlobalAvgPool, Residual};

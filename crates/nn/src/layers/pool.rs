@@ -6,13 +6,15 @@ use crate::error::{NnError, Result};
 use crate::layer::Layer;
 use crate::tensor::Tensor;
 
-/// Max pooling over `kernel` windows moved by `stride` (no padding, floor mode: PyTorch's
-/// `MaxPoolNd(kernel, stride)` defaults). Keeps the index of each maximum for backward.
+/// Max pooling over `kernel` windows moved by `stride`, with implicit `-∞` padding (floor mode:
+/// PyTorch's `MaxPoolNd(kernel, stride, padding)`). Keeps the index of each maximum for backward.
 #[derive(Debug)]
 pub struct MaxPool {
     rank: usize,
-    kernel: usize,
-    stride: usize,
+    /// Kernel, stride and padding right-aligned into 3 dimensions (leading 1, 1, 0).
+    kernel: [usize; 3],
+    stride: [usize; 3],
+    padding: [usize; 3],
     saved: Option<(Vec<usize>, Vec<u32>)>,
 }
 
@@ -27,16 +29,52 @@ impl MaxPool {
         if !(1..=3).contains(&rank) {
             return Err(NnError::config("rank", format!("{rank} (1, 2 or 3)")));
         }
-        if kernel == 0 || stride == 0 {
+        Self::nd(&vec![kernel; rank], &vec![stride; rank], &vec![0; rank])
+    }
+
+    /// Pooling with a kernel, stride and padding per spatial dimension (1 to 3 of them), e.g.
+    /// ResNet's stem `nd(&[3, 3], &[2, 2], &[1, 1])` or C3D's `nd(&[1, 2, 2], &[1, 2, 2], &[0; 3])`.
+    /// Padding may be at most half the kernel (PyTorch's rule), so every window sees the input.
+    pub fn nd(kernel: &[usize], stride: &[usize], padding: &[usize]) -> Result<Self> {
+        let rank = kernel.len();
+        if !(1..=3).contains(&rank) {
+            return Err(NnError::config(
+                "kernel",
+                format!("{rank} dimensions (1, 2 or 3)"),
+            ));
+        }
+        if stride.len() != rank || padding.len() != rank {
+            return Err(NnError::config(
+                "stride",
+                format!(
+                    "kernel, stride and padding need one value per dimension (got {rank}, {}, {})",
+                    stride.len(),
+                    padding.len()
+                ),
+            ));
+        }
+        if kernel.contains(&0) || stride.contains(&0) {
             return Err(NnError::config(
                 "kernel",
                 "kernel and stride must be positive",
             ));
         }
+        if kernel.iter().zip(padding).any(|(&k, &p)| 2 * p > k) {
+            return Err(NnError::config(
+                "padding",
+                format!("{padding:?} exceeds half the kernel {kernel:?}"),
+            ));
+        }
+        let align = |v: &[usize], fill: usize| {
+            let mut a = [fill; 3];
+            a[3 - rank..].copy_from_slice(v);
+            a
+        };
         Ok(MaxPool {
             rank,
-            kernel,
-            stride,
+            kernel: align(kernel, 1),
+            stride: align(stride, 1),
+            padding: align(padding, 0),
             saved: None,
         })
     }
@@ -53,16 +91,21 @@ impl MaxPool {
         }
         let (mut i3, mut o3) = ([1; 3], [1; 3]);
         for (d, &s) in spatial.iter().enumerate() {
-            if s < self.kernel {
+            let d = 3 - self.rank + d;
+            let (k, st, p) = (self.kernel[d], self.stride[d], self.padding[d]);
+            if s + 2 * p < k {
                 return Err(NnError::shape(
                     self.describe(),
                     "x",
                     shape,
-                    format!("spatial sizes ≥ kernel {}", self.kernel),
+                    format!(
+                        "padded spatial sizes ≥ kernel {:?}",
+                        &self.kernel[3 - self.rank..]
+                    ),
                 ));
             }
-            i3[3 - self.rank + d] = s;
-            o3[3 - self.rank + d] = (s - self.kernel) / self.stride + 1;
+            i3[d] = s;
+            o3[d] = (s + 2 * p - k) / st + 1;
         }
         Ok((i3, o3))
     }
@@ -70,10 +113,21 @@ impl MaxPool {
 
 impl Layer for MaxPool {
     fn describe(&self) -> String {
-        format!(
-            "MaxPool{}d(kernel {}, stride {})",
-            self.rank, self.kernel, self.stride
-        )
+        let r = 3 - self.rank;
+        let show = |v: &[usize]| match v {
+            [a, rest @ ..] if rest.iter().all(|b| b == a) => a.to_string(),
+            _ => format!("{v:?}"),
+        };
+        let mut d = format!(
+            "MaxPool{}d(kernel {}, stride {}",
+            self.rank,
+            show(&self.kernel[r..]),
+            show(&self.stride[r..])
+        );
+        if self.padding.iter().any(|&p| p > 0) {
+            d.push_str(&format!(", padding {}", show(&self.padding[r..])));
+        }
+        d + ")"
     }
 
     fn forward(&mut self, x: Tensor, train: bool) -> Result<Tensor> {
@@ -101,12 +155,15 @@ impl Layer for MaxPool {
         yshape.extend(&o3[3 - self.rank..]);
         let mut y = vec![0.0f32; planes * olen];
         let mut arg = vec![0u32; planes * olen];
-        // Windows along a leading (size-1) dimension have extent 1.
-        let k3: [usize; 3] =
-            std::array::from_fn(|d| if d < 3 - self.rank { 1 } else { self.kernel });
-        let s3: [usize; 3] =
-            std::array::from_fn(|d| if d < 3 - self.rank { 1 } else { self.stride });
-        let pairs_2d = self.rank == 2 && self.kernel == 2 && self.stride == 2;
+        let (k3, s3, p3) = (self.kernel, self.stride, self.padding);
+        let pairs_2d = self.rank == 2 && k3 == [1, 2, 2] && s3 == [1, 2, 2] && p3 == [0; 3];
+        // The window of output `o` along dimension `d`: input positions `lo..hi` (clipped).
+        let window = |d: usize, o: usize| {
+            let start = (o * s3[d]) as isize - p3[d] as isize;
+            let lo = start.max(0) as usize;
+            let hi = ((start + k3[d] as isize) as usize).min(i3[d]);
+            lo..hi
+        };
         y.par_chunks_mut(olen)
             .zip(arg.par_chunks_mut(olen))
             .enumerate()
@@ -122,11 +179,11 @@ impl Layer for MaxPool {
                     for o1 in 0..o3[1] {
                         for o2 in 0..o3[2] {
                             let (mut best, mut at) = (f32::NEG_INFINITY, usize::MAX);
-                            for k0 in 0..k3[0] {
-                                for k1 in 0..k3[1] {
-                                    let row = ((o0 * s3[0] + k0) * i3[1] + o1 * s3[1] + k1) * i3[2];
-                                    for k2 in 0..k3[2] {
-                                        let i = row + o2 * s3[2] + k2;
+                            for i0 in window(0, o0) {
+                                for i1 in window(1, o1) {
+                                    let row = (i0 * i3[1] + i1) * i3[2];
+                                    for i2 in window(2, o2) {
+                                        let i = row + i2;
                                         if at == usize::MAX || wins(xp[i], best) {
                                             best = xp[i];
                                             at = i;

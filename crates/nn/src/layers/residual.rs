@@ -1,108 +1,192 @@
-//! [`BasicBlock`] (ResNet's two-convolution residual block) and [`GlobalAvgPool`].
+//! [`Residual`] blocks (ResNet's basic and bottleneck blocks) and [`GlobalAvgPool`].
 
 use rand::rngs::SmallRng;
 
 use crate::error::{NnError, Result};
 use crate::layer::{Layer, Parameter};
 use crate::layers::{BatchNorm, Conv, ConvAlgo, ConvConfig, Relu};
+use crate::model::Sequential;
 use crate::tensor::Tensor;
 
-/// `relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x))` with 3×3 convolutions (the first with
-/// `stride`), no convolution bias, and a 1×1 convolution + batch norm as the shortcut when the
-/// stride or the channel count changes (ResNet "option B"). Parameter names follow the anchors'
-/// PyTorch `Block` (`c1`, `b1`, `c2`, `b2`, `short.0`, `short.1`).
-pub struct BasicBlock {
-    c1: Conv,
-    b1: BatchNorm,
-    r1: Relu,
-    c2: Conv,
-    b2: BatchNorm,
-    short: Option<(Conv, BatchNorm)>,
+/// `relu(body(x) + shortcut(x))`, where the shortcut is the identity or a projection (ResNet's
+/// 1×1 convolution + batch norm, "option B"). The body's layers are named at the block's level
+/// (`conv1.weight`), the shortcut's under its own name (`downsample.0.weight`), as in PyTorch.
+///
+/// The constructors build the blocks of the models `nn` offers: [`Residual::basic_block`] (the
+/// anchors' CIFAR block), [`Residual::torchvision_basic`] and [`Residual::bottleneck`]
+/// (torchvision's ResNet-18/34 and ResNet-50 blocks).
+pub struct Residual {
+    body: Sequential,
+    shortcut: Option<(String, Sequential)>,
     out: Relu,
     desc: String,
 }
 
-const PARAMS: [&str; 9] = [
-    "c1.weight",
-    "b1.weight",
-    "b1.bias",
-    "c2.weight",
-    "b2.weight",
-    "b2.bias",
-    "short.0.weight",
-    "short.1.weight",
-    "short.1.bias",
-];
-const BUFFERS: [&str; 6] = [
-    "b1.running_mean",
-    "b1.running_var",
-    "b2.running_mean",
-    "b2.running_var",
-    "short.1.running_mean",
-    "short.1.running_var",
-];
+/// The anchors' CIFAR ResNet block (`anchors/conv/train_bench.py`).
+pub type BasicBlock = Residual;
 
-impl BasicBlock {
-    /// A block `in_channels → out_channels` whose first convolution has `stride`.
-    pub fn new(
+/// `3×3` convolution, no bias, padding 1.
+fn conv3x3(cin: usize, cout: usize, stride: usize) -> ConvConfig {
+    ConvConfig::conv2d(cin, cout, 3)
+        .stride(stride)
+        .padding(1)
+        .no_bias()
+}
+
+/// `1×1` convolution, no bias.
+fn conv1x1(cin: usize, cout: usize, stride: usize) -> ConvConfig {
+    ConvConfig::conv2d(cin, cout, 1).stride(stride).no_bias()
+}
+
+/// The projection shortcut `in_channels → out_channels` with `stride`, when one is needed.
+fn projection(
+    in_channels: usize,
+    out_channels: usize,
+    stride: usize,
+    algo: ConvAlgo,
+    rng: &mut SmallRng,
+) -> Result<Option<Sequential>> {
+    if stride == 1 && in_channels == out_channels {
+        return Ok(None);
+    }
+    let conv = Conv::new(conv1x1(in_channels, out_channels, stride), algo, rng)?;
+    Ok(Some(
+        Sequential::block()
+            .push(conv)?
+            .push(BatchNorm::new(out_channels)?)?,
+    ))
+}
+
+impl Residual {
+    /// `relu(body(x) + shortcut(x))`; `shortcut` is `(name, layers)` or `None` for the identity.
+    /// `body` and the shortcut must map an input to outputs of the same shape (checked when run).
+    pub fn new(body: Sequential, shortcut: Option<(&str, Sequential)>) -> Self {
+        let desc = match &shortcut {
+            Some((name, s)) => format!("Residual({} + {name}: {})", body.describe(), s.describe()),
+            None => format!("Residual({} + identity)", body.describe()),
+        };
+        Residual {
+            body,
+            shortcut: shortcut.map(|(n, s)| (n.to_string(), s)),
+            out: Relu::new(),
+            desc,
+        }
+    }
+
+    /// The anchors' CIFAR block: `relu(b2(c2(relu(b1(c1(x))))) + short(x))` with 3×3
+    /// convolutions (the first with `stride`), no convolution bias, and a 1×1 convolution +
+    /// batch norm as the shortcut when the stride or the channel count changes. Parameter names
+    /// are the anchors' (`c1`, `b1`, `c2`, `b2`, `short.0`, `short.1`). Weights are drawn from
+    /// `rng` in the order shortcut, `c1`, `c2`.
+    pub fn basic_block(
         in_channels: usize,
         out_channels: usize,
         stride: usize,
         algo: ConvAlgo,
         rng: &mut SmallRng,
     ) -> Result<Self> {
-        let conv3 = |cin, s| {
-            ConvConfig::conv2d(cin, out_channels, 3)
-                .stride(s)
-                .padding(1)
-                .no_bias()
-        };
-        let short = if stride != 1 || in_channels != out_channels {
-            let cfg = ConvConfig::conv2d(in_channels, out_channels, 1)
-                .stride(stride)
-                .no_bias();
-            Some((Conv::new(cfg, algo, rng)?, BatchNorm::new(out_channels)?))
-        } else {
-            None
-        };
-        Ok(BasicBlock {
-            c1: Conv::new(conv3(in_channels, stride), algo, rng)?,
-            b1: BatchNorm::new(out_channels)?,
-            r1: Relu::new(),
-            c2: Conv::new(conv3(out_channels, 1), algo, rng)?,
-            b2: BatchNorm::new(out_channels)?,
-            short,
-            out: Relu::new(),
-            desc: format!("BasicBlock({in_channels}→{out_channels}, stride {stride})"),
-        })
+        let short = projection(in_channels, out_channels, stride, algo, rng)?;
+        let body = Sequential::block()
+            .push_named(
+                "c1",
+                Conv::new(conv3x3(in_channels, out_channels, stride), algo, rng)?,
+            )?
+            .push_named("b1", BatchNorm::new(out_channels)?)?
+            .push_named("r1", Relu::new())?
+            .push_named(
+                "c2",
+                Conv::new(conv3x3(out_channels, out_channels, 1), algo, rng)?,
+            )?
+            .push_named("b2", BatchNorm::new(out_channels)?)?;
+        let mut block = Residual::new(body, short.map(|s| ("short", s)));
+        block.desc = format!("BasicBlock({in_channels}→{out_channels}, stride {stride})");
+        Ok(block)
     }
 
-    fn parts(&self) -> Vec<&dyn Layer> {
-        let mut v: Vec<&dyn Layer> = vec![&self.c1, &self.b1, &self.c2, &self.b2];
-        if let Some((c, b)) = &self.short {
-            v.push(c);
-            v.push(b);
-        }
-        v
+    /// torchvision's `BasicBlock` (ResNet-18/34): the same computation as
+    /// [`basic_block`](Residual::basic_block) with torchvision's names (`conv1`, `bn1`, `conv2`,
+    /// `bn2`, `downsample.0`, `downsample.1`).
+    pub fn torchvision_basic(
+        in_channels: usize,
+        out_channels: usize,
+        stride: usize,
+        algo: ConvAlgo,
+        rng: &mut SmallRng,
+    ) -> Result<Self> {
+        let body = Sequential::block()
+            .push_named(
+                "conv1",
+                Conv::new(conv3x3(in_channels, out_channels, stride), algo, rng)?,
+            )?
+            .push_named("bn1", BatchNorm::new(out_channels)?)?
+            .push_named("relu", Relu::new())?
+            .push_named(
+                "conv2",
+                Conv::new(conv3x3(out_channels, out_channels, 1), algo, rng)?,
+            )?
+            .push_named("bn2", BatchNorm::new(out_channels)?)?;
+        let short = projection(in_channels, out_channels, stride, algo, rng)?;
+        let mut block = Residual::new(body, short.map(|s| ("downsample", s)));
+        block.desc = format!("BasicBlock({in_channels}→{out_channels}, stride {stride})");
+        Ok(block)
+    }
+
+    /// torchvision's `Bottleneck` (ResNet-50, "v1.5": the stride on the 3×3 convolution):
+    /// 1×1 `in_channels → width`, 3×3 `width → width` with `stride`, 1×1 `width → 4·width`,
+    /// each followed by batch norm (ReLU between), and a projection shortcut when the stride or
+    /// the channel count changes. Names: `conv1..3`, `bn1..3`, `downsample.0/1`.
+    pub fn bottleneck(
+        in_channels: usize,
+        width: usize,
+        stride: usize,
+        algo: ConvAlgo,
+        rng: &mut SmallRng,
+    ) -> Result<Self> {
+        let out_channels = 4 * width;
+        let body = Sequential::block()
+            .push_named(
+                "conv1",
+                Conv::new(conv1x1(in_channels, width, 1), algo, rng)?,
+            )?
+            .push_named("bn1", BatchNorm::new(width)?)?
+            .push_named("relu1", Relu::new())?
+            .push_named(
+                "conv2",
+                Conv::new(conv3x3(width, width, stride), algo, rng)?,
+            )?
+            .push_named("bn2", BatchNorm::new(width)?)?
+            .push_named("relu2", Relu::new())?
+            .push_named(
+                "conv3",
+                Conv::new(conv1x1(width, out_channels, 1), algo, rng)?,
+            )?
+            .push_named("bn3", BatchNorm::new(out_channels)?)?;
+        let short = projection(in_channels, out_channels, stride, algo, rng)?;
+        let mut block = Residual::new(body, short.map(|s| ("downsample", s)));
+        block.desc = format!("Bottleneck({in_channels}→{width}→{out_channels}, stride {stride})");
+        Ok(block)
     }
 }
 
-impl Layer for BasicBlock {
+/// `a += b`, element by element.
+fn add_into(a: &mut Tensor, b: &Tensor) {
+    a.data_mut()
+        .iter_mut()
+        .zip(b.data())
+        .for_each(|(x, y)| *x += y);
+}
+
+impl Layer for Residual {
     fn describe(&self) -> String {
         self.desc.clone()
     }
 
     fn forward(&mut self, x: Tensor, train: bool) -> Result<Tensor> {
-        let skip = match &mut self.short {
-            Some((c, b)) => {
-                let s = c.forward(x.clone(), train)?;
-                b.forward(s, train)?
-            }
+        let skip = match &mut self.shortcut {
+            Some((_, s)) => s.forward(x.clone(), train)?,
             None => x.clone(),
         };
-        let h = self.c1.forward(x, train)?;
-        let h = self.r1.forward(self.b1.forward(h, train)?, train)?;
-        let mut h = self.b2.forward(self.c2.forward(h, train)?, train)?;
+        let mut h = self.body.forward(x, train)?;
         if h.shape() != skip.shape() {
             return Err(NnError::shape(
                 self.describe(),
@@ -111,88 +195,96 @@ impl Layer for BasicBlock {
                 format!("a shortcut of shape {:?}", h.shape()),
             ));
         }
-        h.data_mut()
-            .iter_mut()
-            .zip(skip.data())
-            .for_each(|(a, b)| *a += b);
+        add_into(&mut h, &skip);
         self.out.forward(h, train)
     }
 
     fn backward(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
-        let d = self.out.backward(dy, true)?.expect("requested");
-        let layer = self.describe();
-        let missing = || NnError::NoForward {
-            layer: layer.clone(),
+        let d = self
+            .out
+            .backward(dy, true)?
+            .ok_or_else(|| NnError::NoForward {
+                layer: self.desc.clone(),
+            })?;
+        let skip = match &mut self.shortcut {
+            Some((_, s)) => Layer::backward(s, d.clone(), need_dx)?,
+            None => need_dx.then(|| d.clone()),
         };
-        let d2 = self.b2.backward(d.clone(), true)?.ok_or_else(missing)?;
-        let d2 = self.c2.backward(d2, true)?.ok_or_else(missing)?;
-        let d1 = self.r1.backward(d2, true)?.ok_or_else(missing)?;
-        let d1 = self.b1.backward(d1, true)?.ok_or_else(missing)?;
-        let main = self.c1.backward(d1, need_dx)?;
-        let skip = match &mut self.short {
-            Some((c, b)) => {
-                let ds = b.backward(d, true)?.ok_or_else(missing)?;
-                c.backward(ds, need_dx)?
-            }
-            None => need_dx.then_some(d),
-        };
+        let main = Layer::backward(&mut self.body, d, need_dx)?;
         Ok(match (main, skip) {
             (Some(mut a), Some(b)) => {
-                a.data_mut()
-                    .iter_mut()
-                    .zip(b.data())
-                    .for_each(|(x, y)| *x += y);
+                add_into(&mut a, &b);
                 Some(a)
             }
             _ => None,
         })
     }
 
-    fn params(&self) -> Vec<(&'static str, &Parameter)> {
-        let ps = self
-            .parts()
-            .into_iter()
-            .flat_map(|l| l.params().into_iter().map(|(_, p)| p))
-            .collect::<Vec<_>>();
-        PARAMS.into_iter().zip(ps).collect()
-    }
-
-    fn params_mut(&mut self) -> Vec<(&'static str, &mut Parameter)> {
-        // Field by field, in the order of `parts`, so the borrows stay disjoint.
-        let mut v: Vec<&mut Parameter> = Vec::new();
-        v.extend(self.c1.params_mut().into_iter().map(|(_, p)| p));
-        v.extend(self.b1.params_mut().into_iter().map(|(_, p)| p));
-        v.extend(self.c2.params_mut().into_iter().map(|(_, p)| p));
-        v.extend(self.b2.params_mut().into_iter().map(|(_, p)| p));
-        if let Some((c, b)) = &mut self.short {
-            v.extend(c.params_mut().into_iter().map(|(_, p)| p));
-            v.extend(b.params_mut().into_iter().map(|(_, p)| p));
+    fn params(&self) -> Vec<(String, &Parameter)> {
+        let mut v = self.body.params();
+        if let Some((name, s)) = &self.shortcut {
+            v.extend(
+                s.params()
+                    .into_iter()
+                    .map(|(n, p)| (format!("{name}.{n}"), p)),
+            );
         }
-        PARAMS.into_iter().zip(v).collect()
+        v
     }
 
-    fn buffers(&self) -> Vec<(&'static str, &Tensor)> {
-        let bs = self
-            .parts()
-            .into_iter()
-            .flat_map(|l| l.buffers().into_iter().map(|(_, b)| b))
-            .collect::<Vec<_>>();
-        BUFFERS.into_iter().zip(bs).collect()
-    }
-
-    fn buffers_mut(&mut self) -> Vec<(&'static str, &mut Tensor)> {
-        let mut v: Vec<&mut Tensor> = Vec::new();
-        v.extend(self.b1.buffers_mut().into_iter().map(|(_, b)| b));
-        v.extend(self.b2.buffers_mut().into_iter().map(|(_, b)| b));
-        if let Some((_, b)) = &mut self.short {
-            v.extend(b.buffers_mut().into_iter().map(|(_, b)| b));
+    fn params_mut(&mut self) -> Vec<(String, &mut Parameter)> {
+        let mut v = self.body.params_mut();
+        if let Some((name, s)) = &mut self.shortcut {
+            let name = name.as_str();
+            v.extend(
+                s.params_mut()
+                    .into_iter()
+                    .map(|(n, p)| (format!("{name}.{n}"), p)),
+            );
         }
-        BUFFERS.into_iter().zip(v).collect()
+        v
+    }
+
+    fn buffers(&self) -> Vec<(String, &Tensor)> {
+        let mut v = self.body.buffers();
+        if let Some((name, s)) = &self.shortcut {
+            v.extend(
+                s.buffers()
+                    .into_iter()
+                    .map(|(n, b)| (format!("{name}.{n}"), b)),
+            );
+        }
+        v
+    }
+
+    fn buffers_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        let mut v = self.body.buffers_mut();
+        if let Some((name, s)) = &mut self.shortcut {
+            let name = name.as_str();
+            v.extend(
+                s.buffers_mut()
+                    .into_iter()
+                    .map(|(n, b)| (format!("{name}.{n}"), b)),
+            );
+        }
+        v
     }
 
     fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>> {
-        let s = self.c1.output_shape(input)?;
-        self.c2.output_shape(&s)
+        let main = Layer::output_shape(&self.body, input)?;
+        let skip = match &self.shortcut {
+            Some((_, s)) => Layer::output_shape(s, input)?,
+            None => input.to_vec(),
+        };
+        if main != skip {
+            return Err(NnError::shape(
+                self.describe(),
+                "input",
+                input,
+                format!("a body output {main:?} equal to the shortcut's {skip:?}"),
+            ));
+        }
+        Ok(main)
     }
 }
 

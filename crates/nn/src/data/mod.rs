@@ -1,5 +1,11 @@
-//! Data sets: the `digits` set the repository ships, synthetic data, splitting, resizing and
+//! Data sets: the `digits` set the repository ships, MNIST, Fashion-MNIST and CIFAR-10 read from
+//! their distribution files, generated 3D `volumes`, synthetic data, splitting, resizing and
 //! shuffled mini-batches.
+
+mod files;
+mod volumes;
+
+pub use volumes::VOLUME_CLASSES;
 
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -9,7 +15,7 @@ use crate::error::{NnError, Result};
 use crate::tensor::Tensor;
 
 /// The `digits` CSV (see `crates/nn/data/README.md`), embedded so the main command needs no path.
-const DIGITS_CSV: &str = include_str!("../data/digits.csv");
+const DIGITS_CSV: &str = include_str!("../../data/digits.csv");
 
 /// A labelled classification data set held in memory: `len` samples of `sample_shape`.
 #[derive(Debug, Clone, PartialEq)]
