@@ -3,8 +3,12 @@
 //!
 //! Row `p` of B = im2col(x)ᵀ is (image, output position), column `j` is (channel, kernel tap).
 //! The rows of a packed block are cut into runs once per call and a (tap × run) segment table
-//! is built (see `source.rs`); each panel lane (one channel and tap) is then a few strided copies
-//! of input runs into the lane, with zeros where a run overhangs the padding.
+//! is built (see `source.rs`). On lines of at least `SHORT_RUN` outputs each micro-panel is
+//! written run by run, whole `nr`-wide panel rows at a time: every lane (one channel and tap)
+//! reads the input along the run from where its segment starts minus its padding, so a run is a
+//! transpose of `nr` input runs into the panel (4 × 4 blocks), and the few positions where a
+//! lane falls into the padding are zeroed afterwards. Shorter lines are packed lane by lane,
+//! a strided copy per (lane, run).
 
 use std::cell::RefCell;
 
@@ -21,14 +25,24 @@ pub struct Im2colTB<'a> {
     cols: usize,
 }
 
+/// Runs shorter than this are packed lane by lane (the transpose's per-run setup costs more
+/// than it saves on them).
+const SHORT_RUN: usize = 12;
+
 #[derive(Default)]
 struct Scratch {
     runs: Vec<Run>,
     segs: Vec<Seg>,
+    /// Per lane of the panel being packed: (channel plane offset, tap).
+    lanes: Vec<(usize, usize)>,
+    /// Per lane of the run being packed: where position 0 of the run reads.
+    from: Vec<*const f32>,
+    /// Zeros that lanes reading nothing point to.
+    zeros: Vec<f32>,
 }
 
 thread_local! {
-    /// Runs and segments of the block being packed: no allocation in steady state.
+    /// Runs, segments and lanes of the block being packed: no allocation in steady state.
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
@@ -54,10 +68,20 @@ impl PackB for Im2colTB<'_> {
         let src = &self.src;
         let stride = src.d.stride[2];
         SCRATCH.with_borrow_mut(|s| {
-            let Scratch { runs, segs } = s;
+            let Scratch {
+                runs,
+                segs,
+                lanes,
+                from,
+                zeros,
+            } = s;
             src.runs(pc, kc, runs);
             src.segments(runs, segs);
             let count = runs.len();
+            if src.d.output[2] < SHORT_RUN {
+                pack_lanes(src, runs, segs, (jc, nc), kc, nr, dst);
+                return;
+            }
             for (j0, w, panel) in micro_panels(dst, kc, nr, jc, nc) {
                 debug_assert!({
                     let planes: Vec<usize> =
@@ -65,37 +89,257 @@ impl PackB for Im2colTB<'_> {
                     src.segments_in_bounds(runs, segs, &planes)
                 });
                 debug_assert!(panel.len() >= kc * nr);
-                for lane in 0..nr {
-                    let base = panel.as_mut_ptr();
-                    if lane >= w {
-                        for p in 0..kc {
-                            panel[p * nr + lane] = 0.0;
-                        }
-                        continue;
+                lanes.clear();
+                lanes.extend((j0..j0 + w).map(|col| (src.plane(col / src.rlen), col % src.rlen)));
+                for (i, run) in runs.iter().enumerate() {
+                    let rows = &mut panel[run.start * nr..][..run.len * nr];
+                    let lane_seg = |lane: usize| {
+                        let (plane, tap) = lanes[lane];
+                        (plane, &segs[tap * count + i])
+                    };
+                    if zeros.len() < run.len * stride {
+                        zeros.resize(run.len * stride, 0.0);
                     }
-                    let col = j0 + lane;
-                    let (plane, tap) = (src.plane(col / src.rlen), col % src.rlen);
-                    for (run, seg) in runs.iter().zip(&segs[tap * count..][..count]) {
-                        // SAFETY: rows `run.start + t < kc` (runs tile `0..kc`) and `lane < nr`
-                        // keep writes inside the `kc·nr` panel; `lo <= hi <= run.len`; the
-                        // source `plane + at + t·stride`, `t < hi − lo`, lies in x (`segments`
-                        // clips every run to the input; checked in debug builds).
-                        unsafe {
-                            let d = base.add(run.start * nr + lane);
-                            for t in 0..seg.lo {
-                                *d.add(t * nr) = 0.0;
+                    // Each lane reads the whole run from `at − lo·stride` on (the padding
+                    // positions are zeroed afterwards) when that stays inside x; lanes that
+                    // read nothing read zeros.
+                    from.clear();
+                    let mut inside = true;
+                    for lane in 0..nr {
+                        if !inside {
+                            break;
+                        }
+                        if lane >= w {
+                            from.push(zeros.as_ptr());
+                            continue;
+                        }
+                        let (plane, seg) = lane_seg(lane);
+                        if seg.lo == seg.hi {
+                            from.push(zeros.as_ptr());
+                            continue;
+                        }
+                        let at = plane + seg.at;
+                        match at.checked_sub(seg.lo * stride) {
+                            Some(first) if first + (run.len - 1) * stride < src.x.len() => {
+                                from.push(src.x.as_ptr().wrapping_add(first));
                             }
-                            let from = src.x.as_ptr().add(plane + seg.at);
-                            for t in 0..seg.hi - seg.lo {
-                                *d.add((seg.lo + t) * nr) = *from.add(t * stride);
+                            _ => {
+                                inside = false;
+                                break;
                             }
-                            for t in seg.hi..run.len {
-                                *d.add(t * nr) = 0.0;
+                        }
+                    }
+                    if inside && run.len >= SHORT_RUN {
+                        // SAFETY: every pointer reads `t·stride`, `t < run.len`, inside x (just
+                        // checked) or inside `zeros` (resized above); `rows` is `run.len` rows
+                        // of `nr` values.
+                        unsafe { transpose_run(rows, nr, from, stride) };
+                        for lane in 0..w {
+                            let (_, seg) = lane_seg(lane);
+                            if seg.lo < seg.hi {
+                                for t in (0..seg.lo).chain(seg.hi..run.len) {
+                                    rows[t * nr + lane] = 0.0;
+                                }
+                            }
+                        }
+                    } else {
+                        for lane in 0..nr {
+                            if lane >= w {
+                                for t in 0..run.len {
+                                    rows[t * nr + lane] = 0.0;
+                                }
+                                continue;
+                            }
+                            let (plane, seg) = lane_seg(lane);
+                            // SAFETY: rows `t < run.len` and `lane < nr` keep writes inside
+                            // `rows`; `lo <= hi <= run.len`; the source `plane + at +
+                            // t·stride`, `t < hi − lo`, lies in x (`segments` clips every run
+                            // to the input; checked in debug builds).
+                            unsafe {
+                                let d = rows.as_mut_ptr().add(lane);
+                                for t in 0..seg.lo {
+                                    *d.add(t * nr) = 0.0;
+                                }
+                                let from = src.x.as_ptr().add(plane + seg.at);
+                                for t in 0..seg.hi - seg.lo {
+                                    *d.add((seg.lo + t) * nr) = *from.add(t * stride);
+                                }
+                                for t in seg.hi..run.len {
+                                    *d.add(t * nr) = 0.0;
+                                }
                             }
                         }
                     }
                 }
             }
         });
+    }
+}
+
+/// The block lane by lane (one channel and tap at a time, every run), for lines shorter than
+/// [`SHORT_RUN`].
+fn pack_lanes(
+    src: &Source<'_>,
+    runs: &[Run],
+    segs: &[Seg],
+    (jc, nc): (usize, usize),
+    kc: usize,
+    nr: usize,
+    dst: &mut [f32],
+) {
+    let stride = src.d.stride[2];
+    let count = runs.len();
+    for (j0, w, panel) in micro_panels(dst, kc, nr, jc, nc) {
+        debug_assert!({
+            let planes: Vec<usize> = (j0..j0 + w).map(|j| src.plane(j / src.rlen)).collect();
+            src.segments_in_bounds(runs, segs, &planes)
+        });
+        debug_assert!(panel.len() >= kc * nr);
+        for lane in 0..nr {
+            let base = panel.as_mut_ptr();
+            if lane >= w {
+                for p in 0..kc {
+                    panel[p * nr + lane] = 0.0;
+                }
+                continue;
+            }
+            let col = j0 + lane;
+            let (plane, tap) = (src.plane(col / src.rlen), col % src.rlen);
+            for (run, seg) in runs.iter().zip(&segs[tap * count..][..count]) {
+                // SAFETY: rows `run.start + t < kc` (runs tile `0..kc`) and `lane < nr` keep
+                // writes inside the `kc·nr` panel; `lo <= hi <= run.len`; the source `plane +
+                // at + t·stride`, `t < hi − lo`, lies in x (`segments` clips every run to the
+                // input; checked in debug builds).
+                unsafe {
+                    let d = base.add(run.start * nr + lane);
+                    for t in 0..seg.lo {
+                        *d.add(t * nr) = 0.0;
+                    }
+                    let from = src.x.as_ptr().add(plane + seg.at);
+                    for t in 0..seg.hi - seg.lo {
+                        *d.add((seg.lo + t) * nr) = *from.add(t * stride);
+                    }
+                    for t in seg.hi..run.len {
+                        *d.add(t * nr) = 0.0;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `rows[t·nr + l] = from[l][t·stride]` for the `rows.len() / nr` rows `t` of a run: with stride
+/// 1 in 4 × 4 blocks (four lanes × four positions read as vectors, written as four 4-value row
+/// pieces; the last block of a run overlaps the one before), otherwise value by value a row
+/// at a time.
+///
+/// # Safety
+/// `from.len() == nr` and every `from[l]` is valid for reads at `t·stride`, `t < rows.len() / nr`.
+#[inline]
+unsafe fn transpose_run(rows: &mut [f32], nr: usize, from: &[*const f32], stride: usize) {
+    let len = rows.len() / nr;
+    let dst = rows.as_mut_ptr();
+    if stride == 1 && len >= 4 && nr.is_multiple_of(4) {
+        for g in (0..nr).step_by(4) {
+            let p: [*const f32; 4] = std::array::from_fn(|k| from[g + k]);
+            let mut t = 0;
+            loop {
+                let t0 = t.min(len - 4);
+                // SAFETY: positions `t0..t0 + 4 <= len` (the caller's contract for the reads);
+                // rows `t0..t0 + 4`, lanes `g..g + 4 <= nr` lie in `rows`.
+                unsafe {
+                    let r: [[f32; 4]; 4] =
+                        std::array::from_fn(|k| p[k].add(t0).cast::<[f32; 4]>().read_unaligned());
+                    for u in 0..4 {
+                        dst.add((t0 + u) * nr + g)
+                            .cast::<[f32; 4]>()
+                            .write_unaligned([r[0][u], r[1][u], r[2][u], r[3][u]]);
+                    }
+                }
+                t += 4;
+                if t >= len {
+                    break;
+                }
+            }
+        }
+    } else {
+        for t in 0..len {
+            for (l, p) in from.iter().enumerate() {
+                // SAFETY: position `t < len` (the caller's contract); row `t`, lane `l < nr`.
+                unsafe { *dst.add(t * nr + l) = *p.add(t * stride) };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::testing::{Tolerance, uniform};
+    use crate::{BackwardFilterAlgo, ConvGeometry, Workspace, backward_filter, reference};
+
+    /// Lines of at least [`super::SHORT_RUN`] outputs (the transposing packer): strides 1-3,
+    /// padding on either side (lanes that start or end in the padding, runs at the very start
+    /// and end of x that fall back to lane-by-lane copies), dilation, groups, 1-3 spatial
+    /// dimensions, channel × tap counts that leave the last micro-panel partly empty; on 1 and
+    /// 2 threads, against the reference.
+    #[test]
+    fn wide_lines_match_the_reference() {
+        let geoms = [
+            ConvGeometry::new(3, 5, 4, &[40], &[3])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+            ConvGeometry::new(2, 6, 4, &[9, 61], &[3, 5])
+                .unwrap()
+                .with_stride(&[1, 2])
+                .unwrap()
+                .with_padding_per_side(&[2, 0], &[1, 2])
+                .unwrap()
+                .with_groups(2)
+                .unwrap(),
+            ConvGeometry::new(2, 3, 5, &[7, 50], &[2, 3])
+                .unwrap()
+                .with_stride(&[1, 3])
+                .unwrap()
+                .with_dilation(&[1, 2])
+                .unwrap()
+                .with_padding(&[2])
+                .unwrap(),
+            ConvGeometry::new(1, 4, 3, &[3, 4, 20], &[2, 3, 3])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+            ConvGeometry::new(2, 7, 6, &[5, 33], &[3, 3])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+        ];
+        for g in &geoms {
+            assert!(g.output()[g.rank() - 1] >= super::SHORT_RUN, "{g:?}");
+            let (x, dy) = (uniform(4, g.x_len()), uniform(5, g.y_len()));
+            let mut want = vec![0f32; g.w_len()];
+            reference::backward_filter(g, &x, &dy, &mut want).unwrap();
+            for threads in 1..=2 {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let mut dw = vec![f32::NAN; g.w_len()];
+                pool.install(|| {
+                    backward_filter(
+                        g,
+                        &x,
+                        &dy,
+                        &mut dw,
+                        BackwardFilterAlgo::ConvgemmTrans,
+                        &mut Workspace::new(false),
+                    )
+                })
+                .unwrap();
+                Tolerance::for_f32_sum(g.batch() * g.output_spatial_len())
+                    .check(&format!("{g:?} {threads} threads"), &dw, &want)
+                    .unwrap();
+            }
+        }
     }
 }
