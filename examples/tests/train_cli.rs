@@ -204,3 +204,68 @@ fn cifar10_files_train_a_torchvision_resnet() {
     assert!(v["train_loss"].as_f64().unwrap().is_finite());
     assert!(v["test_accuracy"].as_f64().is_some());
 }
+
+#[test]
+fn predict_runs_a_checkpoint_and_names_bad_input() {
+    use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+    let dir = std::env::temp_dir().join(format!("predict-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = |f: &str| dir.join(f).to_str().unwrap().to_string();
+    let out = train(&[
+        "--dataset",
+        "synthetic",
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--epochs",
+        "1",
+        "--checkpoint",
+        &p("lenet.safetensors"),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let x: Vec<u8> = (0..3 * 28 * 28)
+        .flat_map(|i| ((i % 17) as f32 / 17.0).to_le_bytes())
+        .collect();
+    let view = TensorView::new(Dtype::F32, vec![3, 1, 28, 28], &x).unwrap();
+    safetensors::serialize_to_file(
+        [("x", view)],
+        None,
+        std::path::Path::new(&p("x.safetensors")),
+    )
+    .unwrap();
+    let predict = |input: &str| {
+        Command::new(env!("CARGO_BIN_EXE_predict"))
+            .args(["--model", "lenet", "--checkpoint", &p("lenet.safetensors")])
+            .args(["--input", input, "--output", &p("y.safetensors")])
+            .output()
+            .unwrap()
+    };
+    let run = predict(&p("x.safetensors"));
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let bytes = std::fs::read(p("y.safetensors")).unwrap();
+    let y = SafeTensors::deserialize(&bytes).unwrap();
+    let logits = y.tensor("logits").unwrap();
+    assert_eq!(logits.shape(), [3, 10]);
+    assert!(
+        logits
+            .data()
+            .chunks_exact(4)
+            .all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite())
+    );
+    // A file without `x`, and a missing file, are errors naming the file.
+    let bad = predict(&p("lenet.safetensors"));
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("no tensor `x`"));
+    let missing = predict(&p("nope.safetensors"));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("nope.safetensors"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
