@@ -249,7 +249,16 @@ fn gather<const R: usize>(
     }
 }
 
+/// Source lines [`pack_lines`] reads at once.
+const LINE_GROUP: usize = 8;
+
 /// [`pack_panels`] for a unit x-stride and a panel width known at compile time.
+///
+/// The source is read [`LINE_GROUP`] lines at a time: for each panel, the group's `R`-wide rows
+/// (contiguous in the panel) are written together, the lines being read as parallel sequential
+/// streams. Line by line, each source line would scatter its chunks one per panel, `kc · R`
+/// values apart: with `kc · R · 4` a multiple of 4 KiB those all fall in one L1 set and every
+/// store misses (measured: 64×50176×576 +4-6 points of peak, 256×3136×2304 +6).
 #[inline(always)]
 fn pack_lines<const R: usize>(
     data: &[f32],
@@ -260,21 +269,44 @@ fn pack_lines<const R: usize>(
     kc: usize,
     dst: &mut [f32],
 ) {
+    const G: usize = LINE_GROUP;
     let full = w / R;
-    let tail = w % R;
-    for p in 0..kc {
+    let grouped = kc / G * G;
+    for pg in (0..grouped).step_by(G) {
+        let lines: [&[f32]; G] = std::array::from_fn(|i| &data[(p0 + pg + i) * sp + x0..][..w]);
+        for q in 0..full {
+            let out = &mut dst[q * R * kc + pg * R..][..G * R];
+            for (i, line) in lines.iter().enumerate() {
+                let o: &mut [f32; R] = (&mut out[i * R..][..R])
+                    .try_into()
+                    .unwrap_or_else(|_| unreachable!());
+                let src: &[f32; R] = (&line[q * R..][..R])
+                    .try_into()
+                    .unwrap_or_else(|_| unreachable!());
+                *o = *src;
+            }
+        }
+    }
+    // The lines after the last whole group, one at a time.
+    for p in grouped..kc {
         let line = &data[(p0 + p) * sp + x0..][..w];
-        let (body, rest) = line.split_at(full * R);
-        for (q, chunk) in body.chunks_exact(R).enumerate() {
-            let out: &mut [f32; R] = (&mut dst[q * R * kc + p * R..][..R])
+        for q in 0..full {
+            let o: &mut [f32; R] = (&mut dst[q * R * kc + p * R..][..R])
                 .try_into()
                 .unwrap_or_else(|_| unreachable!());
-            let src: &[f32; R] = chunk.try_into().unwrap_or_else(|_| unreachable!());
-            *out = *src;
+            let src: &[f32; R] = (&line[q * R..][..R])
+                .try_into()
+                .unwrap_or_else(|_| unreachable!());
+            *o = *src;
         }
-        if tail > 0 {
+    }
+    // The last, zero-padded panel when w is not a multiple of R.
+    let tail = w % R;
+    if tail > 0 {
+        for p in 0..kc {
+            let line = &data[(p0 + p) * sp + x0 + full * R..][..tail];
             let out = &mut dst[full * R * kc + p * R..][..R];
-            out[..tail].copy_from_slice(rest);
+            out[..tail].copy_from_slice(line);
             out[tail..].fill(0.0);
         }
     }
