@@ -15,6 +15,8 @@
 //!   (Winograd's α^N products) under one parallel schedule.
 //! - [`small_a_rows`], [`small_a_strided`]: `Y := A · X` for a tiny A (at most 16 × 16) and long
 //!   rows of X and Y, vectorised, no packing (the Winograd transforms of fastconv).
+//! - [`transpose_lanes`]: a vectorised transposing copy (lanes along k into packed panel rows)
+//!   for custom packers in crates that may not use intrinsics.
 //! - [`isa()`]: the kernel in use; [`Gemm`] builds a context for a chosen family ([`Isa`]) or block
 //!   sizes ([`BlockSizes`]); [`peak::fma_peak_gflops`] measures the FMA roofline.
 //!
@@ -78,6 +80,7 @@ pub mod pack;
 pub mod peak;
 mod small;
 pub mod store;
+mod transpose;
 mod view;
 
 pub use blocking::{BlockSizes, CacheSizes};
@@ -87,6 +90,7 @@ pub use isa::{Isa, isa};
 pub use pack::{PackA, PackB};
 pub use small::{SMALL_MAX, small_a_rows, small_a_strided};
 pub use store::{Bias, DenseStore, Store, Tile, Window};
+pub use transpose::transpose_lanes;
 pub use view::{MatMut, MatRef};
 
 /// cblas row-major `sgemm` with the process-wide kernel: `C := alpha · op(A) · op(B) + beta · C`,

@@ -225,3 +225,85 @@ pub(crate) unsafe fn small_a_avx2(nz: &Nonzeros, xs: &[*const f32], ys: &[*mut f
     // SAFETY: compiled with avx2+fma; the memory contract is the caller's.
     unsafe { small_a_body::<V256>(nz, xs, ys, n) }
 }
+
+/// Transpose of up to 8 lanes on 256-bit registers: `dst[t * ld + l] = lanes[l][t]` for
+/// `l < nl`, `t < len` (unit stride along each lane). Blocks of 8 × 8 are transposed in registers
+/// (8 loads, 24 shuffles, 8 stores); with `nl < 8` the missing lanes repeat lane 0 and the stores
+/// are masked to `nl` values, so nothing outside the `len × nl` window of `dst` is written. The
+/// `len % 8` tail is scalar.
+///
+/// # Safety
+/// The CPU has AVX2 (the caller holds an `Avx2` or `Avx512` kernel value); `1 <= nl <= 8`;
+/// `lanes[l]` for `l < nl` points to `len` readable f32; `dst + t * ld + l` is writable for every
+/// `t < len`, `l < nl`, and overlaps no lane.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn transpose8_avx2(
+    dst: *mut f32,
+    ld: usize,
+    lanes: &[*const f32; 8],
+    nl: usize,
+    len: usize,
+) {
+    debug_assert!((1..=8).contains(&nl));
+    // SAFETY: avx2 per the caller; every load reads `t + 8 <= len` values of a lane the caller
+    // vouches for (missing lanes alias lane 0); every store is masked to the `nl` columns of a
+    // destination row `t + i < len`.
+    unsafe {
+        let src: [*const f32; 8] =
+            std::array::from_fn(|l| if l < nl { lanes[l] } else { lanes[0] });
+        let mask = _mm256_setr_epi32(
+            -((nl > 0) as i32),
+            -((nl > 1) as i32),
+            -((nl > 2) as i32),
+            -((nl > 3) as i32),
+            -((nl > 4) as i32),
+            -((nl > 5) as i32),
+            -((nl > 6) as i32),
+            -((nl > 7) as i32),
+        );
+        let mut t = 0;
+        while t + 8 <= len {
+            let r: [__m256; 8] = std::array::from_fn(|l| _mm256_loadu_ps(src[l].add(t)));
+            let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+            let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+            let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+            let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+            let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+            let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+            let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+            let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+            let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+            let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+            let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+            let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+            let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+            let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+            let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+            let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+            let o = [
+                _mm256_permute2f128_ps::<0x20>(s0, s4),
+                _mm256_permute2f128_ps::<0x20>(s1, s5),
+                _mm256_permute2f128_ps::<0x20>(s2, s6),
+                _mm256_permute2f128_ps::<0x20>(s3, s7),
+                _mm256_permute2f128_ps::<0x31>(s0, s4),
+                _mm256_permute2f128_ps::<0x31>(s1, s5),
+                _mm256_permute2f128_ps::<0x31>(s2, s6),
+                _mm256_permute2f128_ps::<0x31>(s3, s7),
+            ];
+            for (i, v) in o.into_iter().enumerate() {
+                let d = dst.add((t + i) * ld);
+                if nl == 8 {
+                    _mm256_storeu_ps(d, v);
+                } else {
+                    _mm256_maskstore_ps(d, mask, v);
+                }
+            }
+            t += 8;
+        }
+        for t in t..len {
+            for l in 0..nl {
+                *dst.add(t * ld + l) = *src[l].add(t);
+            }
+        }
+    }
+}
