@@ -14,7 +14,8 @@
 //! - [`sgemm_batched`], [`Gemm::gemm_batched_with`]: many independent products of one shape
 //!   (Winograd's α^N products) under one parallel schedule.
 //! - [`small_a_rows`], [`small_a_strided`]: `Y := A · X` for a tiny A (at most 16 × 16) and long
-//!   rows of X and Y, vectorised, no packing (the Winograd transforms of fastconv).
+//!   rows of X and Y, vectorised, no packing (the Winograd transforms of fastconv); [`SmallA`]
+//!   prepares such an A once for many products.
 //! - [`transpose_lanes`]: a vectorised transposing copy (lanes along k into packed panel rows)
 //!   for custom packers in crates that may not use intrinsics.
 //! - [`isa()`]: the kernel in use; [`Gemm`] builds a context for a chosen family ([`Isa`]) or block
@@ -88,7 +89,7 @@ pub use error::Error;
 pub use gemm::Gemm;
 pub use isa::{Isa, isa};
 pub use pack::{PackA, PackB};
-pub use small::{SMALL_MAX, small_a_rows, small_a_strided};
+pub use small::{SMALL_MAX, SmallA, small_a_rows, small_a_strided};
 pub use store::{Bias, DenseStore, Store, Tile, Window};
 pub use transpose::transpose_lanes;
 pub use view::{MatMut, MatRef};

@@ -3,7 +3,7 @@
 //! Used by fastconv for the Winograd transforms (Bᵀ, Aᵀ, G along one mode of a tensor).
 
 use crate::isa::Family;
-use crate::kernel::small::{Nonzeros, small_a_body};
+use crate::kernel::small::{Plan, small_a_body};
 use crate::{Error, Gemm};
 
 /// Largest number of rows (`p`) and columns (`q`) of A in [`Gemm::small_a_rows`].
@@ -77,7 +77,7 @@ impl Gemm {
         }
         // SAFETY: the q X rows hold at least n values and the p Y rows exactly n (checked above);
         // the Y rows are distinct `&mut` slices, so they overlap neither each other nor X.
-        unsafe { self.small_a_raw(&Nonzeros::new(a, p, q), &xs[..q], &ys[..p], n) };
+        unsafe { self.small_a_raw(&Plan::new(a, p, q), &xs[..q], &ys[..p], n) };
         Ok(())
     }
 
@@ -97,6 +97,21 @@ impl Gemm {
         ldy: usize,
     ) -> Result<(), Error> {
         check_a(a, p, q)?;
+        self.small_a_apply(&SmallA::new(a, p, q)?, n, x, ldx, y, ldy)
+    }
+
+    /// [`Gemm::small_a_strided`] with A prepared once ([`SmallA`]): no per-call setup beyond the
+    /// slice checks. Same contract and errors as `small_a_strided`.
+    pub fn small_a_apply(
+        &self,
+        a: &SmallA,
+        n: usize,
+        x: &[f32],
+        ldx: usize,
+        y: &mut [f32],
+        ldy: usize,
+    ) -> Result<(), Error> {
+        let (p, q) = (a.plan.p, a.plan.q);
         for (arg, ld_arg, len, rows, ld) in
             [("x", "ldx", x.len(), q, ldx), ("y", "ldy", y.len(), p, ldy)]
         {
@@ -138,7 +153,7 @@ impl Gemm {
         // SAFETY: each X row has n readable values and each Y row n writable values inside the
         // slices (lengths checked above); Y rows are ldy >= n apart so they do not overlap, and
         // `y` is a `&mut` distinct from `x`.
-        unsafe { self.small_a_raw(&Nonzeros::new(a, p, q), &xs[..q], &ys[..p], n) };
+        unsafe { self.small_a_raw(&a.plan, &xs[..q], &ys[..p], n) };
         Ok(())
     }
 
@@ -146,7 +161,7 @@ impl Gemm {
     ///
     /// # Safety
     /// As [`small_a_body`].
-    unsafe fn small_a_raw(&self, nz: &Nonzeros, xs: &[*const f32], ys: &[*mut f32], n: usize) {
+    unsafe fn small_a_raw(&self, nz: &Plan, xs: &[*const f32], ys: &[*mut f32], n: usize) {
         match self.family {
             // SAFETY: the portable body needs no target feature; memory per the caller.
             Family::Scalar(_) => unsafe {
@@ -158,6 +173,51 @@ impl Gemm {
                 crate::kernel::x86::small_a_avx2(nz, xs, ys, n)
             },
         }
+    }
+}
+
+/// A tiny A (`p, q <=` [`SMALL_MAX`]) prepared once for repeated products `Y := A · X`
+/// ([`SmallA::apply_strided`], [`Gemm::small_a_apply`]): its exact zeros dropped and its rows
+/// grouped in twos. Two rows with the same nonzero columns and coefficients of equal magnitude
+/// (the ±x rows of Winograd matrices) are computed together as `s ± d` (half the multiply-adds);
+/// other rows go two at a time. Rows computed as `s ± d` are rounded in that order, which may
+/// differ in the last bits from summing the row directly.
+#[derive(Clone, Debug)]
+pub struct SmallA {
+    plan: Plan,
+}
+
+impl SmallA {
+    /// Prepare the row-major `p × q` matrix `a` (`a[j * q + i]`). Errors if `p` or `q` exceeds
+    /// [`SMALL_MAX`] or `a` holds fewer than `p · q` values.
+    pub fn new(a: &[f32], p: usize, q: usize) -> Result<Self, Error> {
+        check_a(a, p, q)?;
+        Ok(Self {
+            plan: Plan::new(a, p, q),
+        })
+    }
+
+    /// Rows of A (`p`, the rows of Y).
+    pub fn rows(&self) -> usize {
+        self.plan.p
+    }
+
+    /// Columns of A (`q`, the rows of X).
+    pub fn cols(&self) -> usize {
+        self.plan.q
+    }
+
+    /// `Y := A · X` with the process-wide kernel family: X row `i` is `x[i * ldx ..][.. n]`, Y
+    /// row `j` is `y[j * ldy ..][.. n]` (overwritten). Errors as [`Gemm::small_a_strided`].
+    pub fn apply_strided(
+        &self,
+        n: usize,
+        x: &[f32],
+        ldx: usize,
+        y: &mut [f32],
+        ldy: usize,
+    ) -> Result<(), Error> {
+        Gemm::global()?.small_a_apply(self, n, x, ldx, y, ldy)
     }
 }
 

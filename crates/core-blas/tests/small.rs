@@ -5,7 +5,7 @@
 mod common;
 
 use common::random;
-use core_blas::{Error, Gemm, SMALL_MAX};
+use core_blas::{Error, Gemm, SMALL_MAX, SmallA};
 
 /// A p × q with about a third of its entries exactly zero (the transforms are sparse).
 fn sparse_a(p: usize, q: usize, seed: u64) -> Vec<f32> {
@@ -185,4 +185,103 @@ fn small_a_rejects_bad_arguments() {
         .small_a_rows(&a, 2, 2, &[x4, x3], &mut [&mut y1, &mut y2])
         .unwrap_err();
     assert_eq!(arg(e), "x");
+}
+
+/// A p × q with ± row pairs: every other row repeats an earlier row's nonzero pattern and
+/// magnitudes with some signs flipped (or none, or all), as the ±x rows of Winograd matrices.
+fn paired_a(p: usize, q: usize, seed: u64) -> Vec<f32> {
+    let mut a = sparse_a(p, q, seed);
+    let flips = random(p * q, seed + 77);
+    for j in (1..p).step_by(2) {
+        let src = (j - 1) / 2 * 2;
+        for i in 0..q {
+            let v = a[src * q + i];
+            let mode = j % 3; // 0: random flips, 1: all equal, 2: all flipped
+            a[j * q + i] = match mode {
+                0 if flips[j * q + i] < 0.0 => -v,
+                2 => -v,
+                _ => v,
+            };
+        }
+    }
+    a
+}
+
+#[test]
+fn prepared_small_a_matches_naive_with_row_pairs() {
+    // Winograd F(4, 3) Bᵀ: rows 1/2 and 3/4 are ± pairs.
+    #[rustfmt::skip]
+    let bt: [f32; 36] = [
+        4.0, 0.0, -5.0, 0.0, 1.0, 0.0,
+        0.0, -4.0, -4.0, 1.0, 1.0, 0.0,
+        0.0, 4.0, -4.0, -1.0, 1.0, 0.0,
+        0.0, -2.0, -1.0, 2.0, 1.0, 0.0,
+        0.0, 2.0, -1.0, -2.0, 1.0, 0.0,
+        0.0, 4.0, 0.0, -5.0, 0.0, 1.0,
+    ];
+    for isa in common::families() {
+        let g = Gemm::new(isa).unwrap();
+        let mut seed = 5000;
+        let mut cases: Vec<(Vec<f32>, usize, usize)> = vec![(bt.to_vec(), 6, 6)];
+        for p in [1, 2, 3, 4, 5, 8, 9, 16] {
+            for q in [1, 3, 6, 9, 16] {
+                seed += 1;
+                cases.push((paired_a(p, q, seed), p, q));
+            }
+        }
+        for (a, p, q) in &cases {
+            let (p, q) = (*p, *q);
+            let prepared = SmallA::new(a, p, q).unwrap();
+            assert_eq!((prepared.rows(), prepared.cols()), (p, q));
+            for n in [1, 5, 8, 13, 32, 37, 48, 80, 96, 101] {
+                seed += 1;
+                let what = format!("{} prepared {p}x{q} n={n}", g.kernel_name());
+                let (ldx, ldy) = (n + 2, n + 3);
+                let x = random(q * ldx, seed);
+                let mut y = vec![f32::NAN; p * ldy];
+                g.small_a_apply(&prepared, n, &x, ldx, &mut y, ldy).unwrap();
+                check(&what, a, p, q, n, &x, ldx, &y, ldy);
+                for j in 0..p {
+                    assert!(
+                        y[j * ldy + n..(j + 1) * ldy].iter().all(|v| v.is_nan()),
+                        "{what}: write outside row {j}"
+                    );
+                }
+                // The one-shot entry point agrees exactly (same plan, same order).
+                let mut y2 = vec![f32::NAN; p * ldy];
+                g.small_a_strided(a, p, q, n, &x, ldx, &mut y2, ldy)
+                    .unwrap();
+                assert!(
+                    y.iter().zip(&y2).all(|(u, v)| u.to_bits() == v.to_bits()),
+                    "{what}: small_a_strided differs from the prepared product"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn prepared_small_a_errors_and_zero_skips() {
+    assert!(matches!(
+        SmallA::new(&[1.0; 4], 17, 1),
+        Err(Error::ShapeMismatch { arg: "a", .. })
+    ));
+    assert!(matches!(
+        SmallA::new(&[1.0; 3], 2, 2),
+        Err(Error::SliceTooShort { arg: "a", .. })
+    ));
+    // A ± pair whose zero column meets NaN in X: the pair must not read it.
+    let a = [0.0, 1.0, 2.0, 0.0, -1.0, 2.0];
+    let s = SmallA::new(&a, 2, 3).unwrap();
+    let n = 19;
+    let x: Vec<f32> = [vec![f32::NAN; n], vec![1.0; n], vec![3.0; n]].concat();
+    let mut y = vec![0.0; 2 * n];
+    s.apply_strided(n, &x, n, &mut y, n).unwrap();
+    assert!(y[..n].iter().all(|&v| v == 7.0), "row 0: {:?}", &y[..n]);
+    assert!(y[n..].iter().all(|&v| v == 5.0), "row 1: {:?}", &y[n..]);
+    let mut short = vec![0.0; 2 * n - 1];
+    assert!(matches!(
+        s.apply_strided(n, &x, n, &mut short, n),
+        Err(Error::SliceTooShort { arg: "y", .. })
+    ));
 }

@@ -42,6 +42,40 @@ pub(crate) trait Simd: Copy {
     /// Hint that the cache line at `p` is needed soon (no-op by default).
     #[inline(always)]
     unsafe fn prefetch(_p: *const f32) {}
+    /// `a + b` (by default an FMA with 1, which is exact).
+    #[inline(always)]
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
+        // SAFETY: the caller's target features.
+        unsafe { Self::fma(a, Self::splat(1.0), b) }
+    }
+    /// `a − b` (by default an FMA with −1, which is exact).
+    #[inline(always)]
+    unsafe fn sub(a: Self::V, b: Self::V) -> Self::V {
+        // SAFETY: the caller's target features.
+        unsafe { Self::fma(b, Self::splat(-1.0), a) }
+    }
+    /// Load of the first `n < LANES` values, the other lanes zero (by default through a buffer).
+    #[inline(always)]
+    unsafe fn load_n(p: *const f32, n: usize) -> Self::V {
+        debug_assert!(n <= Self::LANES && Self::LANES <= 16);
+        let mut buf = [0.0f32; 16];
+        // SAFETY: the caller guarantees `n` readable values; `buf` holds LANES <= 16.
+        unsafe {
+            std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n);
+            Self::load(buf.as_ptr())
+        }
+    }
+    /// Store of the first `n < LANES` lanes only (by default through a buffer).
+    #[inline(always)]
+    unsafe fn store_n(p: *mut f32, v: Self::V, n: usize) {
+        debug_assert!(n <= Self::LANES && Self::LANES <= 16);
+        let mut buf = [0.0f32; 16];
+        // SAFETY: the caller guarantees `n` writable values; `buf` holds LANES <= 16.
+        unsafe {
+            Self::store(buf.as_mut_ptr(), v);
+            std::ptr::copy_nonoverlapping(buf.as_ptr(), p, n);
+        }
+    }
 }
 
 /// A micro-kernel family: register tile `MR × NR`, a name, and one unsafe entry point.

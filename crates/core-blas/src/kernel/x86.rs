@@ -5,7 +5,7 @@
 
 use core::arch::x86_64::*;
 
-use super::small::{Nonzeros, small_a_body};
+use super::small::{Plan, small_a_body};
 use super::{Kernel, Simd, ukr};
 
 /// 256-bit vectors (AVX + FMA).
@@ -54,6 +54,37 @@ impl Simd for V256 {
     unsafe fn prefetch(p: *const f32) {
         // SAFETY: prefetch never faults, whatever the address.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
+        // SAFETY: `avx` present.
+        unsafe { _mm256_add_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn sub(a: Self::V, b: Self::V) -> Self::V {
+        // SAFETY: `avx` present.
+        unsafe { _mm256_sub_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn load_n(p: *const f32, n: usize) -> Self::V {
+        // SAFETY: `avx` present; masked-off lanes are not accessed (no fault), the caller
+        // guarantees the first `n` values are readable.
+        unsafe { _mm256_maskload_ps(p, lane_mask(n)) }
+    }
+    #[inline(always)]
+    unsafe fn store_n(p: *mut f32, v: Self::V, n: usize) {
+        // SAFETY: as `load_n`, for writes.
+        unsafe { _mm256_maskstore_ps(p, lane_mask(n), v) }
+    }
+}
+
+/// The mask selecting the first `n` (<= 8) of 8 lanes.
+#[inline(always)]
+unsafe fn lane_mask(n: usize) -> __m256i {
+    // SAFETY: only called from functions compiled with `avx`.
+    unsafe {
+        let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), idx)
     }
 }
 
@@ -221,9 +252,9 @@ impl Kernel for Avx512 {
 /// The CPU has AVX2 and FMA (the caller holds an `Avx2` or `Avx512` kernel value); memory as in
 /// [`small_a_body`].
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn small_a_avx2(nz: &Nonzeros, xs: &[*const f32], ys: &[*mut f32], n: usize) {
+pub(crate) unsafe fn small_a_avx2(plan: &Plan, xs: &[*const f32], ys: &[*mut f32], n: usize) {
     // SAFETY: compiled with avx2+fma; the memory contract is the caller's.
-    unsafe { small_a_body::<V256>(nz, xs, ys, n) }
+    unsafe { small_a_body::<V256>(plan, xs, ys, n) }
 }
 
 /// Transpose of up to 8 lanes on 256-bit registers: `dst[t * ld + l] = lanes[l][t]` for
@@ -251,16 +282,7 @@ pub(crate) unsafe fn transpose8_avx2(
     unsafe {
         let src: [*const f32; 8] =
             std::array::from_fn(|l| if l < nl { lanes[l] } else { lanes[0] });
-        let mask = _mm256_setr_epi32(
-            -((nl > 0) as i32),
-            -((nl > 1) as i32),
-            -((nl > 2) as i32),
-            -((nl > 3) as i32),
-            -((nl > 4) as i32),
-            -((nl > 5) as i32),
-            -((nl > 6) as i32),
-            -((nl > 7) as i32),
-        );
+        let mask = lane_mask(nl);
         let mut t = 0;
         while t + 8 <= len {
             let r: [__m256; 8] = std::array::from_fn(|l| _mm256_loadu_ps(src[l].add(t)));
