@@ -11,8 +11,8 @@ use conv_ops::ConvGeometry;
 use rayon::prelude::*;
 
 use crate::error::Result;
-use crate::ntransform::{TileTransforms, multi_mode_product_unchecked};
-use crate::tiled::{gather_tiles, tiles_per_dim};
+use crate::ntransform::{TileTransforms, multi_mode_product_unchecked, transform_into_rows};
+use crate::tiled::{Segment, channel_group, gather_apply, gather_segments, tiles_per_dim};
 
 /// Buffers of backward-filter kept by the plan across calls: per thread the accumulator M
 /// (α^N × K × C, tens of MiB for 512 channels) and the block buffers, plus the output transform's.
@@ -28,7 +28,19 @@ pub(crate) struct FilterWorkspace {
 #[derive(Debug, Clone, Default)]
 struct ThreadState {
     acc: Vec<f32>,
-    bufs: [Vec<f32>; 4],
+    bufs: BlockBufs,
+}
+
+/// One block's buffers: a channel group's gathered tiles, mode-product scratch and
+/// intermediate, V, U′, and the gather's segments.
+#[derive(Debug, Clone, Default)]
+struct BlockBufs {
+    d: Vec<f32>,
+    v: Vec<f32>,
+    scratch: Vec<f32>,
+    tmp: Vec<f32>,
+    u: Vec<f32>,
+    segs: Vec<Segment>,
 }
 
 /// `dw` (K×C×kernel, overwritten) from `x` and `dy` with the F(r, m′) transforms `tt`
@@ -48,7 +60,6 @@ pub(crate) fn backward_filter(
     let alpha = tt.in_tile();
     let a_n: usize = alpha.iter().product();
     let mp = tt.kernel().to_vec();
-    let mp_n: usize = mp.iter().product();
     let taps = g.kernel_len();
     debug_assert_eq!(tt.out_tile(), g.kernel());
     let tpd = tiles_per_dim(g.output(), &mp);
@@ -68,19 +79,56 @@ pub(crate) fn backward_filter(
     let run_block = |st: &mut ThreadState, b: usize, first: bool| -> Result<()> {
         let t0 = b * block;
         let tb = ((b + 1) * block).min(total) - t0;
-        let [d, v, scratch, u] = &mut st.bufs;
-        // No clearing: the gather writes every entry.
-        d.resize(a_n * c_in * tb, 0.0);
-        gather_tiles(x, g.input(), c_in, &alpha, &mp, &pad, &tpd, t0, tb, d);
-        let mut dims = alpha.clone();
-        dims.push(c_in * tb);
-        multi_mode_product_unchecked(d, &dims, &tt.bt(), scratch, v);
-        // U′ = E ×ₙ Gₙ in f32 (the chunks of dy change every call).
-        d.resize(mp_n * k_out * tb, 0.0);
-        gather_tiles(dy, g.output(), k_out, &mp, &mp, &zero_pad, &tpd, t0, tb, d);
-        let mut dims = mp.clone();
-        dims.push(k_out * tb);
-        multi_mode_product_unchecked(d, &dims, &tt.g32(), scratch, u);
+        let BlockBufs {
+            d,
+            v,
+            scratch,
+            tmp,
+            u,
+            segs,
+        } = &mut st.bufs;
+        // V = D ×ₙ Bₙᵀ and U′ = E ×ₙ Gₙ (in f32: the chunks of dy change every call), a group
+        // of channels at a time: gather the group's tiles, transform, and the last mode's product
+        // writes the group's rows of V (ξ, C, T_b) or U′ (ξ, K, T_b) in place (see `tiled`).
+        for (src, src_dims, tile, pad, channels, mats, dst) in [
+            (x, g.input(), &alpha, &pad, c_in, tt.bt(), &mut *v),
+            (dy, g.output(), &mp, &zero_pad, k_out, tt.g32(), &mut *u),
+        ] {
+            gather_segments(src_dims, tile, &mp, pad, &tpd, t0, tb, segs);
+            let src_len: usize = src_dims.iter().product();
+            let tile_n: usize = tile.iter().product();
+            dst.resize(a_n * channels * tb, 0.0);
+            let cg = channel_group(channels, a_n, tb);
+            let mut dims = tile.clone();
+            dims.push(0);
+            let mut c0 = 0;
+            while c0 < channels {
+                let cn = cg.min(channels - c0);
+                // No clearing: the gather writes every entry.
+                d.resize(tile_n * cn * tb, 0.0);
+                gather_apply(
+                    segs,
+                    src,
+                    src_len,
+                    channels,
+                    c0..c0 + cn,
+                    mp[rank - 1],
+                    tb,
+                    d,
+                );
+                dims[rank] = cn * tb;
+                transform_into_rows(
+                    d,
+                    &dims,
+                    &mats,
+                    scratch,
+                    tmp,
+                    &mut dst[c0 * tb..],
+                    channels * tb,
+                );
+                c0 += cn;
+            }
+        }
         // M_ξ (K × C) += U′_ξ (K × T_b) · V_ξᵀ (T_b × C).
         st.acc.resize(acc_len, 0.0);
         core_blas::sgemm_batched(

@@ -442,6 +442,115 @@ fn paired_chunk<T: Real>(
 /// (four AVX2 vectors of f32).
 const CHUNK: usize = 32;
 
+/// `Y := U · X` on strided rows: X row `i` is `x[i * ldx..][..n]` (`i < U.cols()`), Y row `j` is
+/// `y[j * ldy..][..n]` (`j < U.rows()`), overwritten. The vectorised kernel of `core-blas` when
+/// the type has one, else loops over the nonzeros.
+pub(crate) fn strided_product<T: Real>(
+    u: &SparseTransform<T>,
+    n: usize,
+    x: &[T],
+    ldx: usize,
+    y: &mut [T],
+    ldy: usize,
+) {
+    if T::small_product(&u.dense, u.rows, u.cols, n, x, ldx, y, ldy) {
+        return;
+    }
+    for j in 0..u.rows {
+        let yr = &mut y[j * ldy..][..n];
+        yr.fill(T::zero());
+        for &(c, v) in u.row(j) {
+            for (o, &xv) in yr.iter_mut().zip(&x[c * ldx..][..n]) {
+                *o += v * xv;
+            }
+        }
+    }
+}
+
+/// `X ×₁ U₁ … ×_N U_N` for `x` of shape `dims` = (α_1, …, α_N, inner) with N = `mats.len()`,
+/// written by rows: row `r` (the flat index over the N transformed modes) of the result goes to
+/// `y[r * ldy..][..inner]`. The first N − 1 modes run on `x` into `tmp` (with `scratch`), the last
+/// one writes straight into `y`, so a block of channels can land in its place in a larger
+/// (ξ, channels, tiles) tensor.
+pub(crate) fn transform_into_rows<T: Real>(
+    x: &[T],
+    dims: &[usize],
+    mats: &[&SparseTransform<T>],
+    scratch: &mut Vec<T>,
+    tmp: &mut Vec<T>,
+    y: &mut [T],
+    ldy: usize,
+) {
+    let nm = mats.len();
+    debug_assert_eq!(dims.len(), nm + 1);
+    let Some((last, first)) = mats.split_last() else {
+        return;
+    };
+    let inner = dims[nm];
+    let src: &[T] = if first.is_empty() {
+        x
+    } else {
+        multi_mode_product_unchecked(x, dims, first, scratch, tmp);
+        tmp
+    };
+    let outer: usize = first.iter().map(|u| u.rows()).product();
+    let a_last = dims[nm - 1];
+    for o in 0..outer {
+        strided_product(
+            last,
+            inner,
+            &src[o * a_last * inner..],
+            inner,
+            &mut y[o * last.rows() * ldy..],
+            ldy,
+        );
+    }
+}
+
+/// The reverse of [`transform_into_rows`]: row `r` (flat over the N modes of shape `alpha`) of the
+/// input is `x[r * ldx..][..inner]`; applies `mats[N − 1]` first (reading the strided rows), then
+/// the other modes. The result, (p_1, …, p_N, inner) contiguous, is left in `out`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn transform_from_rows<T: Real>(
+    x: &[T],
+    ldx: usize,
+    alpha: &[usize],
+    inner: usize,
+    mats: &[&SparseTransform<T>],
+    scratch: &mut Vec<T>,
+    tmp: &mut Vec<T>,
+    out: &mut Vec<T>,
+) {
+    let nm = mats.len();
+    debug_assert_eq!(alpha.len(), nm);
+    let Some((last, first)) = mats.split_last() else {
+        return;
+    };
+    let outer: usize = alpha[..nm - 1].iter().product();
+    let (a_last, p_last) = (alpha[nm - 1], last.rows());
+    let target = if first.is_empty() {
+        &mut *out
+    } else {
+        &mut *tmp
+    };
+    target.resize(outer * p_last * inner, T::zero());
+    for o in 0..outer {
+        strided_product(
+            last,
+            inner,
+            &x[o * a_last * ldx..],
+            ldx,
+            &mut target[o * p_last * inner..],
+            inner,
+        );
+    }
+    if !first.is_empty() {
+        let mut dims = alpha[..nm - 1].to_vec();
+        dims.push(p_last * inner);
+        multi_mode_product_unchecked(tmp, &dims, first, scratch, out);
+    }
+}
+
 /// Applies `mats[n]` along mode `n` for every `n < mats.len()` (trailing modes of `dims` beyond
 /// `mats.len()`, such as a batch of tiles, are left alone): `X ×₁ U₁ ×₂ … ×_k U_k`. Returns the
 /// result and its shape. `scratch` is reused between calls to avoid allocation.

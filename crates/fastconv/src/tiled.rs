@@ -1,23 +1,27 @@
 //! Tiled execution of a multi-channel N-d correlation by the fast algorithm (eq. 5, Algorithm 2).
 //!
 //! Four stages per block of tiles, as in NNPACK and the paper:
-//! 1. input transform: gather `T_b` input tiles of every channel into D (α^N × C × T_b, zero
-//!    outside the padded input) and apply Bᵀ along every spatial mode (V = D ×ₙ Bₙᵀ);
+//! 1. input transform, a group of channels at a time ([`channel_group`]): gather the group's
+//!    `T_b` input tiles (zero outside the padded input) into a cache-sized D and apply Bᵀ along
+//!    every spatial mode; the last mode's product writes the group's rows of V (α^N × C × T_b)
+//!    in place;
 //! 2. for every transformed coordinate ξ ∈ α^N one GEMM `M_ξ = U_ξᵀ · V_ξ`, (K × C)·(C × T_b): all
 //!    α^N of them as one `core_blas` batched call, with `U_ξᵀ` read from panels packed once per
 //!    weight version ([`crate::packed`]), so a block packs only its V;
-//! 3. output transform Y = M ×ₙ Aₙᵀ (m^N × K × T_b);
-//! 4. scatter the in-range outputs into y.
+//! 3. output transform Y = M ×ₙ Aₙᵀ, again a group of channels at a time (the last mode reads
+//!    the group's rows of M in place);
+//! 4. scatter of the group's in-range outputs into y.
 //!
-//! The kernel transform U (α^N × C × K) is computed once (see [`crate::plan`]). Blocks of tiles are
-//! sized to stay in cache and run on rayon's pool, a wave of blocks at a time.
+//! The block-sized tensors V and M are each written once and read once. The kernel transform U
+//! (α^N × C × K) is computed once (see [`crate::plan`]). Blocks of tiles are sized to stay in
+//! cache and run on rayon's pool, a wave of blocks at a time.
 
 use rayon::prelude::*;
 
 use core_blas::{DenseStore, Gemm, MatMut, MatRef};
 
 use crate::error::Result;
-use crate::ntransform::{TileTransforms, multi_mode_product_unchecked};
+use crate::ntransform::{TileTransforms, transform_from_rows, transform_into_rows};
 use crate::packed::{PackedKernels, PackedMatrix};
 
 /// A stride-1 multi-channel correlation `y[n,k,o] = Σ_c Σ_i x[n,c,o+i−p] w[k,c,i]` with a signed
@@ -56,6 +60,13 @@ pub(crate) fn tiles_per_dim(output: &[usize], m: &[usize]) -> Vec<usize> {
 
 /// Runs the correlation with transformed kernels `u` (α^N matrices `U_ξᵀ`, K × C, packed). Shapes
 /// are validated by the caller (`debug_assert!`ed here).
+///
+/// Per block of tiles, the input side runs a few channels at a time in L1/L2-sized buffers:
+/// gather the channels' tiles, apply Bᵀ along every mode but the last, and the last mode's
+/// product writes straight into the block's V (ξ, C, T_b). After the GEMMs, the output side
+/// likewise reads a few channels of M (ξ, K, T_b) with the last mode's Aᵀ, finishes the other
+/// modes locally and scatters the channels' outputs into y. The block-sized tensors (V and M)
+/// are each written once and read once; no block-sized intermediate exists.
 pub(crate) fn correlate(
     job: &Correlation,
     tt: &TileTransforms,
@@ -64,19 +75,18 @@ pub(crate) fn correlate(
     y: &mut [f32],
     block_tiles: usize,
 ) -> Result<()> {
-    let rank = job.input.len();
     let alpha = tt.in_tile();
     let m = tt.out_tile().to_vec();
     let (c_in, k_out) = (job.in_channels, job.out_channels);
     let a_n: usize = alpha.iter().product();
-    let m_n: usize = m.iter().product();
     let in_len: usize = job.input.iter().product();
     let out_len: usize = job.output.iter().product();
     let gemm = Gemm::global()?;
     let a_src: Vec<PackedMatrix<'_>> = (0..a_n).map(|xi| u.matrix(xi)).collect();
     debug_assert_eq!(x.len(), job.batch * c_in * in_len);
     debug_assert_eq!(y.len(), job.batch * k_out * out_len);
-    debug_assert_eq!(tt.rank(), rank);
+    debug_assert_eq!(tt.rank(), job.input.len());
+    let (bt, at) = (tt.bt(), tt.at());
 
     let tpd = tiles_per_dim(&job.output, &m);
     let tiles_per_image: usize = tpd.iter().product();
@@ -84,39 +94,56 @@ pub(crate) fn correlate(
     let block = block_tiles.clamp(1, total.max(1));
     let n_blocks = total.div_ceil(block);
     let threads = rayon::current_num_threads().max(1);
+    let og = OutGeom {
+        output: &job.output,
+        out_strides: strides(&job.output),
+        m: &m,
+        tpd: &tpd,
+        tiles_per_image,
+        out_len,
+        k_total: k_out,
+    };
+    let group = |channels: usize, tb: usize| channel_group(channels, a_n, tb);
 
-    let out_strides = strides(&job.output);
-
-    // One block: tiles t0..t1 → their outputs in `bufs.y`, laid out (m^N, K, T_b).
+    // One block: tiles t0..t1 → M_ξ = U_ξᵀ V_ξ in `bufs.mm`, laid out (α^N, K, T_b).
     let run_block = |bufs: &mut Buffers, t0: usize, t1: usize| -> Result<()> {
         let tb = t1 - t0;
-        let Buffers {
-            d,
-            v,
-            scratch,
-            mm,
-            y: yb,
-        } = bufs;
-        // No clearing: the gather writes every entry.
-        d.resize(a_n * c_in * tb, 0.0);
-        gather_tiles(
-            x,
-            &job.input,
-            c_in,
-            &alpha,
-            &m,
-            &job.pad_before,
-            &tpd,
-            t0,
-            tb,
-            d,
-        );
-        // Stage 1: V = D ×ₙ Bₙᵀ over the spatial modes; trailing (C, T_b) untouched.
+        let Buffers { v, mm, local, segs } = bufs;
+        v.resize(a_n * c_in * tb, 0.0);
+        gather_segments(&job.input, &alpha, &m, &job.pad_before, &tpd, t0, tb, segs);
+        let cg = group(c_in, tb);
         let mut dims = alpha.clone();
-        dims.push(c_in * tb);
-        multi_mode_product_unchecked(d, &dims, &tt.bt(), scratch, v);
-        // Stage 2: M_ξ (K × T_b) = U_ξᵀ (K × C) · V_ξ (C × T_b), for all ξ. beta = 0: C is
-        // written, never read, so the buffer needs no clearing.
+        dims.push(0);
+        let mut c0 = 0;
+        while c0 < c_in {
+            let cn = cg.min(c_in - c0);
+            // No clearing: the gather writes every entry.
+            local.d.resize(a_n * cn * tb, 0.0);
+            gather_apply(
+                segs,
+                x,
+                in_len,
+                c_in,
+                c0..c0 + cn,
+                m[m.len() - 1],
+                tb,
+                &mut local.d,
+            );
+            // V rows (ξ, channels c0..c0 + cn, all tiles) are contiguous: c0·tb .. (c0 + cn)·tb.
+            *dims.last_mut().unwrap_or(&mut 0) = cn * tb;
+            transform_into_rows(
+                &local.d,
+                &dims,
+                &bt,
+                &mut local.scratch,
+                &mut local.tmp,
+                &mut v[c0 * tb..],
+                c_in * tb,
+            );
+            c0 += cn;
+        }
+        // M_ξ (K × T_b) = U_ξᵀ (K × C) · V_ξ (C × T_b), for all ξ. beta = 0: C is written, never
+        // read, so the buffer needs no clearing.
         mm.resize(a_n * k_out * tb, 0.0);
         let b: Vec<MatRef<'_>> = v
             .chunks_exact(c_in * tb)
@@ -131,71 +158,48 @@ pub(crate) fn correlate(
             })
             .collect::<std::result::Result<_, _>>()?;
         gemm.gemm_batched_with(&a_src, &b, &mut stores)?;
-        // Stage 3: Y = M ×ₙ Aₙᵀ.
-        let mut dims = alpha.clone();
-        dims.push(k_out * tb);
-        multi_mode_product_unchecked(mm, &dims, &tt.at(), scratch, yb);
-        debug_assert_eq!(yb.len(), m_n * k_out * tb);
         Ok(())
     };
 
-    // Stage 4: scatter a block's outputs (only the in-range part of edge tiles), in runs of tiles
-    // along the last dimension as in `gather_tiles`: contiguous reads of the block's rows, writes
-    // with stride m into the same few output lines.
-    //
-    // `ys` holds the output planes (image, channel) from plane `plane0` on; only tiles `ta..tz`
-    // of the block `t0..t1` and channels `ks` are written, so planes can be filled in parallel.
+    // Output transform and scatter of channels `ks`, tiles `ta..tz` of the block `t0..t1` whose M
+    // is `mm`, into `ys` (the output planes (image, channel) from plane `plane0` on). Either one
+    // channel or the whole block's tiles, so the channels' rows of M are contiguous.
     #[allow(clippy::too_many_arguments)]
-    let scatter = |ys: &mut [f32],
-                   plane0: usize,
-                   t0: usize,
-                   t1: usize,
-                   yb: &[f32],
-                   ta: usize,
-                   tz: usize,
-                   ks: std::ops::Range<usize>| {
+    let finish = |local: &mut Local,
+                  ys: &mut [f32],
+                  plane0: usize,
+                  mm: &[f32],
+                  t0: usize,
+                  t1: usize,
+                  (ta, tz): (usize, usize),
+                  ks: std::ops::Range<usize>| {
         let tb = t1 - t0;
-        let last = rank - 1;
-        let prefix_n: usize = m[..last].iter().product();
-        let m_last = m[last];
-        let out_last = job.output[last];
-        let mut tidx = vec![0; rank];
-        let mut wi = vec![0; last];
-        let mut t = ta;
-        while t < tz {
-            let j = t - t0;
-            let n = t / tiles_per_image;
-            unravel(t % tiles_per_image, &tpd, &mut tidx);
-            let run = (tpd[last] - tidx[last]).min(tz - t);
-            let o0 = tidx[last] * m_last;
-            'rows: for pf in 0..prefix_n {
-                unravel(pf, &m[..last], &mut wi);
-                let mut off = 0;
-                for dd in 0..last {
-                    let o = tidx[dd] * m[dd] + wi[dd];
-                    if o >= job.output[dd] {
-                        continue 'rows;
-                    }
-                    off += o * out_strides[dd];
-                }
-                for i in 0..m_last {
-                    // Run tile jj writes output column o0 + jj·m + i, in range for jj < cnt.
-                    let first = o0 + i;
-                    if first >= out_last {
-                        continue;
-                    }
-                    let cnt = (out_last - first).div_ceil(m_last).min(run);
-                    for k in ks.clone() {
-                        let plane = n * k_out + k - plane0;
-                        let row = &mut ys[plane * out_len + off..][..out_last];
-                        let src = &yb[((pf * m_last + i) * k_out + k) * tb + j..][..cnt];
-                        for (o, &v) in row[first..].iter_mut().step_by(m_last).zip(src) {
-                            *o = v;
-                        }
-                    }
-                }
-            }
-            t += run;
+        let s = tz - ta;
+        debug_assert!(ks.len() == 1 || s == tb);
+        let Local {
+            scratch, tmp, out, ..
+        } = local;
+        transform_from_rows(
+            &mm[ks.start * tb + (ta - t0)..],
+            k_out * tb,
+            &alpha,
+            ks.len() * s,
+            &at,
+            scratch,
+            tmp,
+            out,
+        );
+        scatter_tiles(&og, ys, plane0, out, ta, s, ks);
+    };
+    // All channels of a block, a group at a time.
+    let finish_all = |bufs: &mut Buffers, ys: &mut [f32], plane0: usize, t0: usize, t1: usize| {
+        let kg = group(k_out, t1 - t0);
+        let Buffers { mm, local, .. } = bufs;
+        let mut k0 = 0;
+        while k0 < k_out {
+            let kn = kg.min(k_out - k0);
+            finish(local, ys, plane0, mm, t0, t1, (t0, t1), k0..k0 + kn);
+            k0 += kn;
         }
     };
 
@@ -214,7 +218,7 @@ pub(crate) fn correlate(
                 while t0 < img1 {
                     let t1 = (t0 + block).min(img1);
                     run_block(bufs, t0, t1)?;
-                    scatter(yn, n * k_out, t0, t1, &bufs.y, t0, t1, 0..k_out);
+                    finish_all(bufs, yn, n * k_out, t0, t1);
                     t0 = t1;
                 }
                 Ok(())
@@ -232,17 +236,14 @@ pub(crate) fn correlate(
             .map(|i| (i * block, ((i + 1) * block).min(total)))
             .collect();
         if ranges.len() == 1 {
-            run_block(&mut bufs[0], ranges[0].0, ranges[0].1)?;
+            let (t0, t1) = ranges[0];
+            run_block(&mut bufs[0], t0, t1)?;
+            finish_all(&mut bufs[0], y, 0, t0, t1);
         } else {
             bufs[..ranges.len()]
                 .par_iter_mut()
                 .zip(ranges.par_iter())
                 .try_for_each(|(buf, &(t0, t1))| run_block(buf, t0, t1))?;
-        }
-        if ranges.len() == 1 {
-            let (t0, t1) = ranges[0];
-            scatter(y, 0, t0, t1, &bufs[0].y, t0, t1, 0..k_out);
-        } else {
             // The wave's output planes (image, channel) in parallel: each plane takes the tiles
             // of its image from every block of the wave.
             let (first, end) = (ranges[0].0, ranges[ranges.len() - 1].1);
@@ -252,14 +253,14 @@ pub(crate) fn correlate(
             y[n0 * k_out * out_len..n1 * k_out * out_len]
                 .par_chunks_mut(out_len)
                 .enumerate()
-                .for_each(|(i, plane)| {
+                .for_each_init(Local::default, |local, (i, plane)| {
                     let p = n0 * k_out + i;
                     let (n, k) = (p / k_out, p % k_out);
                     let (img0, img1) = (n * tiles_per_image, (n + 1) * tiles_per_image);
                     for (&(t0, t1), buf) in ranges.iter().zip(bufs) {
                         let (ta, tz) = (t0.max(img0), t1.min(img1));
                         if ta < tz {
-                            scatter(plane, p, t0, t1, &buf.y, ta, tz, k..k + 1);
+                            finish(local, plane, p, &buf.mm, t0, t1, (ta, tz), k..k + 1);
                         }
                     }
                 });
@@ -269,77 +270,191 @@ pub(crate) fn correlate(
     Ok(())
 }
 
-/// Per-thread work buffers of one block: gathered tiles D, V = D ×ₙ Bₙᵀ, mode-product scratch,
-/// M, and the block's outputs.
-#[derive(Debug, Default)]
-struct Buffers {
-    d: Vec<f32>,
-    v: Vec<f32>,
-    scratch: Vec<f32>,
-    mm: Vec<f32>,
-    y: Vec<f32>,
+/// Channels per group of the per-channel-group transforms, for tiles of `a_n` values and blocks
+/// of `tb` tiles: a group's tiles within about 128 KiB (`GROUP_FLOATS`), but rows of at least
+/// `GROUP_MIN_ROW` values for the transform products (each product call has a fixed cost).
+/// Measured (thread CPU time, min of 3 interleaved runs, 18:10 UTC): 4-11 channels (paper layer
+/// 5, 64@56² 11) beat 1-2 by 10-20 % and beat 22 or all of them by 5-15 %; C3D (α^N = 216,
+/// 48 tiles) wants 6 rather than 3.
+pub(crate) fn channel_group(channels: usize, a_n: usize, tb: usize) -> usize {
+    let by_size = GROUP_FLOATS / (a_n * tb).max(1);
+    let by_row = GROUP_MIN_ROW.div_ceil(tb.max(1));
+    by_size.max(by_row).clamp(1, channels.max(1))
 }
 
-/// Gathers `tb` tiles (global tile indices `t0..t0 + tb`) of `channels` channels from `src`
-/// (images × channels × `src_dims`) into `dst` (`tile_dims` × channels × tb), writing every entry:
-/// entries outside `src` (padding) are set to zero, so `dst` needs no clearing (a memset of the
-/// whole block per call saved). Tile `t` of image `n` starts at
-/// `tidx · step − pad` per dimension, `tpd` tiles per dimension.
+/// See [`channel_group`].
+const GROUP_FLOATS: usize = 32768;
+/// See [`channel_group`].
+const GROUP_MIN_ROW: usize = 256;
+
+/// Per-thread buffers of one block: V (ξ, C, T_b), M (ξ, K, T_b) and the per-channel buffers.
+#[derive(Debug, Default)]
+struct Buffers {
+    v: Vec<f32>,
+    mm: Vec<f32>,
+    local: Local,
+    segs: Vec<Segment>,
+}
+
+/// Buffers of the per-channel-group transforms: gathered tiles, mode-product scratch and
+/// intermediate, transformed outputs.
+#[derive(Debug, Default)]
+struct Local {
+    d: Vec<f32>,
+    scratch: Vec<f32>,
+    tmp: Vec<f32>,
+    out: Vec<f32>,
+}
+
+/// The output side's geometry, for [`scatter_tiles`].
+struct OutGeom<'a> {
+    output: &'a [usize],
+    out_strides: Vec<usize>,
+    m: &'a [usize],
+    tpd: &'a [usize],
+    tiles_per_image: usize,
+    out_len: usize,
+    /// Channels per image of the output.
+    k_total: usize,
+}
+
+/// Scatters the outputs of tiles `ta..ta + s` and channels `ks`, `yb` laid out
+/// (m^N, ks.len(), s), into `ys`: the output planes (image, channel) from plane `plane0` on. Only
+/// the in-range part of edge tiles is written, in runs of tiles along the last dimension as in
+/// [`gather_tiles`]: contiguous reads of `yb`'s rows, writes with stride m into the same few
+/// output lines.
+fn scatter_tiles(
+    og: &OutGeom<'_>,
+    ys: &mut [f32],
+    plane0: usize,
+    yb: &[f32],
+    ta: usize,
+    s: usize,
+    ks: std::ops::Range<usize>,
+) {
+    let m = og.m;
+    let rank = m.len();
+    let last = rank - 1;
+    let prefix_n: usize = m[..last].iter().product();
+    let m_last = m[last];
+    let out_last = og.output[last];
+    let kn = ks.len();
+    let mut tidx = vec![0; rank];
+    let mut wi = vec![0; last];
+    let tz = ta + s;
+    let mut t = ta;
+    while t < tz {
+        let j = t - ta;
+        let n = t / og.tiles_per_image;
+        unravel(t % og.tiles_per_image, og.tpd, &mut tidx);
+        let run = (og.tpd[last] - tidx[last]).min(tz - t);
+        let o0 = tidx[last] * m_last;
+        'rows: for pf in 0..prefix_n {
+            unravel(pf, &m[..last], &mut wi);
+            let mut off = 0;
+            for dd in 0..last {
+                let o = tidx[dd] * m[dd] + wi[dd];
+                if o >= og.output[dd] {
+                    continue 'rows;
+                }
+                off += o * og.out_strides[dd];
+            }
+            for i in 0..m_last {
+                // Run tile jj writes output column o0 + jj·m + i, in range for jj < cnt.
+                let first = o0 + i;
+                if first >= out_last {
+                    continue;
+                }
+                let cnt = (out_last - first).div_ceil(m_last).min(run);
+                for (kl, k) in ks.clone().enumerate() {
+                    let plane = n * og.k_total + k - plane0;
+                    let row = &mut ys[plane * og.out_len + off..][..out_last];
+                    let src = &yb[((pf * m_last + i) * kn + kl) * s + j..][..cnt];
+                    strided_write(&mut row[first..], src, m_last);
+                }
+            }
+        }
+        t += run;
+    }
+}
+
+/// One contiguous destination run of a gather: for each channel, `dst` row `row` (tile position)
+/// at tile columns `j .. j + run` takes the source values `src[img, channel][off + q · step]`,
+/// `q < hi − lo`, at columns `j + lo .. j + hi`, and zeros elsewhere (padding).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Segment {
+    img: usize,
+    off: usize,
+    row: usize,
+    j: usize,
+    lo: usize,
+    hi: usize,
+    run: usize,
+}
+
+/// The segments of a gather of `tb` tiles (global tile indices `t0..t0 + tb`) from sources of
+/// shape `src_dims`: computed once per block and applied to every channel group
+/// ([`gather_apply`]), so the index arithmetic is not repeated per channel. Tile `t` of image `n`
+/// starts at `tidx · step − pad` per dimension, `tpd` tiles per dimension.
 ///
 /// The tiles of a block are taken in runs that share the image and every tile index but the
 /// last (neighbours along the last dimension); for each destination row (tile position, channel)
 /// the run is one contiguous write along the tile index, reading the source row with stride
 /// `step`. (Writing tile by tile instead touches a new cache line of `dst` for every element.)
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gather_tiles(
-    src: &[f32],
+pub(crate) fn gather_segments(
     src_dims: &[usize],
-    channels: usize,
     tile_dims: &[usize],
     step: &[usize],
     pad: &[isize],
     tpd: &[usize],
     t0: usize,
     tb: usize,
-    dst: &mut [f32],
+    segs: &mut Vec<Segment>,
 ) {
+    segs.clear();
     let rank = src_dims.len();
     let last = rank - 1;
-    let src_len: usize = src_dims.iter().product();
     let src_strides = strides(src_dims);
-    let tile_n: usize = tile_dims.iter().product();
     let prefix_n: usize = tile_dims[..last].iter().product();
     let per_image: usize = tpd.iter().product();
     let a_last = tile_dims[last];
     let width = src_dims[last] as isize;
     let s_last = step[last] as isize;
-    debug_assert_eq!(dst.len(), tile_n * channels * tb);
     let (mut tidx, mut xi) = (vec![0; rank], vec![0; last]);
     let mut j = 0;
     while j < tb {
         let t = t0 + j;
-        let n = t / per_image;
+        let img = t / per_image;
         unravel(t % per_image, tpd, &mut tidx);
         let run = (tpd[last] - tidx[last]).min(tb - j);
         let q0 = tidx[last] as isize;
-        'rows: for pf in 0..prefix_n {
+        for pf in 0..prefix_n {
             unravel(pf, &tile_dims[..last], &mut xi);
-            let mut off = 0usize;
+            let mut off = Some(0usize);
             for d in 0..last {
                 let coord = (tidx[d] * step[d] + xi[d]) as isize - pad[d];
                 if coord < 0 || coord as usize >= src_dims[d] {
                     // A padding row of the tiles: zero for every position and channel.
-                    for i in 0..a_last {
-                        for c in 0..channels {
-                            let d0 = ((pf * a_last + i) * channels + c) * tb + j;
-                            dst[d0..d0 + run].fill(0.0);
-                        }
-                    }
-                    continue 'rows;
+                    off = None;
+                    break;
                 }
-                off += coord as usize * src_strides[d];
+                off = off.map(|o| o + coord as usize * src_strides[d]);
             }
             for i in 0..a_last {
+                let row = pf * a_last + i;
+                let Some(off) = off else {
+                    segs.push(Segment {
+                        img,
+                        off: 0,
+                        row,
+                        j,
+                        lo: 0,
+                        hi: 0,
+                        run,
+                    });
+                    continue;
+                };
                 // Source column of run tile jj: base + jj · step; in range for jj in [lo, hi).
                 let base = q0 * s_last - pad[last] + i as isize;
                 let lo = if base >= 0 {
@@ -353,27 +468,147 @@ pub(crate) fn gather_tiles(
                     ((width - base + s_last - 1) / s_last) as usize
                 };
                 let (lo, hi) = (lo.min(run), hi.min(run));
-                if lo >= hi {
-                    for c in 0..channels {
-                        let d0 = ((pf * a_last + i) * channels + c) * tb + j;
-                        dst[d0..d0 + run].fill(0.0);
-                    }
-                    continue;
-                }
-                let first = (base + lo as isize * s_last) as usize;
-                for c in 0..channels {
-                    let row = &src[(n * channels + c) * src_len + off..][..src_dims[last]];
-                    let d0 = ((pf * a_last + i) * channels + c) * tb + j;
-                    dst[d0..d0 + lo].fill(0.0);
-                    dst[d0 + hi..d0 + run].fill(0.0);
-                    let out = &mut dst[d0 + lo..d0 + hi];
-                    for (o, &v) in out.iter_mut().zip(row[first..].iter().step_by(step[last])) {
-                        *o = v;
-                    }
-                }
+                let (lo, hi, first) = if lo >= hi {
+                    (0, 0, 0)
+                } else {
+                    (lo, hi, (base + lo as isize * s_last) as usize)
+                };
+                segs.push(Segment {
+                    img,
+                    off: off + first,
+                    row,
+                    j,
+                    lo,
+                    hi,
+                    run,
+                });
             }
         }
         j += run;
+    }
+}
+
+/// Applies gather segments to the channels `chans` of `src` (images × `channels` × `src_len`)
+/// with source step `step` (the last dimension's) into `dst` (`rows` × `chans.len()` × tb),
+/// writing every entry covered by the segments (all of `dst` for segments of a whole block).
+pub(crate) fn gather_apply(
+    segs: &[Segment],
+    src: &[f32],
+    src_len: usize,
+    channels: usize,
+    chans: std::ops::Range<usize>,
+    step: usize,
+    tb: usize,
+    dst: &mut [f32],
+) {
+    let cn = chans.len();
+    debug_assert!(chans.end <= channels);
+    for s in segs {
+        for c in 0..cn {
+            let d0 = (s.row * cn + c) * tb + s.j;
+            let out = &mut dst[d0..d0 + s.run];
+            if s.lo < s.hi {
+                out[..s.lo].fill(0.0);
+                out[s.hi..].fill(0.0);
+                let plane = (s.img * channels + chans.start + c) * src_len;
+                strided_read(&mut out[s.lo..s.hi], &src[plane + s.off..], step);
+            } else {
+                out.fill(0.0);
+            }
+        }
+    }
+}
+
+/// Gathers `tb` tiles (global tile indices `t0..t0 + tb`) of the channels `chans` from `src`
+/// (images × `channels` × `src_dims`) into `dst` (`tile_dims` × `chans.len()` × tb), writing
+/// every entry: entries outside `src` (padding) are set to zero, so `dst` needs no clearing.
+/// [`gather_segments`] then [`gather_apply`] (the reference form, for tests).
+#[cfg(test)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gather_tiles(
+    src: &[f32],
+    src_dims: &[usize],
+    channels: usize,
+    chans: std::ops::Range<usize>,
+    tile_dims: &[usize],
+    step: &[usize],
+    pad: &[isize],
+    tpd: &[usize],
+    t0: usize,
+    tb: usize,
+    dst: &mut [f32],
+) {
+    let tile_n: usize = tile_dims.iter().product();
+    debug_assert_eq!(dst.len(), tile_n * chans.len() * tb);
+    let mut segs = Vec::new();
+    gather_segments(src_dims, tile_dims, step, pad, tpd, t0, tb, &mut segs);
+    let src_len: usize = src_dims.iter().product();
+    let s_last = step[src_dims.len() - 1];
+    gather_apply(&segs, src, src_len, channels, chans, s_last, tb, dst);
+}
+
+/// `out[j] = src[j · step]` for every `j < out.len()` (`src` long enough), with the step a
+/// compile-time constant for the usual tile sizes (a tight unrolled loop instead of a generic
+/// stepping iterator: the gather's inner loop).
+#[inline]
+fn strided_read(out: &mut [f32], src: &[f32], step: usize) {
+    #[inline(always)]
+    fn fixed<const S: usize>(out: &mut [f32], src: &[f32]) {
+        let Some((last, head)) = out.split_last_mut() else {
+            return;
+        };
+        let n = head.len();
+        for (o, ch) in head.iter_mut().zip(src[..n * S].chunks_exact(S)) {
+            *o = ch[0];
+        }
+        *last = src[n * S];
+    }
+    match step {
+        1 => out.copy_from_slice(&src[..out.len()]),
+        2 => fixed::<2>(out, src),
+        3 => fixed::<3>(out, src),
+        4 => fixed::<4>(out, src),
+        5 => fixed::<5>(out, src),
+        6 => fixed::<6>(out, src),
+        7 => fixed::<7>(out, src),
+        8 => fixed::<8>(out, src),
+        _ => {
+            for (o, &v) in out.iter_mut().zip(src.iter().step_by(step)) {
+                *o = v;
+            }
+        }
+    }
+}
+
+/// `dst[j · step] = src[j]` for every `j < src.len()` (`dst` long enough): the scatter's inner
+/// loop, with the step a compile-time constant for the usual tile sizes.
+#[inline]
+fn strided_write(dst: &mut [f32], src: &[f32], step: usize) {
+    #[inline(always)]
+    fn fixed<const S: usize>(dst: &mut [f32], src: &[f32]) {
+        let Some((&last, head)) = src.split_last() else {
+            return;
+        };
+        let n = head.len();
+        for (ch, &v) in dst[..n * S].chunks_exact_mut(S).zip(head) {
+            ch[0] = v;
+        }
+        dst[n * S] = last;
+    }
+    match step {
+        1 => dst[..src.len()].copy_from_slice(src),
+        2 => fixed::<2>(dst, src),
+        3 => fixed::<3>(dst, src),
+        4 => fixed::<4>(dst, src),
+        5 => fixed::<5>(dst, src),
+        6 => fixed::<6>(dst, src),
+        7 => fixed::<7>(dst, src),
+        8 => fixed::<8>(dst, src),
+        _ => {
+            for (o, &v) in dst.iter_mut().step_by(step).zip(src) {
+                *o = v;
+            }
+        }
     }
 }
 
@@ -411,9 +646,22 @@ mod tests {
             let t0 = rng.random_range(0..total);
             let tb = rng.random_range(1..=total - t0);
             let tile_n: usize = tile.iter().product();
-            let mut got = vec![f32::NAN; tile_n * channels * tb];
+            let c0 = rng.random_range(0..channels);
+            let c1 = rng.random_range(c0 + 1..=channels);
+            let cn = c1 - c0;
+            let mut got = vec![f32::NAN; tile_n * cn * tb];
             gather_tiles(
-                &src, &dims, channels, &tile, &step, &pad, &tpd, t0, tb, &mut got,
+                &src,
+                &dims,
+                channels,
+                c0..c1,
+                &tile,
+                &step,
+                &pad,
+                &tpd,
+                t0,
+                tb,
+                &mut got,
             );
             let src_strides = strides(&dims);
             let (mut tidx, mut pos) = (vec![0; rank], vec![0; rank]);
@@ -422,7 +670,7 @@ mod tests {
                 unravel(t % per_image, &tpd, &mut tidx);
                 for p in 0..tile_n {
                     unravel(p, &tile, &mut pos);
-                    for c in 0..channels {
+                    for c in 0..cn {
                         let mut off = Some(0usize);
                         for d in 0..rank {
                             let coord = (tidx[d] * step[d] + pos[d]) as isize - pad[d];
@@ -432,9 +680,10 @@ mod tests {
                             }
                             off = off.map(|o| o + coord as usize * src_strides[d]);
                         }
-                        let want = off
-                            .map_or(0.0, |o| src[((t / per_image) * channels + c) * src_len + o]);
-                        let g = got[(p * channels + c) * tb + j];
+                        let want = off.map_or(0.0, |o| {
+                            src[((t / per_image) * channels + c0 + c) * src_len + o]
+                        });
+                        let g = got[(p * cn + c) * tb + j];
                         assert_eq!(
                             g.to_bits(),
                             want.to_bits(),
