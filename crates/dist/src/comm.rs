@@ -41,6 +41,40 @@ pub trait Communicator {
     where
         Self: Sized;
 
+    /// In-place sum over all ranks of `buf`, cut into consecutive chunks of the lengths
+    /// `chunks`, each chunk's sum started as soon as it is ready: `work` runs with a
+    /// [`ChunkPoster`] whose [`post`](ChunkPoster::post) fills one chunk and starts its
+    /// (non-blocking) reduction, so communication overlaps whatever `work` computes next (the
+    /// gradient chunks of the paper "Parallel CNN training by overlapping computation and
+    /// communication"). Chunks `work` leaves unposted are summed afterwards with `buf`'s contents,
+    /// in index order. On return every chunk holds its sum.
+    ///
+    /// Every rank must post the same chunks in the same order (MPI orders collectives by call).
+    /// The default, used by [`crate::SingleProcess`], reduces each chunk when it is posted.
+    ///
+    /// Errors: [`DistError::Training`] when the chunk lengths do not add up to `buf.len()` or a
+    /// chunk is posted twice or does not exist; [`DistError::CountTooLarge`] for a chunk over
+    /// [`MAX_COUNT`]; the first error of `work`.
+    fn allreduce_sum_overlapped(
+        &self,
+        buf: &mut [f32],
+        chunks: &[usize],
+        work: &mut dyn FnMut(&mut dyn ChunkPoster) -> Result<()>,
+    ) -> Result<()> {
+        let mut parts = split_chunks(buf, chunks)?;
+        let mut poster = BlockingPoster {
+            comm: |b: &mut [f32]| self.allreduce_sum(b),
+            parts: &mut parts,
+        };
+        let result = work(&mut poster);
+        for i in 0..poster.parts.len() {
+            if poster.parts[i].is_some() {
+                poster.post(i, &mut |_| {})?;
+            }
+        }
+        result
+    }
+
     /// In-place mean over all ranks: [`Communicator::allreduce_sum`] then a scale by
     /// `1 / size()`, what data-parallel gradient averaging needs.
     fn allreduce_mean(&self, buf: &mut [f32]) -> Result<()> {
@@ -88,4 +122,63 @@ pub(crate) fn check_split_value(arg: &'static str, value: u32) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// Starts the reduction of one chunk inside [`Communicator::allreduce_sum_overlapped`].
+pub trait ChunkPoster {
+    /// Writes chunk `index` through `fill` (which sees the chunk's current contents) and starts
+    /// its sum over all ranks. Collective: every rank posts the same chunks in the same order.
+    ///
+    /// Errors: [`DistError::Training`] for an unknown or already posted chunk.
+    fn post(&mut self, index: usize, fill: &mut dyn FnMut(&mut [f32])) -> Result<()>;
+}
+
+/// `buf` cut into `chunks`, each `Some` until posted.
+pub(crate) fn split_chunks<'b>(
+    buf: &'b mut [f32],
+    chunks: &[usize],
+) -> Result<Vec<Option<&'b mut [f32]>>> {
+    let total: usize = chunks.iter().sum();
+    if total != buf.len() {
+        return Err(DistError::Training(format!(
+            "chunks of {total} values in total for a buffer of {}",
+            buf.len()
+        )));
+    }
+    let mut parts = Vec::with_capacity(chunks.len());
+    let mut rest = buf;
+    for &n in chunks {
+        check_count("chunks", n)?;
+        let (head, tail) = rest.split_at_mut(n);
+        parts.push(Some(head));
+        rest = tail;
+    }
+    Ok(parts)
+}
+
+/// Takes chunk `index` out of `parts`, or says why it cannot.
+pub(crate) fn take_chunk<'b>(
+    parts: &mut [Option<&'b mut [f32]>],
+    index: usize,
+) -> Result<&'b mut [f32]> {
+    let n = parts.len();
+    parts
+        .get_mut(index)
+        .ok_or_else(|| DistError::Training(format!("chunk {index} of {n} does not exist")))?
+        .take()
+        .ok_or_else(|| DistError::Training(format!("chunk {index} was posted twice")))
+}
+
+/// The default poster: each chunk is reduced (blocking) when posted.
+struct BlockingPoster<'p, 'b, F> {
+    comm: F,
+    parts: &'p mut Vec<Option<&'b mut [f32]>>,
+}
+
+impl<F: FnMut(&mut [f32]) -> Result<()>> ChunkPoster for BlockingPoster<'_, '_, F> {
+    fn post(&mut self, index: usize, fill: &mut dyn FnMut(&mut [f32])) -> Result<()> {
+        let chunk = take_chunk(self.parts, index)?;
+        fill(chunk);
+        (self.comm)(chunk)
+    }
 }

@@ -3,9 +3,13 @@
 //! all ranks before every optimizer step, so all replicas take the same step as one process
 //! training on the whole mini-batch.
 //!
-//! Gradients travel as one allreduce over all parameters concatenated (a single bucket), posted
-//! after backpropagation: the overlap of communication with backpropagation is not done yet.
+//! [`DataParallel::step`] overlaps the gradient exchange with backpropagation, as "Parallel CNN
+//! training by overlapping computation and communication" does: the parameters are laid out in
+//! backpropagation order (last layer first) and cut into chunks of at least
+//! [`DataParallel::with_chunk`] values; a chunk's non-blocking allreduce is posted as soon as
+//! backpropagation has produced all of its gradients, while the earlier layers still compute.
 
+use std::collections::HashMap;
 use std::ops::Range;
 
 use nn::{Sequential, Sgd, Tensor, cross_entropy};
@@ -13,19 +17,88 @@ use nn::{Sequential, Sgd, Tensor, cross_entropy};
 use crate::comm::Communicator;
 use crate::error::{DistError, Result};
 
+/// Default chunk: 256 Ki values (1 MiB of f32), large enough for the network's bandwidth and
+/// small enough that the last layers' gradients leave early.
+pub const DEFAULT_CHUNK: usize = 1 << 18;
+
 /// Data parallelism over the ranks of a communicator.
 pub struct DataParallel<'c, C: Communicator> {
     comm: &'c C,
     flat: Vec<f32>,
+    stage: Vec<f32>,
+    chunk: usize,
+}
+
+/// Where each parameter's gradient sits in the exchanged buffer, and the chunks.
+struct Layout {
+    /// Parameter name → its index in `model.params()` order.
+    at: HashMap<String, usize>,
+    /// (offset, length) of each parameter's gradient in the buffer, by index.
+    span: Vec<(usize, usize)>,
+    /// Chunk lengths, in buffer order.
+    chunks: Vec<usize>,
+    /// Chunk of each parameter (by `model.params()` index).
+    chunk_of: Vec<usize>,
+    /// Parameters per chunk.
+    members: Vec<usize>,
+    /// Start of each chunk in the buffer.
+    starts: Vec<usize>,
+}
+
+impl Layout {
+    /// Parameters in reverse order (backpropagation's), cut into chunks of at least `chunk`.
+    fn of(model: &Sequential, chunk: usize) -> Layout {
+        let params = model.params();
+        let n = params.len();
+        let (mut at, mut chunks, mut starts) = (HashMap::new(), Vec::new(), Vec::new());
+        let (mut chunk_of, mut members, mut span) = (vec![0; n], Vec::new(), vec![(0, 0); n]);
+        let (mut offset, mut open) = (0, 0);
+        for (i, (name, p)) in params.iter().enumerate().rev() {
+            if open == 0 {
+                starts.push(offset);
+                chunks.push(0);
+                members.push(0);
+            }
+            let len = p.grad.len();
+            at.insert(name.clone(), i);
+            span[i] = (offset, len);
+            chunk_of[i] = chunks.len() - 1;
+            *chunks.last_mut().expect("opened above") += len;
+            *members.last_mut().expect("opened above") += 1;
+            offset += len;
+            open += len;
+            if open >= chunk.max(1) {
+                open = 0;
+            }
+        }
+        Layout {
+            at,
+            span,
+            chunks,
+            chunk_of,
+            members,
+            starts,
+        }
+    }
 }
 
 impl<'c, C: Communicator> DataParallel<'c, C> {
-    /// Data parallelism over `comm` (usually the world).
+    /// Data parallelism over `comm` (usually the world), chunks of [`DEFAULT_CHUNK`] values.
     pub fn new(comm: &'c C) -> Self {
         DataParallel {
             comm,
             flat: Vec::new(),
+            stage: Vec::new(),
+            chunk: DEFAULT_CHUNK,
         }
+    }
+
+    /// Gradient chunks of at least `values` values (the last one may be smaller); `usize::MAX`
+    /// sends everything as one chunk after backpropagation (no overlap), 1 one chunk per
+    /// parameter tensor.
+    pub fn with_chunk(mut self, values: usize) -> Self {
+        self.chunk = values.max(1);
+        self
     }
 
     /// The rows of a mini-batch of `batch` samples this rank trains on: contiguous, sizes
@@ -108,21 +181,67 @@ impl<'c, C: Communicator> DataParallel<'c, C> {
         let rows = self.shard(n);
         let local = rows.len();
         let mut loss = [0.0f32];
+        let layout = Layout::of(model, self.chunk);
+        let total: usize = layout.chunks.iter().sum();
+        self.flat.clear();
+        self.flat.resize(total, 0.0);
+        self.stage.clear();
+        self.stage.resize(total, 0.0);
+        let mut dl = None;
         if local > 0 {
             let per = x.len() / n;
             let mut shape = x.shape().to_vec();
             shape[0] = local;
             let xs = Tensor::new(&shape, x.data()[rows.start * per..rows.end * per].to_vec())?;
             let logits = model.forward(xs, true)?;
-            let (l, dl) = cross_entropy(&logits, &labels[rows])?;
-            model.backward(dl)?;
+            let (l, d) = cross_entropy(&logits, &labels[rows])?;
             loss[0] = l * local as f32 / n as f32;
-        } else {
-            for (_, p) in model.params_mut() {
-                p.grad.data_mut().fill(0.0);
-            }
+            dl = Some(d);
         }
-        self.average_gradients(model, local, n)?;
+        // Backpropagate, posting each chunk's sum as soon as its last gradient is final. A rank
+        // without samples posts nothing: its chunks go out as zeros after `work`.
+        let scale = local as f32 / n as f32;
+        let mut left = layout.members.clone();
+        let stage = &mut self.stage;
+        let mut work = |poster: &mut dyn crate::comm::ChunkPoster| -> Result<()> {
+            let Some(dl) = dl.take() else {
+                return Ok(());
+            };
+            let mut failed: Option<DistError> = None;
+            model.backward_notify(dl, &mut |name, p| {
+                if failed.is_some() {
+                    return;
+                }
+                let Some(&i) = layout.at.get(name) else {
+                    failed = Some(DistError::Training(format!(
+                        "backpropagation reported `{name}`, which is not a parameter of the model"
+                    )));
+                    return;
+                };
+                let (offset, len) = layout.span[i];
+                for (s, g) in stage[offset..offset + len].iter_mut().zip(p.grad.data()) {
+                    *s = g * scale;
+                }
+                let c = layout.chunk_of[i];
+                left[c] -= 1;
+                if left[c] == 0 {
+                    let range = layout.starts[c]..layout.starts[c] + layout.chunks[c];
+                    let src = &stage[range];
+                    if let Err(e) = poster.post(c, &mut |dst| dst.copy_from_slice(src)) {
+                        failed = Some(e);
+                    }
+                }
+            })?;
+            failed.map_or(Ok(()), Err)
+        };
+        self.comm
+            .allreduce_sum_overlapped(&mut self.flat, &layout.chunks, &mut work)?;
+        for (i, (_, p)) in model.params_mut().into_iter().enumerate() {
+            let (offset, len) = layout.span[i];
+            p.grad
+                .data_mut()
+                .copy_from_slice(&self.flat[offset..offset + len]);
+        }
         opt.step(model.params_mut().into_iter().map(|(_, p)| p))?;
         self.comm.allreduce_sum(&mut loss)?;
         Ok(loss[0])

@@ -31,7 +31,10 @@
 //! [`DataParallel`] runs synchronous SGD over the ranks of a communicator: each rank trains on its
 //! shard of every mini-batch and the gradients are averaged before every step, so the replicas
 //! take the step one process would take on the whole batch (checked under `mpirun` by
-//! `tests/mpi_data_parallel.rs`). On one process it is plain training:
+//! `tests/mpi_data_parallel.rs`). The averaging overlaps backpropagation: gradients are cut into
+//! chunks ([`DataParallel::with_chunk`]) whose non-blocking allreduces
+//! ([`Communicator::allreduce_sum_overlapped`]) start as soon as backpropagation has produced
+//! them, last layers first. On one process it is plain training:
 //!
 //! ```
 //! use dist::{DataParallel, Runtime};
@@ -58,8 +61,8 @@ mod mpi_comm;
 mod runtime;
 mod single;
 
-pub use comm::{Communicator, MAX_COUNT};
-pub use data_parallel::DataParallel;
+pub use comm::{ChunkPoster, Communicator, MAX_COUNT};
+pub use data_parallel::{DEFAULT_CHUNK, DataParallel};
 pub use error::{DistError, Result};
 #[cfg(feature = "mpi")]
 pub use mpi_comm::{MpiCommunicator, MpiEnvironment, REQUESTED_THREADING};

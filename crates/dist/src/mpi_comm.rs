@@ -11,10 +11,13 @@ use std::sync::Arc;
 
 use mpi::collective::SystemOperation;
 use mpi::environment::Universe;
+use mpi::request::{LocalScope, Request};
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::{Communicator as _, CommunicatorCollectives as _, Root as _};
 
-use crate::comm::{Communicator, check_count, check_rank, check_split_value};
+use crate::comm::{
+    ChunkPoster, Communicator, check_count, check_rank, check_split_value, split_chunks, take_chunk,
+};
 use crate::error::{DistError, Result};
 
 /// Threading level requested from MPI: only the thread that initialised MPI calls it (rayon
@@ -122,6 +125,42 @@ impl Communicator for MpiCommunicator {
         Ok(())
     }
 
+    /// Each posted chunk starts an `MPI_Iallreduce` from a copy of `buf` into `buf`; posting
+    /// also tests the earlier requests, which lets MPI progress them while `work` computes
+    /// (Open MPI progresses non-blocking collectives inside MPI calls). All requests are waited
+    /// for before returning.
+    fn allreduce_sum_overlapped(
+        &self,
+        buf: &mut [f32],
+        chunks: &[usize],
+        work: &mut dyn FnMut(&mut dyn ChunkPoster) -> Result<()>,
+    ) -> Result<()> {
+        let mut send = buf.to_vec();
+        let mut sends = split_chunks(&mut send, chunks)?;
+        let mut recvs = split_chunks(buf, chunks)?;
+        mpi::request::scope(|scope| {
+            let mut poster = MpiPoster {
+                comm: &self.comm,
+                scope,
+                sends: &mut sends,
+                recvs: &mut recvs,
+                pending: Vec::new(),
+            };
+            let result = work(&mut poster);
+            // Unposted chunks go out with their current contents, so no rank waits forever.
+            let mut rest = Ok(());
+            for i in 0..poster.sends.len() {
+                if poster.sends[i].is_some() && rest.is_ok() {
+                    rest = poster.post(i, &mut |_| {});
+                }
+            }
+            for request in poster.pending.drain(..) {
+                request.wait();
+            }
+            result.and(rest)
+        })
+    }
+
     fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()> {
         check_rank("root", root, self.size())?;
         check_count("buf", buf.len())?;
@@ -152,5 +191,36 @@ impl Communicator for MpiCommunicator {
                 scratch: RefCell::new(Vec::new()),
                 env: Arc::clone(&self.env),
             }))
+    }
+}
+
+/// Posts chunks as `MPI_Iallreduce` requests inside one request scope.
+struct MpiPoster<'s, 'b> {
+    comm: &'s SimpleCommunicator,
+    scope: &'s LocalScope<'b>,
+    sends: &'s mut Vec<Option<&'b mut [f32]>>,
+    recvs: &'s mut Vec<Option<&'b mut [f32]>>,
+    pending: Vec<Request<'b, [f32], &'s LocalScope<'b>>>,
+}
+
+impl ChunkPoster for MpiPoster<'_, '_> {
+    fn post(&mut self, index: usize, fill: &mut dyn FnMut(&mut [f32])) -> Result<()> {
+        let send = take_chunk(self.sends, index)?;
+        let recv = take_chunk(self.recvs, index)?;
+        fill(send);
+        let send: &[f32] = send;
+        let request =
+            self.comm
+                .immediate_all_reduce_into(self.scope, send, recv, SystemOperation::sum());
+        self.pending.push(request);
+        // Drive the earlier requests: test each, keep the unfinished.
+        let mut still = Vec::with_capacity(self.pending.len());
+        for r in self.pending.drain(..) {
+            if let Err(r) = r.test() {
+                still.push(r);
+            }
+        }
+        self.pending = still;
+        Ok(())
     }
 }

@@ -61,6 +61,40 @@ fn run(world: &World) -> usize {
         c.check_vec("allreduce_sum", &buf, |i| triangle * (1 + i % 13) as f32);
     }
 
+    // allreduce_sum_overlapped: chunks posted out of order with new contents, an empty chunk,
+    // a large one, and chunks left unposted (summed afterwards with the buffer's contents).
+    let chunks = [3, 0, (1 << 20) + 1, 7, 5];
+    let total: usize = chunks.iter().sum();
+    let mut buf: Vec<f32> = (0..total).map(|i| contribution(rank, i)).collect();
+    let start = |k: usize| chunks[..k].iter().sum::<usize>();
+    let r = world.allreduce_sum_overlapped(&mut buf, &chunks, &mut |poster| {
+        // Chunk 2 first, filled with 2 × contribution; then chunk 0 as it is; 1, 3, 4 left.
+        poster.post(2, &mut |dst| {
+            for (j, v) in dst.iter_mut().enumerate() {
+                *v = 2.0 * contribution(rank, start(2) + j);
+            }
+        })?;
+        poster.post(0, &mut |_| {})?;
+        let twice = poster.post(0, &mut |_| {});
+        let missing = poster.post(9, &mut |_| {});
+        assert!(
+            twice.is_err() && missing.is_err(),
+            "posting twice or out of range"
+        );
+        Ok(())
+    });
+    c.check(r.is_ok(), || format!("allreduce_sum_overlapped: {r:?}"));
+    c.check_vec("allreduce_sum_overlapped", &buf, |i| {
+        let factor = if (start(2)..start(3)).contains(&i) {
+            2.0
+        } else {
+            1.0
+        };
+        factor * triangle * (1 + i % 13) as f32
+    });
+    let r = world.allreduce_sum_overlapped(&mut buf, &[1, 2], &mut |_| Ok(()));
+    c.check(r.is_err(), || "chunks not adding up must fail".into());
+
     // allreduce_mean: mean of (rank + 1) over ranks is (size + 1) / 2.
     let mut buf: Vec<f32> = (0..1001).map(|_| (rank + 1) as f32).collect();
     world.allreduce_mean(&mut buf).unwrap();

@@ -1,8 +1,10 @@
 //! Multi-rank test of data-parallel training: under `mpirun -np N` (`cargo xtask test` runs
 //! N = 1, 2, 4), every rank trains LeNet-5 data-parallel for a few steps and checks (1) that all
 //! replicas hold bit-identical parameters and (2) that they equal, to rounding, a single-process
-//! run on whole mini-batches that every rank computes itself. One PASS line per rank; the first
-//! failed check aborts the job.
+//! run on whole mini-batches that every rank computes itself. It does so for three chunkings of
+//! the overlapped gradient exchange: one chunk per parameter tensor (posted during
+//! backpropagation), 20,000-value chunks, and one chunk after backpropagation. One PASS line per
+//! rank; the first failed check aborts the job.
 
 use dist::{Communicator, DataParallel, Runtime, World};
 use nn::{ConvAlgo, Dataset, Sequential, Sgd, build, cross_entropy};
@@ -27,7 +29,7 @@ fn flat(model: &Sequential) -> Vec<f32> {
         .collect()
 }
 
-fn run(world: &World) -> Result<usize, String> {
+fn run(world: &World, chunk: usize) -> Result<usize, String> {
     let e = |e: &dyn std::fmt::Display| e.to_string();
     // Ranks start from different seeds: broadcast_model must make them equal.
     let mut model = build("lenet", ConvAlgo::Convgemm, world.rank() as u64).map_err(|x| e(&x))?;
@@ -37,7 +39,7 @@ fn run(world: &World) -> Result<usize, String> {
         Sgd::new(0.05, 0.9, 5e-4).map_err(|x| e(&x))?,
     );
     let data = Dataset::synthetic(BATCH * STEPS, &[1, 28, 28], 10, 7).map_err(|x| e(&x))?;
-    let mut dp = DataParallel::new(world);
+    let mut dp = DataParallel::new(world).with_chunk(chunk);
     dp.broadcast_model(&mut model).map_err(|x| e(&x))?;
     let mut checks = 0;
     for (step, (x, labels)) in data.batches(BATCH, None).map_err(|x| e(&x))?.enumerate() {
@@ -92,12 +94,16 @@ fn main() {
         }
     };
     let world = runtime.world();
-    match run(&world) {
-        Ok(checks) => println!(
-            "mpi_data_parallel: rank {}/{}: PASS ({checks} checks)",
-            world.rank(),
-            world.size()
-        ),
-        Err(what) => fail(&world, what),
+    let mut checks = 0;
+    for chunk in [1, 20_000, usize::MAX] {
+        match run(&world, chunk) {
+            Ok(n) => checks += n,
+            Err(what) => fail(&world, format!("chunks of {chunk}: {what}")),
+        }
     }
+    println!(
+        "mpi_data_parallel: rank {}/{}: PASS ({checks} checks)",
+        world.rank(),
+        world.size()
+    );
 }

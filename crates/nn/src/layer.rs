@@ -34,6 +34,10 @@ impl Parameter {
 
 /// One layer of a model: forward, backward, and its parameters.
 ///
+/// The callback of [`Layer::backward_notify`]: a parameter's name and the parameter, once its
+/// gradient is final.
+pub type GradReady<'a> = dyn FnMut(&str, &Parameter) + 'a;
+
 /// Ownership carries the memory contract: `forward` takes its input by value, and a layer keeps
 /// only what its backward needs (a convolution keeps `x`, a ReLU a mask), so nothing is copied.
 /// In evaluation mode (`train == false`) no state is kept.
@@ -47,6 +51,24 @@ pub trait Layer: Send {
     /// From `dy = ∂loss/∂y`, writes the gradients of the parameters (overwriting them) and returns
     /// `∂loss/∂x` when `need_dx` (the first layer of a model does not need it).
     fn backward(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>>;
+
+    /// [`backward`](Layer::backward), reporting every parameter to `ready` once its gradient is
+    /// final, with its name relative to this layer. A container reports each child's
+    /// parameters as soon as that child is done, so a caller can ship the last layers'
+    /// gradients while the first layers still back-propagate (data parallelism overlapping
+    /// communication with computation). The default reports all parameters at the end.
+    fn backward_notify(
+        &mut self,
+        dy: Tensor,
+        need_dx: bool,
+        ready: &mut GradReady,
+    ) -> Result<Option<Tensor>> {
+        let dx = self.backward(dy, need_dx)?;
+        for (name, p) in self.params() {
+            ready(&name, p);
+        }
+        Ok(dx)
+    }
 
     /// The parameters with their PyTorch names (`weight`, `bias`), in a fixed order.
     fn params(&self) -> Vec<(String, &Parameter)> {

@@ -42,7 +42,7 @@ pub mod train;
 pub use checkpoint::TrainState;
 pub use data::Dataset;
 pub use error::{NnError, Result};
-pub use layer::{Layer, Parameter};
+pub use layer::{GradReady, Layer, Parameter};
 pub use layers::{
     BasicBlock, BatchNorm, Conv, ConvAlgo, ConvConfig, Dropout, Flatten, GlobalAvgPool, Linear,
     MaxPool, Relu, Residual,

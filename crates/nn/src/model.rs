@@ -4,7 +4,7 @@ use rand::rngs::SmallRng;
 use rand::{RngCore, SeedableRng};
 
 use crate::error::{NnError, Result};
-use crate::layer::{Layer, Parameter};
+use crate::layer::{GradReady, Layer, Parameter};
 use crate::layers::{
     BasicBlock, BatchNorm, Conv, ConvAlgo, ConvConfig, Dropout, Flatten, GlobalAvgPool, Linear,
     MaxPool, Relu, Residual,
@@ -126,14 +126,32 @@ impl Sequential {
     /// Back-propagates `dy` (the gradient of the loss with respect to the output) through every
     /// layer, writing every parameter's gradient. The input gradient is not computed.
     pub fn backward(&mut self, dy: Tensor) -> Result<()> {
-        self.backward_layers(dy, false).map(|_| ())
+        self.backward_layers(dy, false, None).map(|_| ())
     }
 
-    fn backward_layers(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+    /// Back-propagates `dy` like [`Sequential::backward`], calling `ready(name, parameter)` for
+    /// every parameter as soon as its gradient is final (last layers first; nested blocks report
+    /// child by child), with its full PyTorch name.
+    pub fn backward_notify(&mut self, dy: Tensor, ready: &mut GradReady) -> Result<()> {
+        self.backward_layers(dy, false, Some(ready)).map(|_| ())
+    }
+
+    fn backward_layers(
+        &mut self,
+        dy: Tensor,
+        need_dx: bool,
+        mut ready: Option<&mut GradReady>,
+    ) -> Result<Option<Tensor>> {
         let mut d = dy;
-        for (i, layer) in self.layers.iter_mut().enumerate().rev() {
+        for (i, (layer, name)) in self.layers.iter_mut().zip(&self.names).enumerate().rev() {
             let need = i > 0 || need_dx;
-            match layer.backward(d, need)? {
+            let dx = match ready.as_deref_mut() {
+                Some(ready) => {
+                    layer.backward_notify(d, need, &mut |n, p| ready(&format!("{name}.{n}"), p))?
+                }
+                None => layer.backward(d, need)?,
+            };
+            match dx {
                 Some(dx) if need => d = dx,
                 _ if !need => return Ok(None),
                 _ => {
@@ -227,7 +245,16 @@ impl Layer for Sequential {
     }
 
     fn backward(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
-        self.backward_layers(dy, need_dx)
+        self.backward_layers(dy, need_dx, None)
+    }
+
+    fn backward_notify(
+        &mut self,
+        dy: Tensor,
+        need_dx: bool,
+        ready: &mut GradReady,
+    ) -> Result<Option<Tensor>> {
+        self.backward_layers(dy, need_dx, Some(ready))
     }
 
     fn params(&self) -> Vec<(String, &Parameter)> {

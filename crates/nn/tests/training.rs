@@ -620,3 +620,41 @@ fn volumes_are_learnable_by_a_3d_cnn() {
     let acc = report.test_accuracy.unwrap();
     assert!(acc > 0.7, "test accuracy {acc} (chance 0.25)");
 }
+
+#[test]
+fn backward_notify_reports_every_parameter_once_last_layers_first() {
+    let opts = ModelOptions {
+        classes: Some(10),
+        input: Some(vec![3, 32, 32]),
+    };
+    let data = Dataset::synthetic(2, &[3, 32, 32], 10, 5).unwrap();
+    let (x, labels) = data.batches(2, None).unwrap().next().unwrap();
+    let mut a = build_with("resnet18", &opts, ConvAlgo::Convgemm, 3).unwrap();
+    let mut b = build_with("resnet18", &opts, ConvAlgo::Convgemm, 3).unwrap();
+    let (_, dl) = nn::cross_entropy(&a.forward(x.clone(), true).unwrap(), &labels).unwrap();
+    a.backward(dl.clone()).unwrap();
+    let _ = b.forward(x, true).unwrap();
+    let mut seen: Vec<(String, Tensor)> = Vec::new();
+    b.backward_notify(dl, &mut |name, p| {
+        seen.push((name.to_string(), p.grad.clone()))
+    })
+    .unwrap();
+    let want: Vec<(String, Tensor)> = a
+        .params()
+        .into_iter()
+        .map(|(n, p)| (n, p.grad.clone()))
+        .collect();
+    assert_eq!(seen.len(), want.len(), "each parameter once");
+    assert_eq!(seen[0].0, "fc.weight", "the classifier first");
+    assert_eq!(
+        seen.last().unwrap().0,
+        "conv1.weight",
+        "the first convolution last"
+    );
+    // The same names and (final) gradients as a plain backward.
+    let mut sorted = seen.clone();
+    sorted.sort_by(|x, y| x.0.cmp(&y.0));
+    let mut want_sorted = want;
+    want_sorted.sort_by(|x, y| x.0.cmp(&y.0));
+    assert_eq!(sorted, want_sorted);
+}
