@@ -25,6 +25,21 @@ pub trait Communicator {
     /// Errors: [`DistError::CountTooLarge`] when `buf` exceeds [`MAX_COUNT`] elements.
     fn allreduce_sum(&self, buf: &mut [f32]) -> Result<()>;
 
+    /// Gathers every rank's `send` into `recv` in rank order: afterwards `recv[r·n..(r+1)·n]`
+    /// holds rank `r`'s `send` (`n = send.len()`, the same on every rank).
+    ///
+    /// Errors: [`DistError::Training`] when `recv.len() != size() · send.len()`;
+    /// [`DistError::CountTooLarge`].
+    fn allgather(&self, send: &[f32], recv: &mut [f32]) -> Result<()>;
+
+    /// Sums `send` over all ranks and scatters the sum in blocks: afterwards this rank's `recv`
+    /// holds block `rank()` (`recv.len()` values) of the element-wise sum. Cheaper than an
+    /// allreduce followed by a discard (the paper's fused reduction and redistribution).
+    ///
+    /// Errors: [`DistError::Training`] when `send.len() != size() · recv.len()`;
+    /// [`DistError::CountTooLarge`].
+    fn reduce_scatter_sum(&self, send: &[f32], recv: &mut [f32]) -> Result<()>;
+
     /// Copies `buf` of rank `root` into `buf` of every rank.
     ///
     /// Errors: [`DistError::RankOutOfRange`] for `root >= size()`, [`DistError::CountTooLarge`].
@@ -181,4 +196,16 @@ impl<F: FnMut(&mut [f32]) -> Result<()>> ChunkPoster for BlockingPoster<'_, '_, 
         fill(chunk);
         (self.comm)(chunk)
     }
+}
+
+/// Checks that `total` is `size` blocks of `block` values (the buffers of allgather and
+/// reduce-scatter).
+pub(crate) fn check_blocks(op: &str, total: usize, block: usize, size: usize) -> Result<()> {
+    check_count("buffer", total)?;
+    if block.checked_mul(size) != Some(total) {
+        return Err(DistError::Training(format!(
+            "{op}: {total} values are not {size} blocks of {block}"
+        )));
+    }
+    Ok(())
 }

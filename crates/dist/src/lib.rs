@@ -52,18 +52,34 @@
 //! assert!(loss.is_finite());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! ## Channel and filter parallelism
+//!
+//! A [`ProcessorGrid`] arranges the ranks as `samples × channels`, with a communicator per row
+//! (the channel blocks of the same samples) and per column (the sample blocks of the same
+//! channels). [`ChannelParallelConv`] is the stationary-x convolution of "Channel and Filter
+//! Parallelism for Large-Scale CNN Training": input channels, weights and output channels split
+//! over a row, a reduce-scatter after the local forward, an allgather of `dy` before the local
+//! backward, and the weight gradients summed over the column only (a segmented allreduce).
+//! `tests/mpi_channel_conv.rs` checks every grid of 1, 2 and 4 ranks against the whole layer.
+//! It is a distributed operator (`forward(comm, x)`), not yet an `nn::Layer`: `Layer` requires
+//! `Send` and an MPI communicator is not.
 
+mod channel_conv;
 mod comm;
 mod data_parallel;
 mod error;
+mod grid;
 #[cfg(feature = "mpi")]
 mod mpi_comm;
 mod runtime;
 mod single;
 
+pub use channel_conv::ChannelParallelConv;
 pub use comm::{ChunkPoster, Communicator, MAX_COUNT};
 pub use data_parallel::{DEFAULT_CHUNK, DataParallel};
 pub use error::{DistError, Result};
+pub use grid::ProcessorGrid;
 #[cfg(feature = "mpi")]
 pub use mpi_comm::{MpiCommunicator, MpiEnvironment, REQUESTED_THREADING};
 pub use runtime::{Runtime, World};

@@ -16,7 +16,8 @@ use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::{Communicator as _, CommunicatorCollectives as _, Root as _};
 
 use crate::comm::{
-    ChunkPoster, Communicator, check_count, check_rank, check_split_value, split_chunks, take_chunk,
+    ChunkPoster, Communicator, check_blocks, check_count, check_rank, check_split_value,
+    split_chunks, take_chunk,
 };
 use crate::error::{DistError, Result};
 
@@ -159,6 +160,19 @@ impl Communicator for MpiCommunicator {
             }
             result.and(rest)
         })
+    }
+
+    fn allgather(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        check_blocks("allgather", recv.len(), send.len(), self.size())?;
+        self.comm.all_gather_into(send, recv);
+        Ok(())
+    }
+
+    fn reduce_scatter_sum(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        check_blocks("reduce_scatter_sum", send.len(), recv.len(), self.size())?;
+        self.comm
+            .reduce_scatter_block_into(send, recv, SystemOperation::sum());
+        Ok(())
     }
 
     fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()> {

@@ -1,7 +1,7 @@
 //! Process-wide set-up: [`Runtime`] initialises the communication layer once and hands out the
 //! [`World`] communicator.
 
-use crate::comm::Communicator;
+use crate::comm::{ChunkPoster, Communicator};
 use crate::error::Result;
 use crate::single::SingleProcess;
 
@@ -106,6 +106,35 @@ impl Communicator for World {
             World::Single(c) => c.allreduce_sum(buf),
             #[cfg(feature = "mpi")]
             World::Mpi(c) => c.allreduce_sum(buf),
+        }
+    }
+
+    fn allreduce_sum_overlapped(
+        &self,
+        buf: &mut [f32],
+        chunks: &[usize],
+        work: &mut dyn FnMut(&mut dyn ChunkPoster) -> Result<()>,
+    ) -> Result<()> {
+        match self {
+            World::Single(c) => c.allreduce_sum_overlapped(buf, chunks, work),
+            #[cfg(feature = "mpi")]
+            World::Mpi(c) => c.allreduce_sum_overlapped(buf, chunks, work),
+        }
+    }
+
+    fn allgather(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        match self {
+            World::Single(c) => c.allgather(send, recv),
+            #[cfg(feature = "mpi")]
+            World::Mpi(c) => c.allgather(send, recv),
+        }
+    }
+
+    fn reduce_scatter_sum(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        match self {
+            World::Single(c) => c.reduce_scatter_sum(send, recv),
+            #[cfg(feature = "mpi")]
+            World::Mpi(c) => c.reduce_scatter_sum(send, recv),
         }
     }
 

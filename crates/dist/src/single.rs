@@ -1,6 +1,6 @@
 //! The single-process communicator: size 1, every collective is the identity.
 
-use crate::comm::{Communicator, check_count, check_rank, check_split_value};
+use crate::comm::{Communicator, check_blocks, check_count, check_rank, check_split_value};
 use crate::error::Result;
 
 /// A communicator with exactly one process, rank 0.
@@ -30,6 +30,18 @@ impl Communicator for SingleProcess {
 
     fn allreduce_sum(&self, buf: &mut [f32]) -> Result<()> {
         check_count("buf", buf.len())
+    }
+
+    fn allgather(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        check_blocks("allgather", recv.len(), send.len(), 1)?;
+        recv.copy_from_slice(send);
+        Ok(())
+    }
+
+    fn reduce_scatter_sum(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        check_blocks("reduce_scatter_sum", send.len(), recv.len(), 1)?;
+        recv.copy_from_slice(send);
+        Ok(())
     }
 
     fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()> {
@@ -110,6 +122,25 @@ mod tests {
             c.split_by_color(Some(0), u32::MAX),
             Err(DistError::ValueOutOfRange { arg: "key", .. })
         ));
+    }
+
+    #[test]
+    fn allgather_and_reduce_scatter_of_one_rank_copy() {
+        let c = SingleProcess;
+        let mut out = [0.0; 3];
+        c.allgather(&[1.0, 2.0, 3.0], &mut out).unwrap();
+        assert_eq!(out, [1.0, 2.0, 3.0]);
+        c.reduce_scatter_sum(&[4.0, 5.0, 6.0], &mut out).unwrap();
+        assert_eq!(out, [4.0, 5.0, 6.0]);
+        assert!(matches!(
+            c.allgather(&[1.0], &mut out),
+            Err(DistError::Training(_))
+        ));
+        assert!(c.reduce_scatter_sum(&[1.0; 4], &mut out).is_err());
+        // The grid of one rank, and a grid that does not fit.
+        let g = crate::ProcessorGrid::new(&c, 1, 1).unwrap();
+        assert_eq!((g.shape(), g.coords()), ((1, 1), (0, 0)));
+        assert!(crate::ProcessorGrid::new(&c, 2, 1).is_err());
     }
 
     #[test]

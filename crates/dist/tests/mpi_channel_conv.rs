@@ -1,0 +1,164 @@
+//! Multi-rank test of the channel-parallel (stationary-x) convolution: under `mpirun -np N`
+//! (`cargo xtask test` runs N = 1, 2, 4), for every `samples × channels` processor grid of N
+//! ranks and for 2D, strided and 3D layers, each rank runs its block of the layer (its samples,
+//! its channel block) and checks that y, dx, and the weight and bias gradients (summed over its
+//! grid column: the segmented allreduce) equal the matching blocks of the whole layer run on one
+//! process. One PASS line per rank; the first failed check aborts the job.
+
+use dist::{ChannelParallelConv, Communicator, ProcessorGrid, Runtime, World};
+use nn::{Conv, ConvAlgo, ConvConfig, Layer, Tensor};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+fn random(shape: &[usize], seed: u64) -> Tensor {
+    let rng = &mut SmallRng::seed_from_u64(seed);
+    let n = shape.iter().product();
+    Tensor::new(
+        shape,
+        (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect(),
+    )
+    .unwrap()
+}
+
+/// Block `[s0..s1) × [c0..c1)` of the first two axes of `t`.
+fn block(t: &Tensor, s: std::ops::Range<usize>, c: std::ops::Range<usize>) -> Vec<f32> {
+    let shape = t.shape();
+    let inner: usize = shape[2..].iter().product();
+    let mut out = Vec::new();
+    for i in s {
+        for j in c.clone() {
+            out.extend_from_slice(&t.data()[(i * shape[1] + j) * inner..][..inner]);
+        }
+    }
+    out
+}
+
+fn close(what: &str, got: &[f32], want: &[f32]) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!(
+            "{what}: {} values, expected {}",
+            got.len(),
+            want.len()
+        ));
+    }
+    let scale = want.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    if worst > 2e-5 * scale {
+        return Err(format!("{what}: differs by {worst} (scale {scale})"));
+    }
+    Ok(())
+}
+
+fn run(
+    world: &World,
+    samples: usize,
+    channels: usize,
+    cfg: &ConvConfig,
+    input: &[usize],
+) -> Result<usize, String> {
+    let e = |x: &dyn std::fmt::Display| x.to_string();
+    let grid = ProcessorGrid::new(world, samples, channels).map_err(|x| e(&x))?;
+    let (s, c) = grid.coords();
+    let algo = ConvAlgo::Convgemm;
+    let full_rng = &mut SmallRng::seed_from_u64(7);
+    let mut full = Conv::new(cfg.clone(), algo, full_rng).map_err(|x| e(&x))?;
+    let mut part =
+        ChannelParallelConv::from_conv(&full, cfg.clone(), algo, channels, c).map_err(|x| e(&x))?;
+
+    // The whole layer on one process.
+    let x = random(input, 11);
+    let y = full.forward(x.clone(), true).map_err(|x| e(&x))?;
+    let dy = random(y.shape(), 12);
+    let dx = full
+        .backward(dy.clone(), true)
+        .map_err(|x| e(&x))?
+        .ok_or("no dx")?;
+
+    // This rank's block.
+    let (n, ci, k) = (input[0], cfg.in_channels, cfg.out_channels);
+    let (ns, cl, kl) = (n / samples, ci / channels, k / channels);
+    let rows = s * ns..(s + 1) * ns;
+    let mut xshape = input.to_vec();
+    xshape[0] = ns;
+    xshape[1] = cl;
+    let xl = Tensor::new(&xshape, block(&x, rows.clone(), c * cl..(c + 1) * cl)).unwrap();
+    let comm = grid.channel_comm();
+    let yl = part.forward(comm, xl, true).map_err(|x| e(&x))?;
+    close(
+        "y",
+        yl.data(),
+        &block(&y, rows.clone(), c * kl..(c + 1) * kl),
+    )?;
+    let mut dyshape = y.shape().to_vec();
+    dyshape[0] = ns;
+    dyshape[1] = kl;
+    let dyl = Tensor::new(&dyshape, block(&dy, rows.clone(), c * kl..(c + 1) * kl)).unwrap();
+    let dxl = part
+        .backward(comm, dyl, true)
+        .map_err(|x| e(&x))?
+        .ok_or("no dx")?;
+    close("dx", dxl.data(), &block(&dx, rows, c * cl..(c + 1) * cl))?;
+
+    // Gradients: sum over the grid column (same weights, other samples), then compare.
+    let want = full.params();
+    let mut got = part.params_mut();
+    let wgrad = got[0].1.grad.data_mut();
+    grid.sample_comm().allreduce_sum(wgrad).map_err(|x| e(&x))?;
+    close(
+        "dw",
+        wgrad,
+        &block(&want[0].1.grad, 0..k, c * cl..(c + 1) * cl),
+    )?;
+    let bgrad = got[1].1.grad.data_mut();
+    grid.sample_comm().allreduce_sum(bgrad).map_err(|x| e(&x))?;
+    close("db", bgrad, &want[1].1.grad.data()[c * kl..(c + 1) * kl])?;
+    // Misuse is an error, not a hang: a block run on a communicator of the wrong size.
+    if samples > 1 && part.forward(world, random(&xshape, 3), false).is_ok() {
+        return Err("a block run on the world communicator must fail".into());
+    }
+    Ok(5)
+}
+
+fn main() {
+    let runtime = match Runtime::init() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("mpi_channel_conv: FAIL: cannot initialise MPI: {e}");
+            std::process::exit(1);
+        }
+    };
+    let world = runtime.world();
+    let size = world.size();
+    let layers = [
+        (ConvConfig::conv2d(8, 12, 3).padding(1), vec![4, 8, 9, 7]),
+        (
+            ConvConfig::conv2d(4, 8, 3).stride(2).padding(1),
+            vec![4, 4, 11, 10],
+        ),
+        (ConvConfig::conv3d(4, 4, 3).padding(1), vec![4, 4, 5, 6, 4]),
+    ];
+    let mut checks = 0;
+    for channels in (1..=size).filter(|c| size % c == 0) {
+        for (cfg, input) in &layers {
+            match run(&world, size / channels, channels, cfg, input) {
+                Ok(n) => checks += n,
+                Err(what) => {
+                    eprintln!(
+                        "mpi_channel_conv: rank {}/{size}: FAIL: grid {}×{channels}, {cfg:?}: {what}",
+                        world.rank(),
+                        size / channels
+                    );
+                    world.abort(1);
+                }
+            }
+        }
+    }
+    println!(
+        "mpi_channel_conv: rank {}/{size}: PASS ({checks} checks)",
+        world.rank()
+    );
+}
