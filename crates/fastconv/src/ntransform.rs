@@ -41,6 +41,30 @@ pub trait Real: Float + AddAssign + Send + Sync + std::fmt::Debug + 'static {
     ) -> bool {
         false
     }
+
+    /// A transform matrix prepared once for repeated products (`core_blas::SmallA` for f32).
+    #[doc(hidden)]
+    type Prepared: Clone + std::fmt::Debug + Send + Sync;
+
+    /// Prepares the dense row-major `p × q` matrix `a`, or `None` (no vectorised kernel, or a
+    /// matrix beyond its size).
+    #[doc(hidden)]
+    fn prepare(_a: &[Self], _p: usize, _q: usize) -> Option<Self::Prepared> {
+        None
+    }
+
+    /// [`Real::small_product`] with a prepared matrix; `false` means "not done".
+    #[doc(hidden)]
+    fn prepared_product(
+        _a: &Self::Prepared,
+        _n: usize,
+        _x: &[Self],
+        _ldx: usize,
+        _y: &mut [Self],
+        _ldy: usize,
+    ) -> bool {
+        false
+    }
 }
 
 impl Real for f32 {
@@ -58,14 +82,45 @@ impl Real for f32 {
     ) -> bool {
         core_blas::small_a_strided(a, p, q, n, x, ldx, y, ldy).is_ok()
     }
+
+    type Prepared = core_blas::SmallA;
+
+    fn prepare(a: &[f32], p: usize, q: usize) -> Option<core_blas::SmallA> {
+        core_blas::SmallA::new(a, p, q).ok()
+    }
+
+    /// `core_blas::SmallA::apply_strided`: the nonzeros laid out once, ± row pairs as `s ± d`.
+    fn prepared_product(
+        a: &core_blas::SmallA,
+        n: usize,
+        x: &[f32],
+        ldx: usize,
+        y: &mut [f32],
+        ldy: usize,
+    ) -> bool {
+        a.apply_strided(n, x, ldx, y, ldy).is_ok()
+    }
 }
 
-impl Real for f64 {}
+impl Real for f64 {
+    type Prepared = ();
+}
+
+/// A prepared matrix riding along a [`SparseTransform`]: derived from its dense copy, so it takes
+/// no part in comparisons.
+#[derive(Debug, Clone)]
+struct Prepared<P>(Option<P>);
+
+impl<P> PartialEq for Prepared<P> {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
 
 /// A transform matrix stored as per-row lists of its nonzero entries (zeros skipped exactly, as
 /// decided on the exact rationals, never by a float threshold).
 #[derive(Debug, Clone, PartialEq)]
-pub struct SparseTransform<T> {
+pub struct SparseTransform<T: Real> {
     rows: usize,
     cols: usize,
     /// Row `i`'s entries are `entries[row_start[i]..row_start[i + 1]]`.
@@ -77,6 +132,8 @@ pub struct SparseTransform<T> {
     groups: Vec<RowGroup<T>>,
     /// Dense row-major copy, for [`Real::small_product`].
     dense: Vec<T>,
+    /// The dense copy prepared for [`Real::prepared_product`].
+    prepared: Prepared<T::Prepared>,
 }
 
 /// One or two rows of a transform, applied together. For a pair (`a`, `b`) whose entries have
@@ -181,9 +238,11 @@ impl<T: Real> SparseTransform<T> {
             cols: m.cols,
             groups: group_rows(m.rows, &row_start, &entries),
             dense: densify(m.rows, m.cols, &row_start, &entries),
+            prepared: Prepared(None),
             row_start,
             entries,
         }
+        .prepare()
     }
 
     /// From a dense floating-point matrix, dropping entries that are exactly zero.
@@ -211,9 +270,26 @@ impl<T: Real> SparseTransform<T> {
             cols: m.cols,
             groups: group_rows(m.rows, &row_start, &entries),
             dense: densify(m.rows, m.cols, &row_start, &entries),
+            prepared: Prepared(None),
             row_start,
             entries,
-        })
+        }
+        .prepare())
+    }
+
+    /// Fills in the prepared form of the dense copy.
+    fn prepare(mut self) -> Self {
+        self.prepared = Prepared(T::prepare(&self.dense, self.rows, self.cols));
+        self
+    }
+
+    /// `Y := self · X` on strided rows through a vectorised kernel, if the type has one: the
+    /// prepared matrix, else the one-shot small product; `false` means "not done".
+    fn fast_product(&self, n: usize, x: &[T], ldx: usize, y: &mut [T], ldy: usize) -> bool {
+        match &self.prepared.0 {
+            Some(p) => T::prepared_product(p, n, x, ldx, y, ldy),
+            None => T::small_product(&self.dense, self.rows, self.cols, n, x, ldx, y, ldy),
+        }
     }
 
     /// Number of rows (the mode size after the product).
@@ -343,7 +419,7 @@ pub(crate) fn mode_n_product_unchecked<T: Real>(
     for o in 0..outer {
         let xs = &x[o * n_in * inner..(o + 1) * n_in * inner];
         let ys = &mut y[o * n_out * inner..(o + 1) * n_out * inner];
-        if T::small_product(&u.dense, n_out, n_in, inner, xs, inner, ys, inner) {
+        if u.fast_product(inner, xs, inner, ys, inner) {
             continue;
         }
         for base in (0..full).step_by(CHUNK) {
@@ -453,7 +529,7 @@ pub(crate) fn strided_product<T: Real>(
     y: &mut [T],
     ldy: usize,
 ) {
-    if T::small_product(&u.dense, u.rows, u.cols, n, x, ldx, y, ldy) {
+    if u.fast_product(n, x, ldx, y, ldy) {
         return;
     }
     for j in 0..u.rows {
