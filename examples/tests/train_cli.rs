@@ -46,6 +46,10 @@ fn json_summary_is_the_last_line() {
     assert_eq!(v["threads"], 1);
     assert!(v["samples_per_sec"].as_f64().unwrap() > 0.0);
     assert!(v["train_loss"].as_f64().unwrap().is_finite());
+    let acc = v["test_accuracy"]
+        .as_f64()
+        .expect("digits have a test split");
+    assert!((0.0..=1.0).contains(&acc), "{acc}");
 }
 
 #[test]

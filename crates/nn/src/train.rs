@@ -65,7 +65,8 @@ pub struct TrainReport {
     pub steps: usize,
     /// Mean training loss of the last epoch (or of the steps run, when stopped by `max_steps`).
     pub train_loss: f64,
-    /// Test accuracy after the last epoch, if there is a test split.
+    /// Test accuracy of the final model (after the last epoch, or where `max_steps` stopped
+    /// training), if there is a test split.
     pub test_accuracy: Option<f64>,
     /// Training samples per second after the warm-up steps (all steps if there were no more).
     pub samples_per_sec: f64,
@@ -147,6 +148,7 @@ pub fn fit_with<E: From<NnError>>(
         (0usize, Duration::ZERO, 0usize, Duration::ZERO, 0usize);
     let mut last_loss = f64::NAN;
     let mut test_accuracy = None;
+    let mut evaluated_at = None;
     'epochs: for _ in 0..cfg.epochs {
         let start = Instant::now();
         let (mut loss_sum, mut seen, mut right, mut known) = (0f64, 0usize, 0usize, true);
@@ -193,6 +195,7 @@ pub fn fit_with<E: From<NnError>>(
             .map(|t| evaluate(model, t, cfg.batch_size.max(256)))
             .transpose()?;
         test_accuracy = test_result.map(|(_, a)| a);
+        evaluated_at = Some(state.step);
         let report = EpochReport {
             epoch: state.epoch,
             step: state.step,
@@ -206,6 +209,12 @@ pub fn fit_with<E: From<NnError>>(
             seconds: start.elapsed().as_secs_f64(),
         };
         on_epoch(&report, model, opt, state)?;
+    }
+    // Stopped by `max_steps` inside an epoch: the report's accuracy is the final model's.
+    if let Some(t) = test
+        && evaluated_at != Some(state.step)
+    {
+        test_accuracy = Some(evaluate(model, t, cfg.batch_size.max(256))?.1);
     }
     let samples_per_sec = if timed_samples > 0 {
         timed_samples as f64 / timed.as_secs_f64()
