@@ -77,7 +77,7 @@ impl Gemm {
         }
         // SAFETY: the q X rows hold at least n values and the p Y rows exactly n (checked above);
         // the Y rows are distinct `&mut` slices, so they overlap neither each other nor X.
-        unsafe { self.small_a_raw(&Plan::new(a, p, q), &xs[..q], &ys[..p], n) };
+        unsafe { self.small_a_raw(&Plan::new(a, p, q, false), &xs[..q], &ys[..p], n) };
         Ok(())
     }
 
@@ -97,7 +97,7 @@ impl Gemm {
         ldy: usize,
     ) -> Result<(), Error> {
         check_a(a, p, q)?;
-        self.small_a_apply(&SmallA::new(a, p, q)?, n, x, ldx, y, ldy)
+        self.small_a_apply(&SmallA::unpaired(a, p, q)?, n, x, ldx, y, ldy)
     }
 
     /// [`Gemm::small_a_strided`] with A prepared once ([`SmallA`]): no per-call setup beyond the
@@ -181,7 +181,8 @@ impl Gemm {
 /// grouped in twos. Two rows with the same nonzero columns and coefficients of equal magnitude
 /// (the ±x rows of Winograd matrices) are computed together as `s ± d` (half the multiply-adds);
 /// other rows go two at a time. Rows computed as `s ± d` are rounded in that order, which may
-/// differ in the last bits from summing the row directly.
+/// differ in the last bits from summing the row directly ([`SmallA::unpaired`] keeps the direct
+/// order; [`small_a_rows`] and [`small_a_strided`] use it).
 #[derive(Clone, Debug)]
 pub struct SmallA {
     plan: Plan,
@@ -193,7 +194,17 @@ impl SmallA {
     pub fn new(a: &[f32], p: usize, q: usize) -> Result<Self, Error> {
         check_a(a, p, q)?;
         Ok(Self {
-            plan: Plan::new(a, p, q),
+            plan: Plan::new(a, p, q, true),
+        })
+    }
+
+    /// As [`SmallA::new`] without the ± row pairs: every row of Y is the sum of its terms in
+    /// column order (the rounding of [`small_a_strided`], which uses this form), rows two at a
+    /// time.
+    pub fn unpaired(a: &[f32], p: usize, q: usize) -> Result<Self, Error> {
+        check_a(a, p, q)?;
+        Ok(Self {
+            plan: Plan::new(a, p, q, false),
         })
     }
 

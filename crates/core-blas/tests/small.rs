@@ -247,13 +247,19 @@ fn prepared_small_a_matches_naive_with_row_pairs() {
                         "{what}: write outside row {j}"
                     );
                 }
-                // The one-shot entry point agrees exactly (same plan, same order).
+                // The unpaired form matches naive too, and the one-shot entry point agrees with
+                // it exactly (same plan, same order).
+                let unpaired = SmallA::unpaired(a, p, q).unwrap();
+                let mut y1 = vec![f32::NAN; p * ldy];
+                g.small_a_apply(&unpaired, n, &x, ldx, &mut y1, ldy)
+                    .unwrap();
+                check(&format!("{what} unpaired"), a, p, q, n, &x, ldx, &y1, ldy);
                 let mut y2 = vec![f32::NAN; p * ldy];
                 g.small_a_strided(a, p, q, n, &x, ldx, &mut y2, ldy)
                     .unwrap();
                 assert!(
-                    y.iter().zip(&y2).all(|(u, v)| u.to_bits() == v.to_bits()),
-                    "{what}: small_a_strided differs from the prepared product"
+                    y1.iter().zip(&y2).all(|(u, v)| u.to_bits() == v.to_bits()),
+                    "{what}: small_a_strided differs from the unpaired prepared product"
                 );
             }
         }

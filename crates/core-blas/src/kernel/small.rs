@@ -59,8 +59,10 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// From a row-major `p × q` A (`a.len() >= p * q`, `p, q <= SMALL_MAX`, checked by the caller).
-    pub(crate) fn new(a: &[f32], p: usize, q: usize) -> Self {
+    /// From a row-major `p × q` A (`a.len() >= p * q`, `p, q <= SMALL_MAX`, checked by the caller);
+    /// ± row pairs are formed only when `pairs` (otherwise every row sums its terms in column
+    /// order, as a plain row product does).
+    pub(crate) fn new(a: &[f32], p: usize, q: usize, pairs: bool) -> Self {
         let row = |j: usize| &a[j * q..(j + 1) * q];
         // Rows b that pair with row a: same nonzero columns, equal magnitudes.
         let pairs_with = |ra: &[f32], rb: &[f32]| {
@@ -83,7 +85,8 @@ impl Plan {
                 continue;
             }
             used[ja] = true;
-            let partner = (ja + 1..p).find(|&jb| !used[jb] && pairs_with(row(ja), row(jb)));
+            let partner =
+                (ja + 1..p).find(|&jb| pairs && !used[jb] && pairs_with(row(ja), row(jb)));
             if let Some(jb) = partner {
                 used[jb] = true;
                 let t0 = plan.idx.len();
