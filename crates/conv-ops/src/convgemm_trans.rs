@@ -6,8 +6,8 @@
 //! is built (see `source.rs`). On lines of at least `SHORT_RUN` outputs each micro-panel is
 //! written run by run, whole `nr`-wide panel rows at a time: every lane (one channel and tap)
 //! reads the input along the run from where its segment starts minus its padding, so a run is a
-//! transpose of `nr` input runs into the panel (4 × 4 blocks), and the few positions where a
-//! lane falls into the padding are zeroed afterwards. Shorter lines are packed lane by lane,
+//! transpose of `nr` input runs into the panel (core-blas's `transpose_lanes`, vectorised for
+//! stride 1), and the few positions where a lane falls into the padding are zeroed afterwards. Shorter lines are packed lane by lane,
 //! a strided copy per (lane, run).
 
 use std::cell::RefCell;
@@ -29,14 +29,15 @@ pub struct Im2colTB<'a> {
 /// than it saves on them).
 const SHORT_RUN: usize = 12;
 
+/// The widest micro-panel the transposing path takes (wider ones are packed lane by lane).
+const MAX_LANES: usize = 32;
+
 #[derive(Default)]
 struct Scratch {
     runs: Vec<Run>,
     segs: Vec<Seg>,
     /// Per lane of the panel being packed: (channel plane offset, tap).
     lanes: Vec<(usize, usize)>,
-    /// Per lane of the run being packed: where position 0 of the run reads.
-    from: Vec<*const f32>,
     /// Zeros that lanes reading nothing point to.
     zeros: Vec<f32>,
 }
@@ -72,16 +73,26 @@ impl PackB for Im2colTB<'_> {
                 runs,
                 segs,
                 lanes,
-                from,
                 zeros,
             } = s;
             src.runs(pc, kc, runs);
             src.segments(runs, segs);
             let count = runs.len();
+            let Ok(gemm) = core_blas::Gemm::global() else {
+                pack_lanes(src, runs, segs, (jc, nc), kc, nr, dst);
+                return;
+            };
             if src.d.output[2] < SHORT_RUN {
                 pack_lanes(src, runs, segs, (jc, nc), kc, nr, dst);
                 return;
             }
+            // A run is at most one output line long.
+            let longest = (src.d.output[2] - 1) * stride + 1;
+            if zeros.len() < longest {
+                zeros.resize(longest, 0.0);
+            }
+            let zeros: &[f32] = zeros;
+            let mut from: [&[f32]; MAX_LANES] = [&[]; MAX_LANES];
             for (j0, w, panel) in micro_panels(dst, kc, nr, jc, nc) {
                 debug_assert!({
                     let planes: Vec<usize> =
@@ -97,43 +108,50 @@ impl PackB for Im2colTB<'_> {
                         let (plane, tap) = lanes[lane];
                         (plane, &segs[tap * count + i])
                     };
-                    if zeros.len() < run.len * stride {
-                        zeros.resize(run.len * stride, 0.0);
-                    }
                     // Each lane reads the whole run from `at − lo·stride` on (the padding
                     // positions are zeroed afterwards) when that stays inside x; lanes that
                     // read nothing read zeros.
-                    from.clear();
-                    let mut inside = true;
-                    for lane in 0..nr {
+                    let need = (run.len - 1) * stride + 1;
+                    let mut inside = run.len >= SHORT_RUN && nr <= MAX_LANES;
+                    for (lane, from) in from.iter_mut().enumerate().take(nr) {
                         if !inside {
                             break;
                         }
                         if lane >= w {
-                            from.push(zeros.as_ptr());
+                            *from = &zeros[..need];
                             continue;
                         }
                         let (plane, seg) = lane_seg(lane);
                         if seg.lo == seg.hi {
-                            from.push(zeros.as_ptr());
+                            *from = &zeros[..need];
                             continue;
                         }
-                        let at = plane + seg.at;
-                        match at.checked_sub(seg.lo * stride) {
-                            Some(first) if first + (run.len - 1) * stride < src.x.len() => {
-                                from.push(src.x.as_ptr().wrapping_add(first));
-                            }
-                            _ => {
-                                inside = false;
-                                break;
-                            }
+                        match (plane + seg.at)
+                            .checked_sub(seg.lo * stride)
+                            .and_then(|first| src.x.get(first..first + need))
+                        {
+                            Some(lane_src) => *from = lane_src,
+                            None => inside = false,
                         }
                     }
-                    if inside && run.len >= SHORT_RUN {
-                        // SAFETY: every pointer reads `t·stride`, `t < run.len`, inside x (just
-                        // checked) or inside `zeros` (resized above); `rows` is `run.len` rows
-                        // of `nr` values.
-                        unsafe { transpose_run(rows, nr, from, stride) };
+                    let copied = inside
+                        && if stride == 1 {
+                            gemm.transpose_lanes(rows, nr, &from[..nr], run.len, 1)
+                                .is_ok()
+                        } else {
+                            // core-blas's strided transpose is scalar too: a row at a time.
+                            let d = rows.as_mut_ptr();
+                            for t in 0..run.len {
+                                for (l, lane) in from[..nr].iter().enumerate() {
+                                    // SAFETY: every lane holds `need = (run.len − 1)·stride +
+                                    // 1` values (sliced above), so `t·stride`, `t < run.len`,
+                                    // is inside it; row `t`, lane `l < nr` lie in `rows`.
+                                    unsafe { *d.add(t * nr + l) = *lane.as_ptr().add(t * stride) };
+                                }
+                            }
+                            true
+                        };
+                    if copied {
                         for lane in 0..w {
                             let (_, seg) = lane_seg(lane);
                             if seg.lo < seg.hi {
@@ -223,50 +241,6 @@ fn pack_lanes(
                         *d.add(t * nr) = 0.0;
                     }
                 }
-            }
-        }
-    }
-}
-
-/// `rows[t·nr + l] = from[l][t·stride]` for the `rows.len() / nr` rows `t` of a run: with stride
-/// 1 in 4 × 4 blocks (four lanes × four positions read as vectors, written as four 4-value row
-/// pieces; the last block of a run overlaps the one before), otherwise value by value a row
-/// at a time.
-///
-/// # Safety
-/// `from.len() == nr` and every `from[l]` is valid for reads at `t·stride`, `t < rows.len() / nr`.
-#[inline]
-unsafe fn transpose_run(rows: &mut [f32], nr: usize, from: &[*const f32], stride: usize) {
-    let len = rows.len() / nr;
-    let dst = rows.as_mut_ptr();
-    if stride == 1 && len >= 4 && nr.is_multiple_of(4) {
-        for g in (0..nr).step_by(4) {
-            let p: [*const f32; 4] = std::array::from_fn(|k| from[g + k]);
-            let mut t = 0;
-            loop {
-                let t0 = t.min(len - 4);
-                // SAFETY: positions `t0..t0 + 4 <= len` (the caller's contract for the reads);
-                // rows `t0..t0 + 4`, lanes `g..g + 4 <= nr` lie in `rows`.
-                unsafe {
-                    let r: [[f32; 4]; 4] =
-                        std::array::from_fn(|k| p[k].add(t0).cast::<[f32; 4]>().read_unaligned());
-                    for u in 0..4 {
-                        dst.add((t0 + u) * nr + g)
-                            .cast::<[f32; 4]>()
-                            .write_unaligned([r[0][u], r[1][u], r[2][u], r[3][u]]);
-                    }
-                }
-                t += 4;
-                if t >= len {
-                    break;
-                }
-            }
-        }
-    } else {
-        for t in 0..len {
-            for (l, p) in from.iter().enumerate() {
-                // SAFETY: position `t < len` (the caller's contract); row `t`, lane `l < nr`.
-                unsafe { *dst.add(t * nr + l) = *p.add(t * stride) };
             }
         }
     }

@@ -68,19 +68,30 @@ impl PackA for ChannelMajor<'_> {
         self.batch * self.plane
     }
     fn pack_a(&self, ic: usize, mc: usize, pc: usize, kc: usize, mr: usize, dst: &mut [f32]) {
+        let gemm = core_blas::Gemm::global().ok();
+        let mut rows: [&[f32]; MAX_MR] = [&[]; MAX_MR];
         for (i0, h, panel) in micro_panels(dst, kc, mr, ic, mc) {
-            for x in 0..h {
-                // Row i0 + x over columns pc..pc+kc, in runs inside one image.
-                let mut p = 0;
-                while p < kc {
-                    let j = pc + p;
-                    let len = (kc - p).min(self.plane - j % self.plane);
-                    let src = &self.data[self.offset(i0 + x, j)..][..len];
-                    for (t, &v) in src.iter().enumerate() {
-                        panel[(p + t) * mr + x] = v;
-                    }
-                    p += len;
+            // Rows i0.. over columns pc..pc+kc, in runs inside one image: each run is a
+            // transpose of `h` contiguous row pieces into the panel's columns.
+            let mut p = 0;
+            while p < kc {
+                let j = pc + p;
+                let len = (kc - p).min(self.plane - j % self.plane);
+                for (x, row) in rows.iter_mut().enumerate().take(h) {
+                    *row = &self.data[self.offset(i0 + x, j)..][..len];
                 }
+                let out = &mut panel[p * mr..];
+                let fast = h <= MAX_MR
+                    && gemm.is_some_and(|g| g.transpose_lanes(out, mr, &rows[..h], len, 1).is_ok());
+                if !fast {
+                    for x in 0..h {
+                        let src = &self.data[self.offset(i0 + x, j)..][..len];
+                        for (t, &v) in src.iter().enumerate() {
+                            out[t * mr + x] = v;
+                        }
+                    }
+                }
+                p += len;
             }
             if h < mr {
                 for col in panel.chunks_exact_mut(mr) {
@@ -90,6 +101,10 @@ impl PackA for ChannelMajor<'_> {
         }
     }
 }
+
+/// The tallest A micro-panel [`ChannelMajor::pack_a`] transposes through core-blas (taller
+/// ones are copied value by value).
+const MAX_MR: usize = 32;
 
 /// What to do with a finished C block in [`ChannelMajorStore`] and [`forward_panels`]:
 /// `y = alpha·C + beta·y (+ bias[channel]) (then ReLU)`.
