@@ -1,5 +1,6 @@
-//! [`ChannelParallelConv`]: the stationary-x convolution of "Channel and Filter Parallelism for
-//! Large-Scale CNN Training" (section 3.2) over the ranks of a channel communicator.
+//! Channel and filter parallel convolution, "Channel and Filter Parallelism for Large-Scale CNN
+//! Training" (sections 3.2, 3.3): [`ChannelParallelConv`] (stationary-x) and
+//! [`FilterParallelConv`] (stationary-y) over the ranks of a channel communicator.
 
 use nn::{Conv, ConvAlgo, ConvConfig, Layer, Parameter, Tensor};
 use rand::rngs::SmallRng;
@@ -56,11 +57,7 @@ impl ChannelParallelConv {
         part: usize,
     ) -> Result<Self> {
         let (c, k) = (cfg.in_channels, cfg.out_channels);
-        if parts == 0 || part >= parts || c % parts != 0 || k % parts != 0 {
-            return Err(DistError::Training(format!(
-                "block {part} of {parts}: the block count must divide {c} input and {k} output channels"
-            )));
-        }
+        check_parts(c, k, parts, part)?;
         let (cl, kl) = (c / parts, k / parts);
         let params = full.params();
         let weight = &params[0].1.value;
@@ -94,37 +91,17 @@ impl ChannelParallelConv {
         })
     }
 
-    fn check_comm(&self, comm: &impl Communicator) -> Result<()> {
-        if comm.size() != self.parts || comm.rank() != self.part {
-            return Err(DistError::Training(format!(
-                "block {} of {} run on rank {} of {}",
-                self.part,
-                self.parts,
-                comm.rank(),
-                comm.size()
-            )));
-        }
-        Ok(())
-    }
-
     /// `y`'s block of output channels (`N × K/parts × spatial`) from this rank's block of input
     /// channels `x` (`N × C/parts × spatial`). Collective over `comm`. With `train`, keeps what
     /// backward needs.
     pub fn forward(&mut self, comm: &impl Communicator, x: Tensor, train: bool) -> Result<Tensor> {
-        self.check_comm(comm)?;
+        check_comm(comm, self.parts, self.part)?;
         let y = self.conv.forward(x, train)?;
         let shape = y.shape().to_vec();
         let (n, k, p) = (shape[0], self.out_channels, self.parts);
         let plane: usize = shape[2..].iter().product();
         let kl = k / p;
-        // Block b of the send buffer: output channels b·kl.. of every sample, contiguous.
-        let mut send = vec![0.0f32; y.len()];
-        for b in 0..p {
-            for i in 0..n {
-                let src = &y.data()[(i * k + b * kl) * plane..][..kl * plane];
-                send[(b * n + i) * kl * plane..][..kl * plane].copy_from_slice(src);
-            }
-        }
+        let send = to_blocks(y.data(), n, k, plane, p);
         let mut recv = vec![0.0f32; n * kl * plane];
         comm.reduce_scatter_sum(&send, &mut recv)?;
         if let Some(b) = &self.bias {
@@ -150,7 +127,7 @@ impl ChannelParallelConv {
         dy: Tensor,
         need_dx: bool,
     ) -> Result<Option<Tensor>> {
-        self.check_comm(comm)?;
+        check_comm(comm, self.parts, self.part)?;
         let shape = self
             .out_shape
             .take()
@@ -174,13 +151,7 @@ impl ChannelParallelConv {
         }
         let mut gathered = vec![0.0f32; n * k * plane];
         comm.allgather(dy.data(), &mut gathered)?;
-        let mut full = vec![0.0f32; n * k * plane];
-        for b in 0..p {
-            for i in 0..n {
-                let src = &gathered[(b * n + i) * kl * plane..][..kl * plane];
-                full[(i * k + b * kl) * plane..][..kl * plane].copy_from_slice(src);
-            }
-        }
+        let full = from_blocks(&gathered, n, k, plane, p);
         Ok(self.conv.backward(Tensor::new(&shape, full)?, need_dx)?)
     }
 
@@ -201,5 +172,183 @@ impl ChannelParallelConv {
             v.push(("bias".into(), b));
         }
         v
+    }
+}
+
+/// `N × K × plane` (row-major) as `parts` blocks, block `b` holding channels
+/// `b·K/parts..(b+1)·K/parts` of every sample: the layout of reduce-scatter's input.
+fn to_blocks(t: &[f32], n: usize, k: usize, plane: usize, parts: usize) -> Vec<f32> {
+    let kl = k / parts;
+    let mut out = vec![0.0f32; t.len()];
+    for b in 0..parts {
+        for i in 0..n {
+            let src = &t[(i * k + b * kl) * plane..][..kl * plane];
+            out[(b * n + i) * kl * plane..][..kl * plane].copy_from_slice(src);
+        }
+    }
+    out
+}
+
+/// The inverse of [`to_blocks`]: allgather's output back to `N × K × plane`.
+fn from_blocks(blocks: &[f32], n: usize, k: usize, plane: usize, parts: usize) -> Vec<f32> {
+    let kl = k / parts;
+    let mut out = vec![0.0f32; blocks.len()];
+    for b in 0..parts {
+        for i in 0..n {
+            let src = &blocks[(b * n + i) * kl * plane..][..kl * plane];
+            out[(i * k + b * kl) * plane..][..kl * plane].copy_from_slice(src);
+        }
+    }
+    out
+}
+
+/// Checks that `comm` is the `parts`-rank communicator whose rank `part` runs this block.
+fn check_comm(comm: &impl Communicator, parts: usize, part: usize) -> Result<()> {
+    if comm.size() != parts || comm.rank() != part {
+        return Err(DistError::Training(format!(
+            "block {part} of {parts} run on rank {} of {}",
+            comm.rank(),
+            comm.size()
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that `parts` divides both channel counts and that `part` is one of them.
+fn check_parts(c: usize, k: usize, parts: usize, part: usize) -> Result<()> {
+    if parts == 0 || part >= parts || !c.is_multiple_of(parts) || !k.is_multiple_of(parts) {
+        return Err(DistError::Training(format!(
+            "block {part} of {parts}: the block count must divide {c} input and {k} output channels"
+        )));
+    }
+    Ok(())
+}
+
+/// A convolution whose output channels (filters) and weights (by filter) are split in `parts`
+/// equal blocks over the ranks of a channel communicator, the input arriving split by channels
+/// as [`ChannelParallelConv`] leaves its output: the stationary-y algorithm.
+///
+/// Forward: an allgather assembles every input channel, then each rank convolves with its
+/// filters and adds its bias block, which leaves it its block of output channels. Backward:
+/// the local backward-data gives every input channel's partial sum over this rank's filters; a
+/// reduce-scatter completes the sums and leaves each rank its input-channel block of `dx`.
+/// Backward-filter is local (the whole input is kept from the forward, the memory cost the
+/// paper notes); over a sample-parallel grid the gradients are summed over
+/// [`crate::ProcessorGrid::sample_comm`].
+pub struct FilterParallelConv {
+    conv: Conv,
+    parts: usize,
+    part: usize,
+    in_channels: usize,
+    /// The gathered input's shape, known from the forward.
+    in_shape: Option<Vec<usize>>,
+}
+
+impl FilterParallelConv {
+    /// Block `part` of `parts` of the layer `full` built from `cfg`: its filters
+    /// `[part·K/parts .. (part+1)·K/parts]` with their bias.
+    ///
+    /// Errors: [`DistError::Training`] when `parts` does not divide the input and output
+    /// channels or `part >= parts`; [`DistError::Nn`] for an invalid configuration.
+    pub fn from_conv(
+        full: &Conv,
+        cfg: ConvConfig,
+        algo: ConvAlgo,
+        parts: usize,
+        part: usize,
+    ) -> Result<Self> {
+        let (c, k) = (cfg.in_channels, cfg.out_channels);
+        check_parts(c, k, parts, part)?;
+        let kl = k / parts;
+        let params = full.params();
+        let weight = &params[0].1.value;
+        let per_filter = weight.len() / k;
+        let mut local_cfg = cfg.clone();
+        local_cfg.out_channels = kl;
+        let mut rng = <SmallRng as rand::SeedableRng>::seed_from_u64(0);
+        let mut conv = Conv::new(local_cfg, algo, &mut rng)?;
+        {
+            let mut local = conv.params_mut();
+            local[0]
+                .1
+                .value
+                .data_mut()
+                .copy_from_slice(&weight.data()[part * kl * per_filter..][..kl * per_filter]);
+            if cfg.bias {
+                local[1]
+                    .1
+                    .value
+                    .data_mut()
+                    .copy_from_slice(&params[1].1.value.data()[part * kl..(part + 1) * kl]);
+            }
+        }
+        Ok(FilterParallelConv {
+            conv,
+            parts,
+            part,
+            in_channels: c,
+            in_shape: None,
+        })
+    }
+
+    /// This rank's block of output channels (`N × K/parts × spatial'`) from its block of input
+    /// channels `x` (`N × C/parts × spatial`). Collective over `comm`.
+    pub fn forward(&mut self, comm: &impl Communicator, x: Tensor, train: bool) -> Result<Tensor> {
+        check_comm(comm, self.parts, self.part)?;
+        let (c, p) = (self.in_channels, self.parts);
+        let shape = x.shape().to_vec();
+        if shape.len() < 3 || shape[1] * p != c {
+            return Err(DistError::Training(format!(
+                "x has shape {shape:?}, this block takes N × {} × spatial",
+                c / p
+            )));
+        }
+        let (n, plane) = (shape[0], shape[2..].iter().product::<usize>());
+        let mut gathered = vec![0.0f32; x.len() * p];
+        comm.allgather(x.data(), &mut gathered)?;
+        let mut full_shape = shape.clone();
+        full_shape[1] = c;
+        let full = Tensor::new(&full_shape, from_blocks(&gathered, n, c, plane, p))?;
+        if train {
+            self.in_shape = Some(full_shape);
+        }
+        Ok(self.conv.forward(full, train)?)
+    }
+
+    /// From this rank's block of `dy` (`N × K/parts × spatial'`): the gradients of its filters
+    /// and bias (overwritten), and `dx` for its block of input channels when `need_dx`.
+    /// Collective over `comm` (every rank must pass the same `need_dx`).
+    pub fn backward(
+        &mut self,
+        comm: &impl Communicator,
+        dy: Tensor,
+        need_dx: bool,
+    ) -> Result<Option<Tensor>> {
+        check_comm(comm, self.parts, self.part)?;
+        let shape = self
+            .in_shape
+            .take()
+            .ok_or_else(|| DistError::Training("backward without a training forward".into()))?;
+        let Some(dx) = self.conv.backward(dy, need_dx)? else {
+            return Ok(None);
+        };
+        let (n, c, p) = (shape[0], self.in_channels, self.parts);
+        let plane: usize = shape[2..].iter().product();
+        let send = to_blocks(dx.data(), n, c, plane, p);
+        let mut recv = vec![0.0f32; n * (c / p) * plane];
+        comm.reduce_scatter_sum(&send, &mut recv)?;
+        let mut local = shape;
+        local[1] = c / p;
+        Ok(Some(Tensor::new(&local, recv)?))
+    }
+
+    /// This rank's filters (`K/parts × C × kernel`) and their bias, with PyTorch's names.
+    pub fn params(&self) -> Vec<(String, &Parameter)> {
+        self.conv.params()
+    }
+
+    /// The same, mutable.
+    pub fn params_mut(&mut self) -> Vec<(String, &mut Parameter)> {
+        self.conv.params_mut()
     }
 }

@@ -61,9 +61,12 @@
 //! Parallelism for Large-Scale CNN Training": input channels, weights and output channels split
 //! over a row, a reduce-scatter after the local forward, an allgather of `dy` before the local
 //! backward, and the weight gradients summed over the column only (a segmented allreduce).
-//! `tests/mpi_channel_conv.rs` checks every grid of 1, 2 and 4 ranks against the whole layer.
-//! It is a distributed operator (`forward(comm, x)`), not yet an `nn::Layer`: `Layer` requires
-//! `Send` and an MPI communicator is not.
+//! [`FilterParallelConv`] is the stationary-y convolution: filters split over a row, an
+//! allgather of `x` before the local forward, a reduce-scatter of `dx` after the local
+//! backward-data. Either takes its input split by channels and leaves its output split by
+//! channels, so they chain. `tests/mpi_channel_conv.rs` checks both on every grid of 1, 2 and 4
+//! ranks against the whole layer. They are distributed operators (`forward(comm, x)`), not yet
+//! `nn::Layer`s: `Layer` requires `Send` and an MPI communicator is not.
 
 mod channel_conv;
 mod comm;
@@ -75,7 +78,7 @@ mod mpi_comm;
 mod runtime;
 mod single;
 
-pub use channel_conv::ChannelParallelConv;
+pub use channel_conv::{ChannelParallelConv, FilterParallelConv};
 pub use comm::{ChunkPoster, Communicator, MAX_COUNT};
 pub use data_parallel::{DEFAULT_CHUNK, DataParallel};
 pub use error::{DistError, Result};

@@ -1,11 +1,15 @@
-//! Multi-rank test of the channel-parallel (stationary-x) convolution: under `mpirun -np N`
-//! (`cargo xtask test` runs N = 1, 2, 4), for every `samples × channels` processor grid of N
-//! ranks and for 2D, strided and 3D layers, each rank runs its block of the layer (its samples,
-//! its channel block) and checks that y, dx, and the weight and bias gradients (summed over its
-//! grid column: the segmented allreduce) equal the matching blocks of the whole layer run on one
-//! process. One PASS line per rank; the first failed check aborts the job.
+//! Multi-rank test of the channel-parallel (stationary-x) and filter-parallel (stationary-y)
+//! convolutions: under `mpirun -np N` (`cargo xtask test` runs N = 1, 2, 4), for every
+//! `samples × channels` processor grid of N ranks and for 2D, strided and 3D layers, each rank
+//! runs its block of the layer (its samples, its channel block) and checks that y, dx, and the
+//! weight and bias gradients (summed over its grid column: the segmented allreduce) equal the
+//! matching blocks of the whole layer run on one process. One PASS line per rank; the first
+//! failed check aborts the job.
 
-use dist::{ChannelParallelConv, Communicator, ProcessorGrid, Runtime, World};
+use dist::{
+    ChannelParallelConv, Communicator, FilterParallelConv, ProcessorGrid, Result as DistResult,
+    Runtime, World,
+};
 use nn::{Conv, ConvAlgo, ConvConfig, Layer, Tensor};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -53,12 +57,42 @@ fn close(what: &str, got: &[f32], want: &[f32]) -> Result<(), String> {
     Ok(())
 }
 
+/// The two algorithms behind one interface, for the test.
+enum Part {
+    X(ChannelParallelConv),
+    Y(FilterParallelConv),
+}
+
+impl Part {
+    fn forward(&mut self, comm: &World, x: Tensor, train: bool) -> DistResult<Tensor> {
+        match self {
+            Part::X(p) => p.forward(comm, x, train),
+            Part::Y(p) => p.forward(comm, x, train),
+        }
+    }
+
+    fn backward(&mut self, comm: &World, dy: Tensor) -> DistResult<Option<Tensor>> {
+        match self {
+            Part::X(p) => p.backward(comm, dy, true),
+            Part::Y(p) => p.backward(comm, dy, true),
+        }
+    }
+
+    fn params_mut(&mut self) -> Vec<(String, &mut nn::Parameter)> {
+        match self {
+            Part::X(p) => p.params_mut(),
+            Part::Y(p) => p.params_mut(),
+        }
+    }
+}
+
 fn run(
     world: &World,
     samples: usize,
     channels: usize,
     cfg: &ConvConfig,
     input: &[usize],
+    stationary_y: bool,
 ) -> Result<usize, String> {
     let e = |x: &dyn std::fmt::Display| x.to_string();
     let grid = ProcessorGrid::new(world, samples, channels).map_err(|x| e(&x))?;
@@ -66,8 +100,17 @@ fn run(
     let algo = ConvAlgo::Convgemm;
     let full_rng = &mut SmallRng::seed_from_u64(7);
     let mut full = Conv::new(cfg.clone(), algo, full_rng).map_err(|x| e(&x))?;
-    let mut part =
-        ChannelParallelConv::from_conv(&full, cfg.clone(), algo, channels, c).map_err(|x| e(&x))?;
+    let mut part = if stationary_y {
+        Part::Y(
+            FilterParallelConv::from_conv(&full, cfg.clone(), algo, channels, c)
+                .map_err(|x| e(&x))?,
+        )
+    } else {
+        Part::X(
+            ChannelParallelConv::from_conv(&full, cfg.clone(), algo, channels, c)
+                .map_err(|x| e(&x))?,
+        )
+    };
 
     // The whole layer on one process.
     let x = random(input, 11);
@@ -98,7 +141,7 @@ fn run(
     dyshape[1] = kl;
     let dyl = Tensor::new(&dyshape, block(&dy, rows.clone(), c * kl..(c + 1) * kl)).unwrap();
     let dxl = part
-        .backward(comm, dyl, true)
+        .backward(comm, dyl)
         .map_err(|x| e(&x))?
         .ok_or("no dx")?;
     close("dx", dxl.data(), &block(&dx, rows, c * cl..(c + 1) * cl))?;
@@ -108,11 +151,14 @@ fn run(
     let mut got = part.params_mut();
     let wgrad = got[0].1.grad.data_mut();
     grid.sample_comm().allreduce_sum(wgrad).map_err(|x| e(&x))?;
-    close(
-        "dw",
-        wgrad,
-        &block(&want[0].1.grad, 0..k, c * cl..(c + 1) * cl),
-    )?;
+    // Stationary-x holds every filter's weights for its input channels, stationary-y its
+    // filters' weights for every input channel.
+    let wblock = if stationary_y {
+        block(&want[0].1.grad, c * kl..(c + 1) * kl, 0..ci)
+    } else {
+        block(&want[0].1.grad, 0..k, c * cl..(c + 1) * cl)
+    };
+    close("dw", wgrad, &wblock)?;
     let bgrad = got[1].1.grad.data_mut();
     grid.sample_comm().allreduce_sum(bgrad).map_err(|x| e(&x))?;
     close("db", bgrad, &want[1].1.grad.data()[c * kl..(c + 1) * kl])?;
@@ -133,24 +179,27 @@ fn main() {
     };
     let world = runtime.world();
     let size = world.size();
+    // 12 samples: every grid's local batch (12, 6, 3) differs from its channel blocks (1, 2, 4),
+    // so a transposed block layout cannot pass unnoticed.
     let layers = [
-        (ConvConfig::conv2d(8, 12, 3).padding(1), vec![4, 8, 9, 7]),
+        (ConvConfig::conv2d(8, 12, 3).padding(1), vec![12, 8, 9, 7]),
         (
             ConvConfig::conv2d(4, 8, 3).stride(2).padding(1),
-            vec![4, 4, 11, 10],
+            vec![12, 4, 11, 10],
         ),
-        (ConvConfig::conv3d(4, 4, 3).padding(1), vec![4, 4, 5, 6, 4]),
+        (ConvConfig::conv3d(4, 4, 3).padding(1), vec![12, 4, 5, 6, 4]),
     ];
     let mut checks = 0;
     for channels in (1..=size).filter(|c| size % c == 0) {
-        for (cfg, input) in &layers {
-            match run(&world, size / channels, channels, cfg, input) {
+        for ((cfg, input), y) in layers.iter().flat_map(|l| [(l, false), (l, true)]) {
+            match run(&world, size / channels, channels, cfg, input, y) {
                 Ok(n) => checks += n,
                 Err(what) => {
                     eprintln!(
-                        "mpi_channel_conv: rank {}/{size}: FAIL: grid {}×{channels}, {cfg:?}: {what}",
+                        "mpi_channel_conv: rank {}/{size}: FAIL: grid {}×{channels}, stationary-{}, {cfg:?}: {what}",
                         world.rank(),
-                        size / channels
+                        size / channels,
+                        if y { "y" } else { "x" }
                     );
                     world.abort(1);
                 }
