@@ -34,6 +34,16 @@ impl Parameter {
 
 /// One layer of a model: forward, backward, and its parameters.
 ///
+/// `items` with their names prefixed by `name.`: the PyTorch path of a child's parameters.
+pub(crate) fn prefixed<'n, T: 'n>(
+    name: &'n str,
+    items: Vec<(String, T)>,
+) -> impl Iterator<Item = (String, T)> + 'n {
+    items
+        .into_iter()
+        .map(move |(n, x)| (format!("{name}.{n}"), x))
+}
+
 /// The callback of [`Layer::backward_notify`]: a parameter's name and the parameter, once its
 /// gradient is final.
 pub type GradReady<'a> = dyn FnMut(&str, &Parameter) + 'a;

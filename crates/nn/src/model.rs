@@ -4,7 +4,7 @@ use rand::rngs::SmallRng;
 use rand::{RngCore, SeedableRng};
 
 use crate::error::{NnError, Result};
-use crate::layer::{GradReady, Layer, Parameter};
+use crate::layer::{GradReady, Layer, Parameter, prefixed};
 use crate::layers::{
     BasicBlock, BatchNorm, Conv, ConvAlgo, ConvConfig, Dropout, Flatten, GlobalAvgPool, Linear,
     MaxPool, Relu, Residual,
@@ -169,11 +169,7 @@ impl Sequential {
         self.layers
             .iter()
             .zip(&self.names)
-            .flat_map(|(l, name)| {
-                l.params()
-                    .into_iter()
-                    .map(move |(n, p)| (format!("{name}.{n}"), p))
-            })
+            .flat_map(|(l, name)| prefixed(name, l.params()))
             .collect()
     }
 
@@ -182,11 +178,7 @@ impl Sequential {
         self.layers
             .iter_mut()
             .zip(&self.names)
-            .flat_map(|(l, name)| {
-                l.params_mut()
-                    .into_iter()
-                    .map(move |(n, p)| (format!("{name}.{n}"), p))
-            })
+            .flat_map(|(l, name)| prefixed(name, l.params_mut()))
             .collect()
     }
 
@@ -195,11 +187,7 @@ impl Sequential {
         self.layers
             .iter()
             .zip(&self.names)
-            .flat_map(|(l, name)| {
-                l.buffers()
-                    .into_iter()
-                    .map(move |(n, b)| (format!("{name}.{n}"), b))
-            })
+            .flat_map(|(l, name)| prefixed(name, l.buffers()))
             .collect()
     }
 
@@ -208,11 +196,7 @@ impl Sequential {
         self.layers
             .iter_mut()
             .zip(&self.names)
-            .flat_map(|(l, name)| {
-                l.buffers_mut()
-                    .into_iter()
-                    .map(move |(n, b)| (format!("{name}.{n}"), b))
-            })
+            .flat_map(|(l, name)| prefixed(name, l.buffers_mut()))
             .collect()
     }
 

@@ -3,7 +3,7 @@
 use rand::rngs::SmallRng;
 
 use crate::error::{NnError, Result};
-use crate::layer::{Layer, Parameter};
+use crate::layer::{Layer, Parameter, prefixed};
 use crate::layers::{BatchNorm, Conv, ConvAlgo, ConvConfig, Relu};
 use crate::model::Sequential;
 use crate::tensor::Tensor;
@@ -223,11 +223,7 @@ impl Layer for Residual {
     fn params(&self) -> Vec<(String, &Parameter)> {
         let mut v = self.body.params();
         if let Some((name, s)) = &self.shortcut {
-            v.extend(
-                s.params()
-                    .into_iter()
-                    .map(|(n, p)| (format!("{name}.{n}"), p)),
-            );
+            v.extend(prefixed(name, s.params()));
         }
         v
     }
@@ -235,12 +231,7 @@ impl Layer for Residual {
     fn params_mut(&mut self) -> Vec<(String, &mut Parameter)> {
         let mut v = self.body.params_mut();
         if let Some((name, s)) = &mut self.shortcut {
-            let name = name.as_str();
-            v.extend(
-                s.params_mut()
-                    .into_iter()
-                    .map(|(n, p)| (format!("{name}.{n}"), p)),
-            );
+            v.extend(prefixed(name, s.params_mut()));
         }
         v
     }
@@ -248,11 +239,7 @@ impl Layer for Residual {
     fn buffers(&self) -> Vec<(String, &Tensor)> {
         let mut v = self.body.buffers();
         if let Some((name, s)) = &self.shortcut {
-            v.extend(
-                s.buffers()
-                    .into_iter()
-                    .map(|(n, b)| (format!("{name}.{n}"), b)),
-            );
+            v.extend(prefixed(name, s.buffers()));
         }
         v
     }
@@ -260,12 +247,7 @@ impl Layer for Residual {
     fn buffers_mut(&mut self) -> Vec<(String, &mut Tensor)> {
         let mut v = self.body.buffers_mut();
         if let Some((name, s)) = &mut self.shortcut {
-            let name = name.as_str();
-            v.extend(
-                s.buffers_mut()
-                    .into_iter()
-                    .map(|(n, b)| (format!("{name}.{n}"), b)),
-            );
+            v.extend(prefixed(name, s.buffers_mut()));
         }
         v
     }
