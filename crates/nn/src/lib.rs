@@ -1,9 +1,16 @@
 //! # nn: tensors, layers, models and the training loop
 //!
-//! Owns [`Tensor`], the [`Layer`] trait, [`Sequential`] models, the cross-entropy loss, the
-//! [`Sgd`] optimizer, data sets (the `digits` set ships inside the crate), checkpoints and the
-//! training loop, and chooses the convolution algorithm of each layer ([`ConvAlgo`]): Winograd
-//! (`fastconv`) where it applies and pays, convgemm (`conv-ops`, no im2col workspace) elsewhere.
+//! Owns [`Tensor`], the [`Layer`] trait, [`Sequential`] models (nestable, with PyTorch's
+//! parameter names), the cross-entropy loss, the [`Sgd`] optimizer, data sets (the `digits` set
+//! ships inside the crate; MNIST, Fashion-MNIST and CIFAR-10 are read from their distribution
+//! files; 3D `volumes` are generated), checkpoints and the training loop, and chooses the
+//! convolution algorithm of each layer ([`ConvAlgo`]): Winograd (`fastconv`) where it applies and
+//! pays, convgemm (`conv-ops`, no im2col workspace) elsewhere.
+//!
+//! [`build`] and [`build_with`] make the models of [`MODELS`]: LeNet-5, the CIFAR ResNet-20 and
+//! VGG-16 of the benchmarks, torchvision's VGG-A (`vgg11`) and ResNet-18/34/50, and C3D, with
+//! PyTorch's parameter names, so a PyTorch `state_dict` saved as safetensors loads into them
+//! (`examples/src/bin/predict.rs`, `scripts/torchvision_check.py`).
 //!
 //! Layering: `core-blas` ← `conv-ops` ← `fastconv` ← **`nn`** ← `dist`.
 //!
