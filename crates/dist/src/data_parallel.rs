@@ -198,10 +198,14 @@ impl<'c, C: Communicator> DataParallel<'c, C> {
             loss[0] = l * local as f32 / n as f32;
             dl = Some(d);
         }
-        // Backpropagate, posting each chunk's sum as soon as its last gradient is final. A rank
-        // without samples posts nothing: its chunks go out as zeros after `work`.
+        // Backpropagate, posting each chunk's sum as soon as its last gradient is final and every
+        // earlier chunk is posted: chunks go out in index order on every rank (MPI matches
+        // non-blocking collectives by posting order, and a block reports its parameters together,
+        // which can complete a later chunk first). A rank without samples posts nothing here: its
+        // chunks go out as zeros, in index order, after `work`.
         let scale = local as f32 / n as f32;
         let mut left = layout.members.clone();
+        let mut next = 0;
         let stage = &mut self.stage;
         let mut work = |poster: &mut dyn crate::comm::ChunkPoster| -> Result<()> {
             let Some(dl) = dl.take() else {
@@ -223,13 +227,21 @@ impl<'c, C: Communicator> DataParallel<'c, C> {
                     *s = g * scale;
                 }
                 let c = layout.chunk_of[i];
-                left[c] -= 1;
-                if left[c] == 0 {
-                    let range = layout.starts[c]..layout.starts[c] + layout.chunks[c];
+                let Some(l) = left[c].checked_sub(1) else {
+                    failed = Some(DistError::Training(format!(
+                        "backpropagation reported `{name}` twice"
+                    )));
+                    return;
+                };
+                left[c] = l;
+                while next < left.len() && left[next] == 0 {
+                    let range = layout.starts[next]..layout.starts[next] + layout.chunks[next];
                     let src = &stage[range];
-                    if let Err(e) = poster.post(c, &mut |dst| dst.copy_from_slice(src)) {
+                    if let Err(e) = poster.post(next, &mut |dst| dst.copy_from_slice(src)) {
                         failed = Some(e);
+                        return;
                     }
+                    next += 1;
                 }
             })?;
             failed.map_or(Ok(()), Err)
