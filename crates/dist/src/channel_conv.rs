@@ -58,6 +58,7 @@ impl ChannelParallelConv {
     ) -> Result<Self> {
         let (c, k) = (cfg.in_channels, cfg.out_channels);
         check_parts(c, k, parts, part)?;
+        check_full(full, &cfg)?;
         let (cl, kl) = (c / parts, k / parts);
         let params = full.params();
         let weight = &params[0].1.value;
@@ -214,6 +215,26 @@ fn check_comm(comm: &impl Communicator, parts: usize, part: usize) -> Result<()>
     Ok(())
 }
 
+/// Checks that `full` is the layer `cfg` describes: weight `K × C × kernel`, a bias exactly when
+/// `cfg` has one.
+fn check_full(full: &Conv, cfg: &ConvConfig) -> Result<()> {
+    let params = full.params();
+    let shape = params[0].1.value.shape();
+    let (k, c) = (cfg.out_channels, cfg.in_channels);
+    if shape.len() < 3 || shape[0] != k || shape[1] != c || (params.len() == 2) != cfg.bias {
+        return Err(DistError::Training(format!(
+            "the layer's weight is {shape:?} with{} bias, the configuration says {k} × {c} × kernel{}",
+            if params.len() == 2 { "" } else { "out" },
+            if cfg.bias {
+                " with bias"
+            } else {
+                " without bias"
+            }
+        )));
+    }
+    Ok(())
+}
+
 /// Checks that `parts` divides both channel counts and that `part` is one of them.
 fn check_parts(c: usize, k: usize, parts: usize, part: usize) -> Result<()> {
     if parts == 0 || part >= parts || !c.is_multiple_of(parts) || !k.is_multiple_of(parts) {
@@ -259,6 +280,7 @@ impl FilterParallelConv {
     ) -> Result<Self> {
         let (c, k) = (cfg.in_channels, cfg.out_channels);
         check_parts(c, k, parts, part)?;
+        check_full(full, &cfg)?;
         let kl = k / parts;
         let params = full.params();
         let weight = &params[0].1.value;

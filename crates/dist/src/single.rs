@@ -141,6 +141,36 @@ mod tests {
         let g = crate::ProcessorGrid::new(&c, 1, 1).unwrap();
         assert_eq!((g.shape(), g.coords()), ((1, 1), (0, 0)));
         assert!(crate::ProcessorGrid::new(&c, 2, 1).is_err());
+        // A block of a layer that does not match its configuration is an error, not a panic.
+        use nn::{Conv, ConvAlgo, ConvConfig};
+        use rand::SeedableRng;
+        let rng = &mut rand::rngs::SmallRng::seed_from_u64(0);
+        let cfg = ConvConfig::conv2d(4, 6, 3);
+        let full = Conv::new(cfg.clone(), ConvAlgo::Convgemm, rng).unwrap();
+        let other = ConvConfig::conv2d(8, 6, 3);
+        assert!(
+            crate::ChannelParallelConv::from_conv(&full, other.clone(), ConvAlgo::Convgemm, 2, 0)
+                .is_err()
+        );
+        assert!(
+            crate::FilterParallelConv::from_conv(&full, other, ConvAlgo::Convgemm, 2, 0).is_err()
+        );
+        assert!(
+            crate::FilterParallelConv::from_conv(
+                &full,
+                cfg.clone().no_bias(),
+                ConvAlgo::Convgemm,
+                2,
+                0
+            )
+            .is_err()
+        );
+        assert!(
+            crate::ChannelParallelConv::from_conv(&full, cfg.clone(), ConvAlgo::Convgemm, 4, 0)
+                .is_err(),
+            "4 does not divide 6"
+        );
+        assert!(crate::FilterParallelConv::from_conv(&full, cfg, ConvAlgo::Convgemm, 2, 1).is_ok());
     }
 
     #[test]
