@@ -193,7 +193,10 @@ pub(crate) fn correlate(
     };
     // All channels of a block, a group at a time.
     let finish_all = |bufs: &mut Buffers, ys: &mut [f32], plane0: usize, t0: usize, t1: usize| {
-        let kg = group(k_out, t1 - t0);
+        // The output side's groups rounded up to a power of two: measured (thread CPU time, min
+        // of 3 interleaved, 19:23 UTC) the paper layer's forward 12.8 -> 11.4 ms with 8 channels
+        // instead of 5 (16: no gain), 128@28² 11.1 -> 10.9, 64@56² and C3D unchanged.
+        let kg = group(k_out, t1 - t0).next_power_of_two().min(k_out);
         let Buffers { mm, local, .. } = bufs;
         let mut k0 = 0;
         while k0 < k_out {
