@@ -129,10 +129,7 @@ impl ChannelParallelConv {
         need_dx: bool,
     ) -> Result<Option<Tensor>> {
         check_comm(comm, self.parts, self.part)?;
-        let shape = self
-            .out_shape
-            .take()
-            .ok_or_else(|| DistError::Training("backward without a training forward".into()))?;
+        let shape = take_saved(&mut self.out_shape)?;
         let (n, k, p) = (shape[0], self.out_channels, self.parts);
         let plane: usize = shape[2..].iter().product();
         let kl = k / p;
@@ -201,6 +198,13 @@ fn from_blocks(blocks: &[f32], n: usize, k: usize, plane: usize, parts: usize) -
         }
     }
     out
+}
+
+/// The shape a training forward saved for backward, or the error of a backward without one.
+fn take_saved(saved: &mut Option<Vec<usize>>) -> Result<Vec<usize>> {
+    saved
+        .take()
+        .ok_or_else(|| DistError::Training("backward without a training forward".into()))
 }
 
 /// Checks that `comm` is the `parts`-rank communicator whose rank `part` runs this block.
@@ -347,10 +351,7 @@ impl FilterParallelConv {
         need_dx: bool,
     ) -> Result<Option<Tensor>> {
         check_comm(comm, self.parts, self.part)?;
-        let shape = self
-            .in_shape
-            .take()
-            .ok_or_else(|| DistError::Training("backward without a training forward".into()))?;
+        let shape = take_saved(&mut self.in_shape)?;
         let Some(dx) = self.conv.backward(dy, need_dx)? else {
             return Ok(None);
         };

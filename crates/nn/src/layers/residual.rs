@@ -57,6 +57,31 @@ fn projection(
     ))
 }
 
+/// The body of a basic block, `bn2(conv2(relu(bn1(conv1(x)))))` with 3×3 convolutions (the
+/// first with `stride`), under `names` (conv, norm, relu, conv, norm).
+fn basic_body(
+    names: [&str; 5],
+    in_channels: usize,
+    out_channels: usize,
+    stride: usize,
+    algo: ConvAlgo,
+    rng: &mut SmallRng,
+) -> Result<Sequential> {
+    let [c1, b1, r1, c2, b2] = names;
+    Sequential::block()
+        .push_named(
+            c1,
+            Conv::new(conv3x3(in_channels, out_channels, stride), algo, rng)?,
+        )?
+        .push_named(b1, BatchNorm::new(out_channels)?)?
+        .push_named(r1, Relu::new())?
+        .push_named(
+            c2,
+            Conv::new(conv3x3(out_channels, out_channels, 1), algo, rng)?,
+        )?
+        .push_named(b2, BatchNorm::new(out_channels)?)
+}
+
 impl Residual {
     /// `relu(body(x) + shortcut(x))`; `shortcut` is `(name, layers)` or `None` for the identity.
     /// `body` and the shortcut must map an input to outputs of the same shape (checked when run).
@@ -86,18 +111,8 @@ impl Residual {
         rng: &mut SmallRng,
     ) -> Result<Self> {
         let short = projection(in_channels, out_channels, stride, algo, rng)?;
-        let body = Sequential::block()
-            .push_named(
-                "c1",
-                Conv::new(conv3x3(in_channels, out_channels, stride), algo, rng)?,
-            )?
-            .push_named("b1", BatchNorm::new(out_channels)?)?
-            .push_named("r1", Relu::new())?
-            .push_named(
-                "c2",
-                Conv::new(conv3x3(out_channels, out_channels, 1), algo, rng)?,
-            )?
-            .push_named("b2", BatchNorm::new(out_channels)?)?;
+        let names = ["c1", "b1", "r1", "c2", "b2"];
+        let body = basic_body(names, in_channels, out_channels, stride, algo, rng)?;
         let mut block = Residual::new(body, short.map(|s| ("short", s)));
         block.desc = format!("BasicBlock({in_channels}→{out_channels}, stride {stride})");
         Ok(block)
@@ -113,18 +128,8 @@ impl Residual {
         algo: ConvAlgo,
         rng: &mut SmallRng,
     ) -> Result<Self> {
-        let body = Sequential::block()
-            .push_named(
-                "conv1",
-                Conv::new(conv3x3(in_channels, out_channels, stride), algo, rng)?,
-            )?
-            .push_named("bn1", BatchNorm::new(out_channels)?)?
-            .push_named("relu", Relu::new())?
-            .push_named(
-                "conv2",
-                Conv::new(conv3x3(out_channels, out_channels, 1), algo, rng)?,
-            )?
-            .push_named("bn2", BatchNorm::new(out_channels)?)?;
+        let names = ["conv1", "bn1", "relu", "conv2", "bn2"];
+        let body = basic_body(names, in_channels, out_channels, stride, algo, rng)?;
         let short = projection(in_channels, out_channels, stride, algo, rng)?;
         let mut block = Residual::new(body, short.map(|s| ("downsample", s)));
         block.desc = format!("BasicBlock({in_channels}→{out_channels}, stride {stride})");
