@@ -47,6 +47,8 @@ mod tensor;
 pub mod train;
 
 pub use checkpoint::TrainState;
+/// The conv-ops algorithm of each pass, as [`Conv::preset_in_use`] reports it.
+pub use conv_ops::{BackwardDataAlgo, BackwardFilterAlgo, ForwardAlgo, Preset};
 pub use data::Dataset;
 pub use error::{NnError, Result};
 pub use layer::{GradReady, Layer, Parameter};

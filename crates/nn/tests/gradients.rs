@@ -131,6 +131,7 @@ fn conv_gradients_every_algorithm_and_rank() {
         ),
         (ConvConfig::conv2d(2, 3, 2).no_bias(), vec![1, 2, 5, 5]),
         (ConvConfig::conv2d(16, 16, 3).padding(1), vec![2, 16, 6, 5]),
+        (ConvConfig::conv2d(3, 4, 5), vec![2, 3, 9, 8]),
         (ConvConfig::conv3d(2, 3, 3).padding(1), vec![2, 2, 4, 5, 3]),
         (
             ConvConfig {
@@ -154,7 +155,7 @@ fn conv_gradients_every_algorithm_and_rank() {
 }
 
 #[test]
-fn auto_measures_only_where_winograd_applies() {
+fn auto_measures_only_where_there_is_a_choice() {
     let rng = &mut SmallRng::seed_from_u64(8);
     let run = |cfg: ConvConfig, algo: ConvAlgo, shape: &[usize], rng: &mut SmallRng| {
         let mut conv = Conv::new(cfg, algo, rng).unwrap();
@@ -180,6 +181,38 @@ fn auto_measures_only_where_winograd_applies() {
     assert_eq!(
         run(pointwise, ConvAlgo::Auto, &[2, 16, 9, 9], rng),
         ConvAlgo::Convgemm
+    );
+    // The data gradient: the flipped convgemm for "same" convolutions, deconvgemm for shrinking
+    // ones (where the flipped form would compute on a zero border) and strided ones; `Auto`
+    // times both where both apply.
+    let data_algo = |cfg: ConvConfig, algo: ConvAlgo, shape: &[usize], rng: &mut SmallRng| {
+        let mut conv = Conv::new(cfg, algo, rng).unwrap();
+        assert_eq!(conv.preset_in_use(), None);
+        conv.forward(random(shape, rng), false).unwrap();
+        conv.preset_in_use().map(|p| p.backward_data)
+    };
+    let valid5 = ConvConfig::conv2d(6, 16, 5);
+    let same3 = ConvConfig::conv2d(16, 16, 3).padding(1);
+    use conv_ops::BackwardDataAlgo::{Deconvgemm, FlippedConvgemm};
+    let shape = &[2, 16, 9, 9];
+    assert_eq!(
+        data_algo(valid5.clone(), ConvAlgo::Convgemm, &[2, 6, 14, 14], rng),
+        Some(Deconvgemm)
+    );
+    assert_eq!(
+        data_algo(same3.clone(), ConvAlgo::Convgemm, shape, rng),
+        Some(FlippedConvgemm)
+    );
+    let strided = ConvConfig::conv2d(16, 16, 3).stride(2).padding(1);
+    assert_eq!(
+        data_algo(strided, ConvAlgo::Auto, shape, rng),
+        Some(Deconvgemm)
+    );
+    assert_eq!(data_algo(same3, ConvAlgo::Winograd, shape, rng), None);
+    let auto = data_algo(valid5, ConvAlgo::Auto, &[2, 6, 14, 14], rng);
+    assert!(
+        matches!(auto, Some(Deconvgemm | FlippedConvgemm) | None),
+        "{auto:?}"
     );
     let c3 = ConvConfig::conv2d(16, 16, 3).padding(1);
     assert_eq!(

@@ -19,15 +19,18 @@ use crate::tensor::Tensor;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ConvAlgo {
     /// Winograd where it applies and a one-time measurement finds it at least 10% faster over
-    /// the three passes, convgemm elsewhere (see [`Conv::algorithm_in_use`]). The choice depends on
-    /// timing, so two runs may round differently: pick an algorithm explicitly for bitwise
-    /// reproducible training.
+    /// the three passes, convgemm elsewhere (see [`Conv::algorithm_in_use`]); with convgemm, the
+    /// same measurement picks the faster of the two memory-lean data-gradient algorithms
+    /// (flipped-kernel convgemm or deconvgemm) where both apply. The choice depends on timing, so
+    /// two runs may round differently: pick an algorithm explicitly for bitwise reproducible
+    /// training.
     #[default]
     Auto,
     /// The convgemm paper's `base`: explicit im2col / col2im buffers.
     Im2col,
     /// No im2col buffer: convgemm forward, transposed convgemm for the weight gradient, and for
-    /// the data gradient the flipped-kernel convgemm at stride 1 (deconvgemm otherwise).
+    /// the data gradient the flipped-kernel convgemm where the output is as large as the input
+    /// (stride 1, "same" padding), deconvgemm otherwise.
     Convgemm,
     /// Winograd F(m, r) (`fastconv`) where the geometry allows it (stride 1, no dilation, one
     /// group); layers it cannot run use `Convgemm`.
@@ -131,6 +134,14 @@ impl ConvConfig {
     }
 }
 
+/// What a layer runs for one input size: the algorithm family and, for the conv-ops families,
+/// the algorithm of each pass.
+#[derive(Debug, Clone, Copy)]
+struct Choice {
+    algo: ConvAlgo,
+    preset: Preset,
+}
+
 /// The per-batch-size state: geometry, Winograd plan, conv-ops workspace.
 struct Planned {
     geom: ConvGeometry,
@@ -150,7 +161,7 @@ pub struct Conv {
     planned: Option<Planned>,
     /// `Auto`'s measured choice per spatial input size, so a smaller last batch or the
     /// evaluation batch replans without measuring again.
-    measured: Vec<(Vec<usize>, ConvAlgo)>,
+    measured: Vec<(Vec<usize>, Choice)>,
     saved_x: Option<Tensor>,
 }
 
@@ -204,19 +215,24 @@ impl Conv {
         })
     }
 
-    /// The algorithm chosen without measuring: the user's choice, with `Winograd` falling back to
+    /// The choice made without measuring: the user's algorithm, with `Winograd` falling back to
     /// `Convgemm` where `fastconv` refuses the geometry (stride, dilation, groups); `None` for
-    /// `Auto` when both candidates apply and only a measurement can tell ([`Conv::algorithm_in_use`]).
-    fn static_choice(&self, geom: &ConvGeometry) -> Option<ConvAlgo> {
-        let winograd_ok =
-            fastconv::plan::check_supported(geom).is_ok() && geom.kernel().iter().any(|&r| r > 1);
-        match self.algo {
-            ConvAlgo::Winograd if winograd_ok => Some(ConvAlgo::Winograd),
-            ConvAlgo::Winograd | ConvAlgo::Convgemm => Some(ConvAlgo::Convgemm),
-            ConvAlgo::Auto if winograd_ok => None,
-            ConvAlgo::Auto => Some(ConvAlgo::Convgemm),
-            ConvAlgo::Im2col => Some(ConvAlgo::Im2col),
-        }
+    /// `Auto` when a measurement must tell, i.e. when Winograd applies or both data-gradient
+    /// algorithms of convgemm do ([`Conv::algorithm_in_use`]).
+    fn static_choice(&self, geom: &ConvGeometry) -> Option<Choice> {
+        let winograd_ok = winograd_applies(geom);
+        let algo = match self.algo {
+            ConvAlgo::Winograd if winograd_ok => ConvAlgo::Winograd,
+            ConvAlgo::Winograd | ConvAlgo::Convgemm => ConvAlgo::Convgemm,
+            ConvAlgo::Auto if winograd_ok || flipped_applies(geom) => return None,
+            ConvAlgo::Auto => ConvAlgo::Convgemm,
+            ConvAlgo::Im2col => ConvAlgo::Im2col,
+        };
+        let preset = match algo {
+            ConvAlgo::Im2col => Preset::BASE,
+            _ => convgemm_preset(geom),
+        };
+        Some(Choice { algo, preset })
     }
 
     /// The algorithm the layer runs for its current input shape (after the first forward), e.g.
@@ -225,11 +241,22 @@ impl Conv {
         self.planned.as_ref().map(|p| p.algo)
     }
 
-    /// `Auto`'s one-time measurement: all three passes by convgemm and by Winograd on the first
-    /// (up to) 16 images of `x`, each run once to allocate and once timed with changed weights
-    /// (so Winograd pays its kernel transform, as it does every training step). Winograd is taken
-    /// when it is at least 10% faster: it holds more memory (cached transformed kernels).
-    fn measure(&self, geom: &ConvGeometry, x: &[f32]) -> Result<ConvAlgo> {
+    /// The conv-ops algorithm of each pass for the current input shape (after the first
+    /// forward); `None` before it and while Winograd runs the layer.
+    pub fn preset_in_use(&self) -> Option<Preset> {
+        self.planned
+            .as_ref()
+            .filter(|p| p.winograd.is_none())
+            .map(|p| p.preset)
+    }
+
+    /// `Auto`'s one-time measurement on the first (up to) 16 images of `x`. Every candidate pass
+    /// runs once to allocate and once timed with changed weights (so the flipped convgemm and
+    /// Winograd pay their kernel transforms, as they do every training step). The data gradient
+    /// takes the faster of the flipped convgemm and deconvgemm where both apply; Winograd is
+    /// taken when it is at least 10% faster over the three passes than that convgemm: it holds
+    /// more memory (cached transformed kernels).
+    fn measure(&self, geom: &ConvGeometry, x: &[f32]) -> Result<Choice> {
         let g = geom.with_batch(geom.batch().min(16))?;
         let x = &x[..g.x_len()];
         let w = self.weight.value.data();
@@ -240,31 +267,74 @@ impl Conv {
             vec![0.0; g.x_len()],
             vec![0.0; g.w_len()],
         );
-        let preset = convgemm_preset(&g);
+        let mut preset = convgemm_preset(&g);
         let mut ws = Workspace::new(true);
-        let mut conv = |w: &[f32]| -> Result<f64> {
+        // Seconds of the second of two runs of `pass` (the first allocates).
+        let timed = |pass: &mut dyn FnMut(&[f32]) -> Result<()>| -> Result<f64> {
+            pass(w)?;
             let t = Instant::now();
-            conv_ops::forward(&g, x, w, None, false, &mut y, preset.forward, &mut ws)?;
-            conv_ops::backward_data(&g, &y, w, &mut dx, preset.backward_data, &mut ws)?;
-            conv_ops::backward_filter(&g, x, &y, &mut dw, preset.backward_filter, &mut ws)?;
+            pass(&w2)?;
             Ok(t.elapsed().as_secs_f64())
         };
-        conv(w)?;
-        let t_conv = conv(&w2)?;
+        let t_forward = timed(&mut |w| {
+            Ok(conv_ops::forward(
+                &g,
+                x,
+                w,
+                None,
+                false,
+                &mut y,
+                preset.forward,
+                &mut ws,
+            )?)
+        })?;
+        let mut t_data = f64::INFINITY;
+        let candidates: &[BackwardDataAlgo] = if flipped_applies(&g) {
+            &[
+                BackwardDataAlgo::FlippedConvgemm,
+                BackwardDataAlgo::Deconvgemm,
+            ]
+        } else {
+            &[BackwardDataAlgo::Deconvgemm]
+        };
+        for &algo in candidates {
+            let t =
+                timed(&mut |w| Ok(conv_ops::backward_data(&g, &y, w, &mut dx, algo, &mut ws)?))?;
+            if t < t_data {
+                (t_data, preset.backward_data) = (t, algo);
+            }
+        }
+        let t_filter = timed(&mut |_| {
+            Ok(conv_ops::backward_filter(
+                &g,
+                x,
+                &y,
+                &mut dw,
+                preset.backward_filter,
+                &mut ws,
+            )?)
+        })?;
+        let t_conv = t_forward + t_data + t_filter;
+        let convgemm = Choice {
+            algo: ConvAlgo::Convgemm,
+            preset,
+        };
+        if !winograd_applies(&g) {
+            return Ok(convgemm);
+        }
         let mut plan = WinogradPlan::new(&g, None)?;
-        let mut wino = |w: &[f32]| -> Result<f64> {
-            let t = Instant::now();
+        let t_wino = timed(&mut |w| {
             plan.forward(x, w, &mut y)?;
             plan.backward_data(&y, w, &mut dx)?;
-            plan.backward_filter(x, &y, &mut dw)?;
-            Ok(t.elapsed().as_secs_f64())
-        };
-        wino(w)?;
-        let t_wino = wino(&w2)?;
+            Ok(plan.backward_filter(x, &y, &mut dw)?)
+        })?;
         Ok(if t_wino < 0.9 * t_conv {
-            ConvAlgo::Winograd
+            Choice {
+                algo: ConvAlgo::Winograd,
+                preset,
+            }
         } else {
-            ConvAlgo::Convgemm
+            convgemm
         })
     }
 
@@ -306,32 +376,28 @@ impl Conv {
             .is_some_and(|p| p.geom.batch() == shape[0] && p.geom.input() == &shape[2..]);
         if !current {
             self.planned = None;
-            let algo = match self.static_choice(&geom) {
-                Some(a) => a,
+            let choice = match self.static_choice(&geom) {
+                Some(c) => c,
                 None => match self.measured.iter().find(|(d, _)| d == &shape[2..]) {
-                    Some(&(_, a)) => a,
+                    Some(&(_, c)) => c,
                     None => {
-                        let a = self.measure(&geom, x.data())?;
-                        self.measured.push((shape[2..].to_vec(), a));
-                        a
+                        let c = self.measure(&geom, x.data())?;
+                        self.measured.push((shape[2..].to_vec(), c));
+                        c
                     }
                 },
             };
-            let winograd = match algo {
+            let winograd = match choice.algo {
                 ConvAlgo::Winograd => Some(WinogradPlan::new(&geom, None)?),
                 _ => None,
-            };
-            let preset = match algo {
-                ConvAlgo::Im2col => Preset::BASE,
-                _ => convgemm_preset(&geom),
             };
             // `+pm`: the base algorithm's buffers are kept across steps, like a framework's
             // caching allocator would.
             self.planned = Some(Planned {
                 geom,
-                algo,
+                algo: choice.algo,
                 winograd,
-                preset,
+                preset: choice.preset,
                 ws: Workspace::new(true),
             });
         }
@@ -339,12 +405,28 @@ impl Conv {
     }
 }
 
-/// The memory-lean conv-ops algorithms: convgemm forward, the flipped-kernel convgemm for the data
-/// gradient at stride 1 (deconvgemm otherwise), transposed convgemm for the weight gradient.
+/// Whether `fastconv` runs this geometry (stride 1, no dilation, one group) with a kernel larger
+/// than 1 (a 1×1 kernel gains nothing from Winograd).
+fn winograd_applies(geom: &ConvGeometry) -> bool {
+    fastconv::plan::check_supported(geom).is_ok() && geom.kernel().iter().any(|&r| r > 1)
+}
+
+/// Whether the data gradient can run as the flipped-kernel convgemm (stride 1, no dilation,
+/// padding at most `k − 1`).
+fn flipped_applies(geom: &ConvGeometry) -> bool {
+    conv_ops::transposed_geometry(geom).is_ok()
+}
+
+/// The memory-lean conv-ops algorithms without measuring: convgemm forward, transposed convgemm
+/// for the weight gradient; for the data gradient the flipped-kernel convgemm where it applies and
+/// the output is at least as large as the input ("same" padding), deconvgemm otherwise. A
+/// shrinking ("valid") convolution's flipped form pads dy by `k − 1 − p` and spends its work on
+/// those zeros: on LeNet's 6→16 5×5 layer (14² → 10²) it is 3.8× slower than deconvgemm.
 fn convgemm_preset(geom: &ConvGeometry) -> Preset {
+    let same = geom.output_spatial_len() >= geom.input().iter().product::<usize>();
     Preset {
         forward: ForwardAlgo::Convgemm,
-        backward_data: if geom.is_unit_stride_and_dilation() {
+        backward_data: if same && flipped_applies(geom) {
             BackwardDataAlgo::FlippedConvgemm
         } else {
             BackwardDataAlgo::Deconvgemm
