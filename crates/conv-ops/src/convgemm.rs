@@ -3,15 +3,17 @@
 //! The convgemm paper's Fig. 6: when the GEMM packs the `kc × nc` block of B at `(pc, jc)` into
 //! NR-wide micro-panels, [`Im2colB`] reads the values straight from the input tensor. Row `p` of
 //! B is (channel, kernel tap), column `j` is (image, output position). Each panel's columns are
-//! cut into runs along the innermost output dimension and a (tap × run) segment table is built
-//! once per panel (see `source.rs`); every row of the block then is a few copies of input runs
-//! with zero fill where they overhang the padding.
+//! cut into runs along the innermost output dimension, with a (tap × run) segment table (see
+//! `source.rs`); every row of the panel then is a few copies of input runs, zero-filled first
+//! where some run overhangs the padding. The tables depend only on the panel's position inside
+//! an image, so on small output planes they are cached per thread across calls (core-blas's
+//! small-m schedule packs one or two micro-panels per call) and reused for every image.
 
 use std::cell::RefCell;
 
 use core_blas::PackB;
 
-use crate::geometry::ConvGeometry;
+use crate::geometry::{ConvGeometry, Dims3};
 use crate::source::{Run, Seg, Source, copy_run, micro_panels};
 
 /// im2col(x) of one group as a virtual `(C/G·R) × (N·O)` matrix that packs itself.
@@ -27,16 +29,41 @@ pub struct Im2colB<'a> {
 /// Scratch reused across calls on one thread: no allocation in steady state.
 #[derive(Default)]
 struct Scratch {
-    /// Per row of the block: (channel plane offset, tap).
-    rows: Vec<(usize, usize)>,
+    /// The geometry (and panel width) the cached tables below belong to.
+    key: Option<(Dims3, [usize; 4])>,
+    /// Per output position O of the first column of a full panel: index into `entries`.
+    slots: Vec<u32>,
+    entries: Vec<Entry>,
+    /// Runs, segments (tap-major, `at` relative to the panel's first image) and per-tap
+    /// "reads every position" flags of the cached entries, back to back.
     runs: Vec<Run>,
     segs: Vec<Seg>,
+    full: Vec<bool>,
     planes: Vec<usize>,
 }
 
+/// Where the tables of one panel position live in [`Scratch`]: `count` runs from `runs`, `count
+/// · R` segments from `segs`, R flags from `full`.
+#[derive(Clone, Copy)]
+struct Entry {
+    runs: usize,
+    count: usize,
+    segs: usize,
+    full: usize,
+}
+
+/// No cached entry for this position.
+const EMPTY: u32 = u32::MAX;
+
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    /// The runs of the block [`PackB::prefetch_b`] hints at.
+    static PREFETCH_RUNS: RefCell<Vec<Run>> = const { RefCell::new(Vec::new()) };
 }
+
+/// Output planes up to this size keep their panels' tables cached across calls (one entry per
+/// panel position; larger planes rebuild them per panel into one reused entry).
+const CACHE_MAX_PLANE: usize = 4096;
 
 impl<'a> Im2colB<'a> {
     /// The im2col matrix of group `grp` of `x` (validated by the caller: `x.len() == g.x_len()`).
@@ -65,45 +92,120 @@ impl PackB for Im2colB<'_> {
         self.cols
     }
     fn pack_b(&self, pc: usize, kc: usize, jc: usize, nc: usize, nr: usize, dst: &mut [f32]) {
+        // The common panel widths as constants, so that a row's zero fill is a few vector
+        // stores instead of a call into memset.
+        match nr {
+            16 => self.pack_panels(pc, kc, jc, nc, 16, dst),
+            8 => self.pack_panels(pc, kc, jc, nc, 8, dst),
+            32 => self.pack_panels(pc, kc, jc, nc, 32, dst),
+            _ => self.pack_panels(pc, kc, jc, nc, nr, dst),
+        }
+    }
+    fn prefetch_b(&self, pc: usize, kc: usize, jc: usize, nc: usize) {
+        if kc == 0 || nc == 0 {
+            return;
+        }
+        let src = &self.src;
+        PREFETCH_RUNS.with_borrow_mut(|runs| {
+            src.runs(self.col0 + jc, nc, runs);
+            src.prefetch(runs, pc / src.rlen..(pc + kc - 1) / src.rlen + 1);
+        });
+    }
+}
+
+impl Im2colB<'_> {
+    /// [`PackB::pack_b`] for panels `nr` wide (inlined per constant `nr`).
+    #[inline(always)]
+    fn pack_panels(&self, pc: usize, kc: usize, jc: usize, nc: usize, nr: usize, dst: &mut [f32]) {
         let src = &self.src;
         let stride = src.d.stride[2];
+        let (image, olen, rlen) = (src.image_len(), src.olen(), src.rlen);
         SCRATCH.with_borrow_mut(|s| {
-            let Scratch {
-                rows,
-                runs,
-                segs,
-                planes,
-            } = s;
-            rows.clear();
-            rows.extend((pc..pc + kc).map(|p| (src.plane(p / src.rlen), p % src.rlen)));
+            let key = (src.d, [src.plane(0), image, rlen, nr]);
+            let cache = olen <= CACHE_MAX_PLANE;
+            if s.key != Some(key) || !cache {
+                s.key = Some(key);
+                s.slots.clear();
+                s.slots.resize(if cache { olen } else { 0 }, EMPTY);
+                s.entries.clear();
+                s.runs.clear();
+                s.segs.clear();
+                s.full.clear();
+            }
             if cfg!(debug_assertions) {
-                planes.clear();
-                planes.extend(rows.iter().map(|r| r.0));
+                s.planes.clear();
+                s.planes.extend((pc..pc + kc).map(|p| src.plane(p / rlen)));
             }
             for (j0, w, panel) in micro_panels(dst, kc, nr, jc, nc) {
-                src.runs(self.col0 + j0, w, runs);
-                src.segments(runs, segs);
-                debug_assert!(src.segments_in_bounds(runs, segs, planes));
-                let count = runs.len();
-                for (&(plane, tap), out) in rows.iter().zip(panel.chunks_exact_mut(nr)) {
-                    let segs = &segs[tap * count..][..count];
-                    for (run, seg) in runs.iter().zip(segs) {
+                let first = self.col0 + j0;
+                let (n, pos) = (first / olen, first % olen);
+                let cached = cache && w == nr;
+                let slot = if cached { s.slots[pos] } else { EMPTY };
+                let e = if slot != EMPTY {
+                    s.entries[slot as usize]
+                } else {
+                    if !cache {
+                        // One entry at a time.
+                        s.entries.clear();
+                        s.runs.clear();
+                        s.segs.clear();
+                        s.full.clear();
+                    }
+                    let e = Entry {
+                        runs: s.runs.len(),
+                        count: src.push_runs(first, w, &mut s.runs),
+                        segs: s.segs.len(),
+                        full: s.full.len(),
+                    };
+                    src.push_segments(&s.runs[e.runs..], &mut s.segs);
+                    let (rr, ss) = (&s.runs[e.runs..], &mut s.segs[e.segs..]);
+                    // Relative to image n: a panel at `pos` of another image reads the same
+                    // segments that many images further on.
+                    for g in ss.iter_mut().filter(|g| g.hi > g.lo) {
+                        g.at -= n * image;
+                    }
+                    s.full.extend(ss.chunks_exact(e.count).map(|t| {
+                        w == nr && t.iter().zip(rr).all(|(g, r)| g.lo == 0 && g.hi == r.len)
+                    }));
+                    if cached {
+                        s.slots[pos] = s.entries.len() as u32;
+                    }
+                    s.entries.push(e);
+                    e
+                };
+                let count = e.count;
+                let prun = &s.runs[e.runs..][..count];
+                let psegs = &s.segs[e.segs..][..count * rlen];
+                let pfull = &s.full[e.full..][..rlen];
+                let shift = n * image;
+                debug_assert!(src.segments_in_bounds(prun, psegs, &s.planes, shift));
+                let (mut plane, mut tap) = (src.plane(pc / rlen), pc % rlen);
+                let next_plane = src.plane(1) - src.plane(0);
+                for out in panel.chunks_exact_mut(nr).take(kc) {
+                    if !pfull[tap] {
+                        out.fill(0.0);
+                    }
+                    let tsegs = &psegs[tap * count..][..count];
+                    for (run, seg) in prun.iter().zip(tsegs) {
+                        let len = seg.hi - seg.lo;
+                        if len == 0 {
+                            continue;
+                        }
                         // SAFETY: runs tile `0..w` and `w <= nr = out.len()`; `lo <= hi <=
-                        // run.len`; the source `plane + at + t·stride`, `t < hi − lo`, lies in
-                        // x (`segments` clips every run to the input; checked in debug builds).
+                        // run.len`; the source `plane + at + shift + t·stride`, `t < hi − lo`,
+                        // lies in x (`segments` clips every run to the input, and the panel's
+                        // images are in the batch; checked in debug builds).
                         unsafe {
-                            let d = out.as_mut_ptr().add(run.start);
-                            for t in 0..seg.lo {
-                                *d.add(t) = 0.0;
-                            }
-                            let from = src.x.as_ptr().add(plane + seg.at);
-                            copy_run(d.add(seg.lo), from, seg.hi - seg.lo, stride);
-                            for t in seg.hi..run.len {
-                                *d.add(t) = 0.0;
-                            }
+                            let d = out.as_mut_ptr().add(run.start + seg.lo);
+                            let from = src.x.as_ptr().add(plane + seg.at + shift);
+                            copy_run(d, from, len, stride);
                         }
                     }
-                    out[w..].fill(0.0);
+                    tap += 1;
+                    if tap == rlen {
+                        tap = 0;
+                        plane += next_plane;
+                    }
                 }
             }
         });

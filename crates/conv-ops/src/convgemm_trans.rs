@@ -97,7 +97,7 @@ impl PackB for Im2colTB<'_> {
                 debug_assert!({
                     let planes: Vec<usize> =
                         (j0..j0 + w).map(|j| src.plane(j / src.rlen)).collect();
-                    src.segments_in_bounds(runs, segs, &planes)
+                    src.segments_in_bounds(runs, segs, &planes, 0)
                 });
                 debug_assert!(panel.len() >= kc * nr);
                 lanes.clear();
@@ -210,7 +210,7 @@ fn pack_lanes(
     for (j0, w, panel) in micro_panels(dst, kc, nr, jc, nc) {
         debug_assert!({
             let planes: Vec<usize> = (j0..j0 + w).map(|j| src.plane(j / src.rlen)).collect();
-            src.segments_in_bounds(runs, segs, &planes)
+            src.segments_in_bounds(runs, segs, &planes, 0)
         });
         debug_assert!(panel.len() >= kc * nr);
         for lane in 0..nr {

@@ -73,9 +73,27 @@ impl<'a> Source<'a> {
         self.group_off + c * self.ilen
     }
 
+    /// Elements of one input image (C·I).
+    #[inline(always)]
+    pub(crate) fn image_len(&self) -> usize {
+        self.image
+    }
+
+    /// Output positions O of one image.
+    #[inline(always)]
+    pub(crate) fn olen(&self) -> usize {
+        self.olen
+    }
+
     /// Cuts (image, output position) indices `first..first+count` into runs.
     pub(crate) fn runs(&self, first: usize, count: usize, out: &mut Vec<Run>) {
         out.clear();
+        self.push_runs(first, count, out);
+    }
+
+    /// [`Source::runs`] appended to `out`; returns how many were appended.
+    pub(crate) fn push_runs(&self, first: usize, count: usize, out: &mut Vec<Run>) -> usize {
+        let before = out.len();
         let o = &self.d.output;
         let (mut n, pos) = (first / self.olen, first % self.olen);
         let (mut o0, mut o1, mut o2) = (pos / (o[1] * o[2]), (pos / o[2]) % o[1], pos % o[2]);
@@ -102,13 +120,19 @@ impl<'a> Source<'a> {
                 }
             }
         }
+        out.len() - before
     }
 
     /// The segment of every (tap, run), tap-major: `segs[tap · runs.len() + i]`.
     pub(crate) fn segments(&self, runs: &[Run], segs: &mut Vec<Seg>) {
+        segs.clear();
+        self.push_segments(runs, segs);
+    }
+
+    /// [`Source::segments`] appended to `segs`.
+    pub(crate) fn push_segments(&self, runs: &[Run], segs: &mut Vec<Seg>) {
         let d = &self.d;
         let (s, wid) = (d.stride[2] as isize, d.input[2] as isize);
-        segs.clear();
         for tap in 0..self.rlen {
             let rk = split3(tap, &d.kernel);
             let off = |i: usize| (rk[i] * d.dilation[i]) as isize - d.pad[i] as isize;
@@ -145,9 +169,55 @@ impl<'a> Source<'a> {
         }
     }
 
+    /// Hints the cache lines of x that the runs `runs` read, for the channels (of the group)
+    /// `channels`, toward L2: per run, channel and outer kernel tap, the input line from the
+    /// run's first to its last read position.
+    pub(crate) fn prefetch(&self, runs: &[Run], channels: std::ops::Range<usize>) {
+        let d = &self.d;
+        let (s2, k2) = (d.stride[2], (d.kernel[2] - 1) * d.dilation[2]);
+        for run in runs {
+            let first = (run.o2 * s2) as isize - d.pad[2] as isize;
+            let lo = first.max(0) as usize;
+            let hi = ((first + ((run.len - 1) * s2 + k2) as isize) as usize).min(d.input[2] - 1);
+            if (first + ((run.len - 1) * s2 + k2) as isize) < 0 || lo >= d.input[2] {
+                continue;
+            }
+            for t in 0..d.kernel[0] {
+                let i0 = (run.o0 * d.stride[0] + t * d.dilation[0]) as isize - d.pad[0] as isize;
+                if i0 < 0 || i0 >= d.input[0] as isize {
+                    continue;
+                }
+                for r in 0..d.kernel[1] {
+                    let i1 =
+                        (run.o1 * d.stride[1] + r * d.dilation[1]) as isize - d.pad[1] as isize;
+                    if i1 < 0 || i1 >= d.input[1] as isize {
+                        continue;
+                    }
+                    let line =
+                        run.n * self.image + (i0 as usize * d.input[1] + i1 as usize) * d.input[2];
+                    for c in channels.clone() {
+                        let base = self.plane(c) + line;
+                        let mut i = base + lo;
+                        while i <= base + hi {
+                            core_blas::pack::prefetch_l2(self.x, i);
+                            i += 16;
+                        }
+                        core_blas::pack::prefetch_l2(self.x, base + hi);
+                    }
+                }
+            }
+        }
+    }
+
     /// Debug check of what the packers' unsafe copies rely on: every segment of every channel
-    /// plane in `planes` reads inside x, and lies inside its run.
-    pub(crate) fn segments_in_bounds(&self, runs: &[Run], segs: &[Seg], planes: &[usize]) -> bool {
+    /// plane in `planes` reads inside x (each `at` moved by `shift`), and lies inside its run.
+    pub(crate) fn segments_in_bounds(
+        &self,
+        runs: &[Run],
+        segs: &[Seg],
+        planes: &[usize],
+        shift: usize,
+    ) -> bool {
         let s = self.d.stride[2];
         segs.iter().zip(runs.iter().cycle()).all(|(g, r)| {
             g.lo <= g.hi
@@ -155,7 +225,7 @@ impl<'a> Source<'a> {
                 && (g.hi == g.lo
                     || planes
                         .iter()
-                        .all(|&p| p + g.at + (g.hi - g.lo - 1) * s < self.x.len()))
+                        .all(|&p| p + g.at + shift + (g.hi - g.lo - 1) * s < self.x.len()))
         })
     }
 }
@@ -190,7 +260,26 @@ pub(crate) unsafe fn copy_run(dst: *mut f32, src: *const f32, n: usize, stride: 
     // SAFETY: offsets stay below `n` (writes) and `(n − 1)·stride + 1` (reads): the caller's
     // contract.
     unsafe {
-        if stride != 1 {
+        if stride == 2 && n >= 5 {
+            // Four values from each 8-value load (even lanes: `shufps` on SSE2); a chunk at
+            // t reads src[2t .. 2t + 8), inside the contract while t + 5 <= n. The last value
+            // alone.
+            let chunk = |t: usize| {
+                let v = src.add(2 * t).cast::<[f32; 8]>().read_unaligned();
+                dst.add(t)
+                    .cast::<[f32; 4]>()
+                    .write_unaligned([v[0], v[2], v[4], v[6]]);
+            };
+            let mut t = 0;
+            while t + 5 <= n {
+                chunk(t);
+                t += 4;
+            }
+            if t < n - 1 {
+                chunk(n - 5);
+            }
+            *dst.add(n - 1) = *src.add(2 * (n - 1));
+        } else if stride != 1 {
             for t in 0..n {
                 *dst.add(t) = *src.add(t * stride);
             }

@@ -1,0 +1,109 @@
+//! The convgemm B packers against the explicit im2col matrix, block by block, in the layout
+//! core-blas's micro-kernels read: blocks of every width (one micro-panel, as core-blas's
+//! small-m schedule asks, up to many), panel widths 4-32, visited out of order and alternating
+//! between two geometries on one thread, so that tables cached across calls are exercised
+//! with a changing geometry, position and image.
+
+mod common;
+
+use conv_ops::testing::uniform;
+use conv_ops::{ConvGeometry, Im2colB, Im2colTB, im2col};
+use core_blas::PackB;
+use proptest::prelude::*;
+
+/// `(pc, kc, jc, nc)` blocks covering a `rows × cols` matrix, `kc` and `nc` from `widths`.
+fn blocks(rows: usize, cols: usize, kc: usize, nc: usize) -> Vec<(usize, usize, usize, usize)> {
+    let mut out = Vec::new();
+    for pc in (0..rows).step_by(kc) {
+        for jc in (0..cols).step_by(nc) {
+            out.push((pc, kc.min(rows - pc), jc, nc.min(cols - jc)));
+        }
+    }
+    out
+}
+
+/// Packs block `(pc, kc, jc, nc)` of `b` with panel width `nr` and checks it against `m`
+/// (`m(p, j)` = B's element), zeros past the last column included.
+fn check_block<B: PackB>(
+    b: &B,
+    m: &dyn Fn(usize, usize) -> f32,
+    (pc, kc, jc, nc): (usize, usize, usize, usize),
+    nr: usize,
+) -> Result<(), TestCaseError> {
+    let mut dst = vec![f32::NAN; nc.div_ceil(nr) * nr * kc];
+    b.pack_b(pc, kc, jc, nc, nr, &mut dst);
+    for q in 0..nc.div_ceil(nr) {
+        for p in 0..kc {
+            for l in 0..nr {
+                let got = dst[q * kc * nr + p * nr + l];
+                let j = q * nr + l;
+                let want = if j < nc { m(pc + p, jc + j) } else { 0.0 };
+                prop_assert!(
+                    got == want,
+                    "block {:?} nr {} panel {} row {} lane {}: {} != {}",
+                    (pc, kc, jc, nc),
+                    nr,
+                    q,
+                    p,
+                    l,
+                    got,
+                    want
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn packers_match_im2col_block_by_block(
+        g1 in common::geometry(3),
+        g2 in common::geometry(2),
+        nr in prop::sample::select(vec![4usize, 6, 8, 16, 32]),
+        kc in 1usize..=40,
+        panels in 1usize..=5,
+        order in any::<u64>(),
+    ) {
+        let geoms: Vec<ConvGeometry> = vec![g1, g2];
+        let mut cases = Vec::new();
+        for (i, g) in geoms.iter().enumerate() {
+            let x = uniform(10 + i as u64, g.x_len());
+            let (rows, cols) = im2col::im2col_shape(g);
+            let grp = g.groups() - 1;
+            let mut col = vec![0f32; rows * cols];
+            im2col::im2col(g, grp, &x, &mut col).unwrap();
+            cases.push((*g, x, col, rows, cols, grp));
+        }
+        // Every block of both geometries, interleaved and shuffled by `order`.
+        let mut work = Vec::new();
+        for (i, (_, _, _, rows, cols, _)) in cases.iter().enumerate() {
+            for blk in blocks(*rows, *cols, kc, panels * nr) {
+                work.push((i, false, blk));
+            }
+            // The transposed packer's matrix is im2col(x)ᵀ.
+            for blk in blocks(*cols, *rows, kc, panels * nr) {
+                work.push((i, true, blk));
+            }
+        }
+        let mut state = order | 1;
+        for i in (1..work.len()).rev() {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            work.swap(i, (state % (i as u64 + 1)) as usize);
+        }
+        for (i, transposed, blk) in work {
+            let (g, x, col, _, cols, grp) = &cases[i];
+            if transposed {
+                let b = Im2colTB::new(g, *grp, x);
+                check_block(&b, &|p, j| col[j * cols + p], blk, nr)?;
+            } else {
+                let b = Im2colB::new(g, *grp, x);
+                check_block(&b, &|p, j| col[p * cols + j], blk, nr)?;
+            }
+        }
+    }
+}
