@@ -16,6 +16,8 @@
 //! (α^N × C × K) is computed once (see [`crate::plan`]). Blocks of tiles are sized to stay in
 //! cache and run on rayon's pool, a wave of blocks at a time.
 
+use std::cell::RefCell;
+
 use rayon::prelude::*;
 
 use core_blas::{DenseStore, Gemm, MatMut, MatRef};
@@ -215,7 +217,8 @@ pub(crate) fn correlate(
             .par_chunks_mut(img_len)
             .enumerate()
             .with_min_len(job.batch.div_ceil(threads))
-            .try_for_each_init(Buffers::default, |bufs, (n, yn)| -> Result<()> {
+            .try_for_each_init(Pooled::take, |bufs, (n, yn)| -> Result<()> {
+                let bufs = &mut bufs.0;
                 let (img0, img1) = (n * tiles_per_image, (n + 1) * tiles_per_image);
                 let mut t0 = img0;
                 while t0 < img1 {
@@ -229,9 +232,8 @@ pub(crate) fn correlate(
     }
 
     // Waves of one block per thread; buffers live across waves (no page faults per block).
-    let mut bufs: Vec<Buffers> = (0..threads.min(n_blocks))
-        .map(|_| Buffers::default())
-        .collect();
+    let mut pooled: Vec<Pooled> = (0..threads.min(n_blocks)).map(|_| Pooled::take()).collect();
+    let bufs: &mut [Pooled] = &mut pooled;
     let mut b = 0;
     while b < n_blocks {
         let wave_end = (b + threads).min(n_blocks);
@@ -240,18 +242,18 @@ pub(crate) fn correlate(
             .collect();
         if ranges.len() == 1 {
             let (t0, t1) = ranges[0];
-            run_block(&mut bufs[0], t0, t1)?;
-            finish_all(&mut bufs[0], y, 0, t0, t1);
+            run_block(&mut bufs[0].0, t0, t1)?;
+            finish_all(&mut bufs[0].0, y, 0, t0, t1);
         } else {
             bufs[..ranges.len()]
                 .par_iter_mut()
                 .zip(ranges.par_iter())
-                .try_for_each(|(buf, &(t0, t1))| run_block(buf, t0, t1))?;
+                .try_for_each(|(buf, &(t0, t1))| run_block(&mut buf.0, t0, t1))?;
             // The wave's output planes (image, channel) in parallel: each plane takes the tiles
             // of its image from every block of the wave.
             let (first, end) = (ranges[0].0, ranges[ranges.len() - 1].1);
             let (n0, n1) = (first / tiles_per_image, (end - 1) / tiles_per_image + 1);
-            let bufs = &bufs;
+            let bufs = &*bufs;
             let ranges = &ranges;
             y[n0 * k_out * out_len..n1 * k_out * out_len]
                 .par_chunks_mut(out_len)
@@ -263,7 +265,7 @@ pub(crate) fn correlate(
                     for (&(t0, t1), buf) in ranges.iter().zip(bufs) {
                         let (ta, tz) = (t0.max(img0), t1.min(img1));
                         if ta < tz {
-                            finish(local, plane, p, &buf.mm, t0, t1, (ta, tz), k..k + 1);
+                            finish(local, plane, p, &buf.0.mm, t0, t1, (ta, tz), k..k + 1);
                         }
                     }
                 });
@@ -297,6 +299,44 @@ struct Buffers {
     mm: Vec<f32>,
     local: Local,
     segs: Vec<Segment>,
+}
+
+thread_local! {
+    /// Block buffers kept by each thread between calls (see [`Pooled`]).
+    static POOL: RefCell<Vec<Buffers>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Most block-buffer sets a thread keeps (one per concurrent block it has lent out: the waves
+/// of the calling thread take one per pool thread).
+const POOL_KEEP: usize = 8;
+
+/// A thread's block buffers, taken from its pool and returned on drop: V and M (about 2 MiB at
+/// the default block size) are reused by the next call on this thread, in any plan, instead of
+/// being allocated, page-faulted and zeroed on every call (2-4 % of a batch-1 forward).
+#[derive(Debug)]
+struct Pooled(Buffers);
+
+impl Pooled {
+    fn take() -> Self {
+        Pooled(
+            POOL.try_with(|p| p.borrow_mut().pop())
+                .ok()
+                .flatten()
+                .unwrap_or_default(),
+        )
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        let b = std::mem::take(&mut self.0);
+        let _ = POOL.try_with(|p| {
+            let mut p = p.borrow_mut();
+            if p.len() < POOL_KEEP {
+                p.push(b);
+            }
+        });
+    }
 }
 
 /// Buffers of the per-channel-group transforms: gathered tiles, mode-product scratch and
@@ -352,15 +392,39 @@ fn scatter_tiles(
         unravel(t % og.tiles_per_image, og.tpd, &mut tidx);
         let run = (og.tpd[last] - tidx[last]).min(tz - t);
         let o0 = tidx[last] * m_last;
-        'rows: for pf in 0..prefix_n {
-            unravel(pf, &m[..last], &mut wi);
+        // Offset in an output plane of the row of tile-row prefix `pf`, if in range.
+        let row_off = |pf: usize, wi: &mut [usize]| -> Option<usize> {
+            unravel(pf, &m[..last], wi);
             let mut off = 0;
             for dd in 0..last {
                 let o = tidx[dd] * m[dd] + wi[dd];
                 if o >= og.output[dd] {
-                    continue 'rows;
+                    return None;
                 }
                 off += o * og.out_strides[dd];
+            }
+            Some(off)
+        };
+        let span = (run * m_last).min(out_last - o0.min(out_last));
+        for pf in 0..prefix_n {
+            let Some(off) = row_off(pf, &mut wi) else {
+                continue;
+            };
+            // The next row's output lines toward L2 while this row is written (the stores
+            // would otherwise wait for each line: y is written once, from L3 or memory).
+            if let Some(next) = (pf + 1 < prefix_n)
+                .then(|| row_off(pf + 1, &mut wi))
+                .flatten()
+            {
+                for k in ks.clone() {
+                    let plane = n * og.k_total + k - plane0;
+                    let base = plane * og.out_len + next + o0;
+                    let mut q = 0;
+                    while q < span {
+                        core_blas::pack::prefetch_l2(ys, base + q);
+                        q += 16;
+                    }
+                }
             }
             for i in 0..m_last {
                 // Run tile jj writes output column o0 + jj·m + i, in range for jj < cnt.
@@ -393,6 +457,12 @@ pub(crate) struct Segment {
     lo: usize,
     hi: usize,
     run: usize,
+    /// The row's last-dimension position `i` is at least the step `m`: its values at tiles
+    /// `j .. j + run − 1` are those of row `i − m` (same run) one tile further, copied instead
+    /// of re-read with stride `m` (see [`gather_apply`]).
+    shift: bool,
+    /// First segment (`i = 0`) of a run and row prefix.
+    row_lead: bool,
 }
 
 /// The segments of a gather of `tb` tiles (global tile indices `t0..t0 + tb`) from sources of
@@ -446,6 +516,7 @@ pub(crate) fn gather_segments(
             }
             for i in 0..a_last {
                 let row = pf * a_last + i;
+                let shift = i >= step[last];
                 let Some(off) = off else {
                     segs.push(Segment {
                         img,
@@ -455,6 +526,8 @@ pub(crate) fn gather_segments(
                         lo: 0,
                         hi: 0,
                         run,
+                        shift,
+                        row_lead: i == 0,
                     });
                     continue;
                 };
@@ -484,6 +557,8 @@ pub(crate) fn gather_segments(
                     lo,
                     hi,
                     run,
+                    shift,
+                    row_lead: i == 0,
                 });
             }
         }
@@ -506,7 +581,44 @@ pub(crate) fn gather_apply(
 ) {
     let cn = chans.len();
     debug_assert!(chans.end <= channels);
-    for s in segs {
+    for (si, s) in segs.iter().enumerate() {
+        if s.row_lead {
+            // The source lines of the next row group (the next image row of every channel),
+            // toward L2 while this group is copied.
+            if let Some(n) = segs[si + 1..].iter().find(|n| n.row_lead)
+                && n.lo < n.hi
+            {
+                let span = (n.hi - n.lo - 1) * step + 1;
+                for c in 0..cn {
+                    let base = (n.img * channels + chans.start + c) * src_len + n.off;
+                    let mut q = 0;
+                    while q < span {
+                        core_blas::pack::prefetch_l2(src, base + q);
+                        q += 16;
+                    }
+                    core_blas::pack::prefetch_l2(src, base + span - 1);
+                }
+            }
+        }
+        if s.shift {
+            // Row i ≥ m: tile jj reads the column that tile jj + 1 read for row i − m (written
+            // earlier in this call: its segment precedes this one), so only the run's last tile
+            // is read from the source. A contiguous copy instead of a stride-m read: (r − 1) of
+            // the α rows of every tile.
+            let last = s.run - 1;
+            for c in 0..cn {
+                let d0 = (s.row * cn + c) * tb + s.j;
+                let p0 = ((s.row - step) * cn + c) * tb + s.j;
+                dst.copy_within(p0 + 1..p0 + s.run, d0);
+                dst[d0 + last] = if s.lo <= last && last < s.hi {
+                    let plane = (s.img * channels + chans.start + c) * src_len;
+                    src[plane + s.off + (last - s.lo) * step]
+                } else {
+                    0.0
+                };
+            }
+            continue;
+        }
         for c in 0..cn {
             let d0 = (s.row * cn + c) * tb + s.j;
             let out = &mut dst[d0..d0 + s.run];

@@ -279,3 +279,44 @@ fn thread_counts_and_batch_splits() {
         );
     }
 }
+
+/// Block buffers are kept per thread between calls and shared by all plans: a large plan, a
+/// small one (shorter buffers holding the large one's values), and the large one again, each
+/// against the reference on NaN-filled outputs.
+#[test]
+fn reused_buffers_across_plans() {
+    let big = ConvGeometry::new(2, 6, 5, &[23, 19], &[4, 4])
+        .unwrap()
+        .with_padding(&[2])
+        .unwrap();
+    let small = ConvGeometry::new(1, 2, 3, &[7, 9], &[3, 3])
+        .unwrap()
+        .with_padding(&[1])
+        .unwrap();
+    let mut plans = [
+        WinogradPlan::new(&big, Some(&[6, 5])).unwrap(),
+        WinogradPlan::new(&small, Some(&[2, 4])).unwrap(),
+    ];
+    for (round, i) in [0usize, 1, 0, 1].into_iter().enumerate() {
+        let g = *plans[i].geometry();
+        let (x, w, dy) = (
+            uniform(round as u64, g.x_len()),
+            uniform(round as u64 + 10, g.w_len()),
+            uniform(round as u64 + 20, g.y_len()),
+        );
+        let (mut y, mut dx) = (vec![f32::NAN; g.y_len()], vec![f32::NAN; g.x_len()]);
+        plans[i].forward(&x, &w, &mut y).unwrap();
+        plans[i].backward_data(&dy, &w, &mut dx).unwrap();
+        let (mut y_ref, mut dx_ref) = (vec![0.0; g.y_len()], vec![0.0; g.x_len()]);
+        reference::forward(&g, &x, &w, None, &mut y_ref).unwrap();
+        reference::backward_data(&g, &dy, &w, &mut dx_ref).unwrap();
+        assert!(
+            max_rel_error(&y, &f64s(&y_ref)) <= TOL,
+            "forward, round {round}"
+        );
+        assert!(
+            max_rel_error(&dx, &f64s(&dx_ref)) <= TOL,
+            "backward-data, round {round}"
+        );
+    }
+}
