@@ -181,7 +181,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
             while ic < rows.1 {
                 let mc = mc_max.min(rows.1 - ic);
                 let (ablk, a_stride) = a_block(a, ic, mc, pc, kc, mr, ac);
-                let prefetch = if ic + mc >= rows.1 {
+                let prefetch = if ic + mc >= rows.1 && tune::prefetch_enabled() {
                     next.map(|n| (b, n))
                 } else {
                     None
@@ -205,6 +205,33 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
             }
         }
         jc += nc;
+    }
+}
+
+/// Switches for the tuning probes (`kernel/probe.rs`); fixed in normal builds.
+pub(crate) mod tune {
+    /// 0: normal; 1: no prefetch of the next B block; 2: that prefetch in one burst per jr step.
+    #[cfg(test)]
+    pub(crate) static MODE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    /// Whether the next B block is prefetched.
+    #[inline]
+    pub(crate) fn prefetch_enabled() -> bool {
+        #[cfg(test)]
+        if MODE.load(std::sync::atomic::Ordering::Relaxed) == 1 {
+            return false;
+        }
+        true
+    }
+
+    /// Whether a jr step's prefetch is spread over its tiles.
+    #[inline]
+    pub(crate) fn spread() -> bool {
+        #[cfg(test)]
+        if MODE.load(std::sync::atomic::Ordering::Relaxed) == 2 {
+            return false;
+        }
+        true
     }
 }
 
@@ -263,15 +290,30 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
     while jr < nc {
         let n = nr.min(nc - jr);
         let bp = bc[jr * kc..].as_ptr();
-        if let Some((b, (pc2, kc2, jc2, nc2))) = prefetch {
+        // This jr step's slice of the next B block: its rows spread over the step's tiles.
+        let tiles = mc.div_ceil(mr);
+        let spread = tune::spread();
+        let pf = prefetch.and_then(|(b, (pc2, kc2, jc2, nc2))| {
             let lo = (jr / nr * slice).min(nc2);
             let hi = (lo + slice).min(nc2);
-            if lo < hi {
-                b.prefetch_b(pc2, kc2, jc2 + lo, hi - lo);
-            }
+            (lo < hi).then_some((b, pc2, kc2, jc2 + lo, hi - lo))
+        });
+        if let Some((b, pc2, kc2, j2, w2)) = pf
+            && !spread
+        {
+            b.prefetch_b(pc2, kc2, j2, w2);
         }
         let mut ir = 0;
         while ir < mc {
+            if let Some((b, pc2, kc2, j2, w2)) = pf
+                && spread
+            {
+                let t = ir / mr;
+                let (r0, r1) = (kc2 * t / tiles, kc2 * (t + 1) / tiles);
+                if r0 < r1 {
+                    b.prefetch_b(pc2 + r0, r1 - r0, j2, w2);
+                }
+            }
             let m = mr.min(mc - ir);
             let ap = ac[ir / mr * a_stride..].as_ptr();
             let (i, j) = (ic + ir, jc + jr);
@@ -307,10 +349,11 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
                     }
                     let tile = tile_buf.get_or_insert([0.0; MAX_TILE]);
                     // SAFETY: packed micro-panels as above; the tile buffer holds MR × NR values
-                    // with row stride NR; beta = 0 so it is not read. The full tile is computed
-                    // (the zero-padded panels make the extra rows and columns harmless) so the
-                    // kernel takes its vector store path.
-                    unsafe { kern.run(kc, 1.0, ap, bp, 0.0, tile.as_mut_ptr(), nr, 1, mr, nr) };
+                    // with row stride NR; beta = 0 so it is not read. All NR columns are
+                    // computed (the zero-padded panel makes the extra columns harmless) so the
+                    // kernel takes its vector store path; rows past `m` are left untouched (the
+                    // store reads only `m` rows).
+                    unsafe { kern.run(kc, 1.0, ap, bp, 0.0, tile.as_mut_ptr(), nr, 1, m, nr) };
                     let t = Tile {
                         i,
                         j,

@@ -88,6 +88,8 @@ impl PackB for MatRef<'_> {
         if self.cs != 1 || kc == 0 || nc == 0 {
             return;
         }
+        // One prefetch per 16 floats: every line of the slice once, except a line that the next
+        // slice starts in (the driver's slices are contiguous, so that one is its first).
         for p in pc..pc + kc {
             let row = p * self.rs;
             let mut j = jc;
@@ -95,7 +97,6 @@ impl PackB for MatRef<'_> {
                 prefetch(self.data, row + j);
                 j += 16;
             }
-            prefetch(self.data, row + jc + nc - 1);
         }
     }
 }

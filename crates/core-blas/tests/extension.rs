@@ -157,7 +157,16 @@ fn virtual_sources_and_scatter_store() {
         .build()
         .unwrap();
     for g in contexts() {
-        for &(m, n, k) in &[(37, 53, 29), (130, 150, 120), (1, 1, 0), (9, 300, 1000)] {
+        for &(m, n, k) in &[
+            (37, 53, 29),
+            (130, 150, 120),
+            (1, 1, 0),
+            (9, 300, 1000),
+            // Edge tiles of every height below MR (the edge kernels) through the tile buffer.
+            (16, 40, 33),
+            (5, 17, 64),
+            (2, 33, 7),
+        ] {
             for (concurrent, whole_k) in [(true, false), (false, false), (true, true)] {
                 let mut store = TransposeAdd::new(m, n, concurrent, whole_k);
                 let (a, b) = (FormulaA { m, k }, FormulaB { k, n });

@@ -146,6 +146,26 @@ fn every_family_edge_shapes() {
     }
 }
 
+/// Every edge-tile height (m mod MR = 1 .. MR − 1, served by the families' edge kernels) and
+/// width, with alpha and beta (0 over NaN, 1, other), row- and column-major A, strided C rows.
+#[test]
+fn every_edge_tile_height() {
+    for g in contexts() {
+        let (mr, nr) = g.tile();
+        let mut seed = 7000;
+        for m in 1..=2 * mr + 1 {
+            for &n in &[1, nr - 1, nr, 2 * nr + 3] {
+                for &k in &[1, 4, 5, 33] {
+                    for &(alpha, beta) in &[(1.0, 0.0), (-0.75, 1.0), (1.5, 0.5)] {
+                        seed += 3;
+                        check_sgemm(&g, seed % 2 == 0, false, m, n, k, alpha, beta, seed);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Whatever `CORE_BLAS_ISA` says, a plain `cargo test` covers every family the host supports.
 #[test]
 fn every_host_family_explicitly() {

@@ -13,6 +13,8 @@
 //! uninitialised-looking garbage in the output cannot leak into the result.
 
 pub(crate) mod portable;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod probe;
 pub(crate) mod small;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
@@ -111,12 +113,15 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
     );
 }
 
-/// The shared micro-kernel body: `MR` rows × `NV` vectors of `S::LANES` columns.
+/// The shared micro-kernel body: `MR` rows × `NV` vectors of `S::LANES` columns, reading A
+/// micro-panels of `AS >= MR` values per step (`AS > MR`: the first `MR` rows of a wider panel,
+/// the edge kernels of a family).
 ///
 /// # Safety
-/// As [`Kernel::run`] with `NR = NV * S::LANES`, and the caller is compiled with `S`'s features.
+/// As [`Kernel::run`] with `NR = NV * S::LANES` and `k * AS` values behind `a`, and the caller
+/// is compiled with `S`'s features.
 #[inline(always)]
-pub(crate) unsafe fn ukr<S: Simd, const MR: usize, const NV: usize>(
+pub(crate) unsafe fn ukr<S: Simd, const MR: usize, const NV: usize, const AS: usize>(
     k: usize,
     alpha: f32,
     a: *const f32,
@@ -129,35 +134,20 @@ pub(crate) unsafe fn ukr<S: Simd, const MR: usize, const NV: usize>(
     n: usize,
 ) {
     let nr = NV * S::LANES;
-    debug_assert!(m <= MR && n <= nr);
-    // SAFETY: the caller guarantees the target features of `S`, `k * MR` values behind `a`,
+    debug_assert!(m <= MR && n <= nr && AS >= MR);
+    // SAFETY: the caller guarantees the target features of `S`, `k * AS` values behind `a`,
     // `k * nr` values behind `b`, and an exclusive `m × n` window of C at (rs_c, cs_c).
     unsafe {
         let mut acc = [[S::zero(); NV]; MR];
         if cs_c == 1 {
-            for r in 0..m {
-                S::prefetch(c.add(r * rs_c));
-                S::prefetch(c.add(r * rs_c + n - 1));
-            }
+            prefetch_tile::<S>(c, rs_c, m, n);
         }
-        let mut a = a;
-        let mut b = b;
-        let mut p = 0;
-        while p + 4 <= k {
+        let (mut a, mut b) = (a, b);
+        steps4::<S, MR, NV, AS>(&mut acc, &mut a, &mut b, k / 4);
+        for _ in 0..k % 4 {
             step::<S, MR, NV>(&mut acc, a, b);
-            step::<S, MR, NV>(&mut acc, a.add(MR), b.add(nr));
-            step::<S, MR, NV>(&mut acc, a.add(2 * MR), b.add(2 * nr));
-            step::<S, MR, NV>(&mut acc, a.add(3 * MR), b.add(3 * nr));
-            S::prefetch(b.add(16 * nr));
-            a = a.add(4 * MR);
-            b = b.add(4 * nr);
-            p += 4;
-        }
-        while p < k {
-            step::<S, MR, NV>(&mut acc, a, b);
-            a = a.add(MR);
+            a = a.add(AS);
             b = b.add(nr);
-            p += 1;
         }
 
         let va = S::splat(alpha);
@@ -226,6 +216,51 @@ pub(crate) unsafe fn ukr<S: Simd, const MR: usize, const NV: usize>(
             }
         }
     }
+}
+
+/// Prefetch the `m` rows of `n` values of a C tile (unit column stride).
+///
+/// # Safety
+/// The caller is compiled with `S`'s features (prefetch itself never faults).
+#[inline(always)]
+unsafe fn prefetch_tile<S: Simd>(c: *mut f32, rs_c: usize, m: usize, n: usize) {
+    for r in 0..m {
+        // SAFETY: prefetch has no architectural effect; `wrapping_add` computes the addresses.
+        unsafe {
+            S::prefetch(c.wrapping_add(r * rs_c));
+            S::prefetch(c.wrapping_add(r * rs_c + n - 1));
+        }
+    }
+}
+
+/// `count` rounds of 4 rank-1 updates, advancing the panel pointers.
+///
+/// # Safety
+/// `*a` / `*b` hold `4 · count` more steps of the packed micro-panels (`AS` / `NV · LANES`
+/// values per step); `S`'s features.
+#[inline(always)]
+unsafe fn steps4<S: Simd, const MR: usize, const NV: usize, const AS: usize>(
+    acc: &mut [[S::V; NV]; MR],
+    a: &mut *const f32,
+    b: &mut *const f32,
+    count: usize,
+) {
+    let nr = NV * S::LANES;
+    let (mut ap, mut bp) = (*a, *b);
+    // SAFETY: the caller's contract covers the 4 · count steps read here; prefetch never faults.
+    unsafe {
+        for _ in 0..count {
+            step::<S, MR, NV>(acc, ap, bp);
+            step::<S, MR, NV>(acc, ap.add(AS), bp.add(nr));
+            step::<S, MR, NV>(acc, ap.add(2 * AS), bp.add(2 * nr));
+            step::<S, MR, NV>(acc, ap.add(3 * AS), bp.add(3 * nr));
+            S::prefetch(bp.wrapping_add(16 * nr));
+            ap = ap.add(4 * AS);
+            bp = bp.add(4 * nr);
+        }
+    }
+    *a = ap;
+    *b = bp;
 }
 
 /// One rank-1 update of the register tile.

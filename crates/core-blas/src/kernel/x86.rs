@@ -159,7 +159,27 @@ unsafe fn avx2_ukr(
     n: usize,
 ) {
     // SAFETY: compiled with avx2+fma; the memory contract is the caller's.
-    unsafe { ukr::<V256, AVX2_MR, AVX2_NV>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
+    unsafe { ukr::<V256, AVX2_MR, AVX2_NV, AVX2_MR>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
+}
+
+/// The edge kernels of `avx2-f32-6x16`: the first `R < 6` rows of a 6-row A micro-panel, so an
+/// edge tile of `m <= R` rows does only the FMAs of its rows (with `R = 4`, 8 accumulators still
+/// cover the FMA latency; `m = 16` runs tiles of 6 + 6 + 4 rows instead of 3 × 6).
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2_edge<const R: usize>(
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    b: *const f32,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+    cs_c: usize,
+    m: usize,
+    n: usize,
+) {
+    // SAFETY: compiled with avx2+fma; `m <= R` and the memory contract are the caller's.
+    unsafe { ukr::<V256, R, AVX2_NV, AVX2_MR>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
 }
 
 impl Kernel for Avx2 {
@@ -185,8 +205,27 @@ impl Kernel for Avx2 {
         m: usize,
         n: usize,
     ) {
-        // SAFETY: holding `Avx2` proves avx2+fma (only `new` constructs it); memory per contract.
-        unsafe { avx2_ukr(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
+        #[cfg(test)]
+        {
+            let v = super::probe::VARIANT.load(std::sync::atomic::Ordering::Relaxed);
+            if v != 0 {
+                // SAFETY: as below.
+                unsafe { super::probe::run_variant(v, k, alpha, a, b, beta, c, rs_c, cs_c, m, n) };
+                return;
+            }
+        }
+        // SAFETY: holding `Avx2` proves avx2+fma (only `new` constructs it); memory per contract
+        // (each edge kernel reads the first `R >= m` rows of the 6-row panel).
+        unsafe {
+            match m {
+                1 => avx2_edge::<1>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n),
+                2 => avx2_edge::<2>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n),
+                3 => avx2_edge::<3>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n),
+                4 => avx2_edge::<4>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n),
+                5 => avx2_edge::<5>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n),
+                _ => avx2_ukr(k, alpha, a, b, beta, c, rs_c, cs_c, m, n),
+            }
+        }
     }
 }
 
@@ -212,7 +251,9 @@ unsafe fn avx512_ukr(
     n: usize,
 ) {
     // SAFETY: compiled with avx512f; the memory contract is the caller's.
-    unsafe { ukr::<V512, AVX512_MR, AVX512_NV>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
+    unsafe {
+        ukr::<V512, AVX512_MR, AVX512_NV, AVX512_MR>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n)
+    }
 }
 
 impl Kernel for Avx512 {

@@ -1,0 +1,283 @@
+//! Tuning probe (ignored tests, run by hand): the AVX2 micro-kernel in the shapes of the real
+//! loops, with the packing left out, to locate the loss between the isolated kernel (panels in L1)
+//! and the five loops. Each case prints its rate as % of the FMA peak measured right after it:
+//! `cargo test --release -p core-blas --lib probe -- --ignored --nocapture`.
+
+use std::time::Duration;
+
+use super::x86::V256;
+use super::{Kernel, ukr};
+use crate::kernel::x86::Avx2;
+
+/// A micro-kernel entry point (the signature of [`Kernel::run`] without `self`).
+type Ukr = unsafe fn(usize, f32, *const f32, *const f32, f32, *mut f32, usize, usize, usize, usize);
+
+/// The AVX2 6×16 body computing all 6 rows whatever `m` (no edge kernels: the kernel before
+/// they were added).
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2_six_rows(
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    b: *const f32,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+    cs_c: usize,
+    m: usize,
+    n: usize,
+) {
+    // SAFETY: compiled with avx2+fma; the memory contract is the caller's.
+    unsafe { ukr::<V256, 6, 2, 6>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
+}
+
+fn cpu_secs() -> f64 {
+    cpu_time::ThreadTime::now().as_duration().as_secs_f64()
+}
+
+/// Tiles of the jr/ir loops over a packed `mc × kc` A block and `kc × nc` B block. `a_panels`
+/// limits the distinct A micro-panels (1: the same panel every time, from L1); `c_ld == 0` writes
+/// every tile into one local tile (C from L1).
+#[allow(clippy::too_many_arguments)]
+fn macro_loop(
+    kern: Ukr,
+    kc: usize,
+    mc: usize,
+    nc: usize,
+    a: &[f32],
+    a_panels: usize,
+    b: &[f32],
+    c: &mut [f32],
+    c_ld: usize,
+    passes: usize,
+) -> f64 {
+    let (mr, nr) = (Avx2::MR, Avx2::NR);
+    let mut tile = [0.0f32; 96];
+    let t = cpu_secs();
+    for pass in 0..passes {
+        let mut jr = 0;
+        while jr < nc {
+            let bp = b[jr * kc..].as_ptr();
+            let mut ir = 0;
+            while ir < mc {
+                let ap = a[(ir / mr % a_panels) * mr * kc..].as_ptr();
+                let beta = if pass == 0 { 0.0 } else { 1.0 };
+                // SAFETY: `ap`, `bp` start packed micro-panels of kc·MR / kc·NR values inside
+                // `a` / `b`; the C window is inside `c` (mc × c_ld) or the local tile.
+                unsafe {
+                    if c_ld == 0 {
+                        kern(kc, 1.0, ap, bp, beta, tile.as_mut_ptr(), nr, 1, mr, nr);
+                    } else {
+                        let cp = c.as_mut_ptr().add(ir * c_ld + jr);
+                        kern(kc, 1.0, ap, bp, beta, cp, c_ld, 1, mr, nr);
+                    }
+                }
+                ir += mr;
+            }
+            jr += nr;
+        }
+    }
+    std::hint::black_box(&mut tile);
+    let secs = cpu_secs() - t;
+    (2 * mc * nc * kc * passes) as f64 / secs / 1e9
+}
+
+#[test]
+#[ignore = "tuning probe: prints timings, asserts nothing"]
+fn probe_macro_kernel() {
+    let Some(kern) = Avx2::new() else { return };
+    let peak =
+        || crate::peak::fma_peak_gflops(crate::Isa::Avx2, 1, Duration::from_millis(30)).unwrap();
+    let (kc, mc, nc) = (256, 510, 2048);
+    let c_ld: usize = std::env::var("PROBE_LDC")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2048);
+    let a: Vec<f32> = (0..mc * kc).map(|i| (i % 7) as f32 * 1e-3).collect();
+    let b: Vec<f32> = (0..nc * kc).map(|i| (i % 5) as f32 * 1e-3).collect();
+    let mut c = vec![0.0f32; mc * c_ld.max(nc)];
+    let variant: usize = std::env::var("PROBE_PF")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(usize::MAX);
+    let kerns = VARIANTS;
+    let cases: [(&str, usize, usize); 3] = [
+        ("A block, B block, C 1 tile", mc / 6, 0),
+        ("A 1 panel, B block, C matrix", 1, c_ld),
+        ("A block, B block, C matrix", mc / 6, c_ld),
+    ];
+    let _ = kern;
+    for round in 0..2 {
+        for &(name, ap, ld) in &cases {
+            for (ki, &(kname, kf)) in kerns.iter().enumerate() {
+                if variant != usize::MAX && ki != variant && ki != 0 {
+                    continue;
+                }
+                let mut best = 0.0f64;
+                for _ in 0..3 {
+                    let r = macro_loop(kf, kc, mc, nc, &a, ap, &b, &mut c, ld, 8);
+                    best = best.max(r / peak());
+                }
+                println!(
+                    "round {round} {name} ldc={ld} [{kname}]: {:.1}%",
+                    100.0 * best
+                );
+            }
+        }
+    }
+}
+
+/// Kernel variant used by `Avx2::run` in test builds (0: the production kernel).
+pub(crate) static VARIANT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The variants `VARIANT` selects.
+const VARIANTS: [(&str, Ukr); 2] = [
+    ("production", avx2_six_rows),
+    ("6 rows for every edge", avx2_six_rows),
+];
+
+/// # Safety
+/// As [`Kernel::run`] for `Avx2`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn run_variant(
+    v: usize,
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    b: *const f32,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+    cs_c: usize,
+    m: usize,
+    n: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { (VARIANTS[v].1)(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
+}
+
+fn env_list(name: &str, default: &str) -> Vec<usize> {
+    std::env::var(name)
+        .unwrap_or_else(|_| default.to_string())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect()
+}
+
+/// In-process A/B of kernel variants inside the real GEMM (1 thread, thread CPU clock), the
+/// variants alternating every repetition: `PROBE_SHAPE=M,N,K PROBE_VARIANTS=0,1 PROBE_MODES=0,1,2
+/// PROBE_REPS=9` (kernel variants: [`VARIANTS`]; driver modes: `driver::tune::MODE`).
+#[test]
+#[ignore = "tuning probe: prints timings, asserts nothing"]
+fn probe_gemm_ab() {
+    use std::sync::atomic::Ordering;
+    if Avx2::new().is_none() {
+        return;
+    }
+    let shape = env_list("PROBE_SHAPE", "2048,2048,2048");
+    let (m, n, k) = (shape[0], shape[1], shape[2]);
+    let kvars = env_list("PROBE_VARIANTS", "0");
+    let modes = env_list("PROBE_MODES", "0");
+    let mut variants = vec![];
+    for &kv in &kvars {
+        for &md in &modes {
+            variants.push((kv, md));
+        }
+    }
+    use crate::driver::tune;
+    let reps = env_list("PROBE_REPS", "9")[0];
+    let g = crate::Gemm::new(crate::Isa::Avx2).unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let a: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6)
+        .collect();
+    let b: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 5) % 11) as f32 * 0.1 - 0.5)
+        .collect();
+    let mut c = vec![0.0f32; m * n];
+    let flops = 2.0 * (m * n * k) as f64;
+    let mut ratio = vec![vec![]; variants.len()];
+    for r in 0..=reps {
+        for (vi, &(v, md)) in variants.iter().enumerate() {
+            VARIANT.store(v, Ordering::Relaxed);
+            tune::MODE.store(md, Ordering::Relaxed);
+            let secs = pool.install(|| {
+                let t = cpu_secs();
+                g.sgemm(false, false, m, n, k, 1.0, &a, k, &b, n, 0.0, &mut c, n)
+                    .unwrap();
+                cpu_secs() - t
+            });
+            VARIANT.store(0, Ordering::Relaxed);
+            tune::MODE.store(0, Ordering::Relaxed);
+            let p = crate::peak::fma_peak_gflops(crate::Isa::Avx2, 1, Duration::from_millis(30))
+                .unwrap();
+            if r > 0 {
+                ratio[vi].push(flops / secs / 1e9 / p);
+            }
+        }
+    }
+    for (vi, &(v, md)) in variants.iter().enumerate() {
+        let mut x = ratio[vi].clone();
+        x.sort_by(f64::total_cmp);
+        println!(
+            "{m}x{n}x{k} [{} mode={md}]: median {:.1}%, min {:.1}%, max {:.1}%",
+            VARIANTS[v].0,
+            100.0 * x[x.len() / 2],
+            100.0 * x[0],
+            100.0 * x[x.len() - 1]
+        );
+    }
+}
+
+/// Packing alone: the B of `PROBE_SHAPE` (k × n, row-major) packed block by block (kc = k split
+/// like the driver, nc = `PROBE_NC`), GB/s of source read; and a plain sequential read of it.
+#[test]
+#[ignore = "tuning probe: prints timings, asserts nothing"]
+fn probe_pack_b() {
+    use crate::pack::PackB;
+    let shape = env_list("PROBE_SHAPE", "16,8192,144");
+    let (n, k) = (shape[1], shape[2]);
+    let nc = env_list("PROBE_NC", "896")[0];
+    let kc = k.div_ceil(k.div_ceil(256));
+    let b: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 5) % 11) as f32 * 0.1 - 0.5)
+        .collect();
+    let src = crate::MatRef::row_major("b", &b, k, n, n).unwrap();
+    let mut dst = vec![0.0f32; nc.div_ceil(16) * 16 * kc];
+    for round in 0..3 {
+        let t = cpu_secs();
+        for _ in 0..5 {
+            let mut jc = 0;
+            while jc < n {
+                let w = nc.min(n - jc);
+                let mut pc = 0;
+                while pc < k {
+                    let kk = kc.min(k - pc);
+                    src.pack_b(pc, kk, jc, w, 16, &mut dst);
+                    pc += kk;
+                }
+                jc += w;
+            }
+        }
+        let pack = cpu_secs() - t;
+        let t = cpu_secs();
+        let mut acc = 0.0f32;
+        for _ in 0..5 {
+            for line in b.chunks_exact(16) {
+                acc += line[0];
+            }
+        }
+        std::hint::black_box(acc);
+        let read = cpu_secs() - t;
+        let bytes = 5.0 * (k * n * 4) as f64;
+        println!(
+            "round {round}: {n}x{k} pack {:.1} GB/s ({:.3} ms per B), line-touch read {:.1} GB/s",
+            bytes / pack / 1e9,
+            pack / 5.0 * 1e3,
+            bytes / read / 1e9
+        );
+    }
+}
