@@ -52,6 +52,9 @@ struct Entry {
     full: usize,
 }
 
+/// The panel width whose full rows are copied as one fixed-size block (AVX2's NR).
+const FIXED: usize = 16;
+
 /// No cached entry for this position.
 const EMPTY: u32 = u32::MAX;
 
@@ -179,32 +182,62 @@ impl Im2colB<'_> {
                 let pfull = &s.full[e.full..][..rlen];
                 let shift = n * image;
                 debug_assert!(src.segments_in_bounds(prun, psegs, &s.planes, shift));
-                let (mut plane, mut tap) = (src.plane(pc / rlen), pc % rlen);
-                let next_plane = src.plane(1) - src.plane(0);
-                for out in panel.chunks_exact_mut(nr).take(kc) {
-                    if !pfull[tap] {
-                        out.fill(0.0);
+                // Tap by tap (the rows of one tap, one per channel, share its segments), the
+                // channels of the block in order: row `c·R + tap − pc`.
+                let ilen = src.plane(1) - src.plane(0);
+                let (c_first, last) = (pc / rlen, pc + kc - 1);
+                for tap in 0..rlen {
+                    let c_lo = c_first + usize::from(tap < pc % rlen);
+                    if c_lo * rlen + tap > last {
+                        continue;
                     }
+                    let rows = (last - tap) / rlen + 1 - c_lo;
                     let tsegs = &psegs[tap * count..][..count];
-                    for (run, seg) in prun.iter().zip(tsegs) {
-                        let len = seg.hi - seg.lo;
-                        if len == 0 {
-                            continue;
+                    let row0 = c_lo * rlen + tap - pc;
+                    debug_assert!((row0 + (rows - 1) * rlen) < kc);
+                    let from0 = src.plane(c_lo) + shift;
+                    if pfull[tap] && count == 1 && stride == 1 && nr == FIXED {
+                        // The whole row is one input run: a fixed-size copy per channel.
+                        let at = from0 + tsegs[0].at;
+                        debug_assert!(at + (rows - 1) * ilen + FIXED <= src.x.len());
+                        for i in 0..rows {
+                            // SAFETY: row `row0 + i·R < kc` of the panel (`kc · nr` values)
+                            // holds `nr = FIXED` values; the run of a full tap reads FIXED
+                            // values from `at` of each channel plane, inside x (checked in
+                            // debug builds).
+                            unsafe {
+                                let d = panel.as_mut_ptr().add((row0 + i * rlen) * nr);
+                                let v = src
+                                    .x
+                                    .as_ptr()
+                                    .add(at + i * ilen)
+                                    .cast::<[f32; FIXED]>()
+                                    .read_unaligned();
+                                d.cast::<[f32; FIXED]>().write_unaligned(v);
+                            }
                         }
-                        // SAFETY: runs tile `0..w` and `w <= nr = out.len()`; `lo <= hi <=
-                        // run.len`; the source `plane + at + shift + t·stride`, `t < hi − lo`,
-                        // lies in x (`segments` clips every run to the input, and the panel's
-                        // images are in the batch; checked in debug builds).
-                        unsafe {
-                            let d = out.as_mut_ptr().add(run.start + seg.lo);
-                            let from = src.x.as_ptr().add(plane + seg.at + shift);
-                            copy_run(d, from, len, stride);
-                        }
+                        continue;
                     }
-                    tap += 1;
-                    if tap == rlen {
-                        tap = 0;
-                        plane += next_plane;
+                    for i in 0..rows {
+                        let out = &mut panel[(row0 + i * rlen) * nr..][..nr];
+                        if !pfull[tap] {
+                            out.fill(0.0);
+                        }
+                        for (run, seg) in prun.iter().zip(tsegs) {
+                            let len = seg.hi - seg.lo;
+                            if len == 0 {
+                                continue;
+                            }
+                            // SAFETY: runs tile `0..w` and `w <= nr = out.len()`; `lo <= hi <=
+                            // run.len`; the source `plane + at + shift + t·stride`, `t < hi −
+                            // lo`, lies in x (`segments` clips every run to the input, and the
+                            // panel's images are in the batch; checked in debug builds).
+                            unsafe {
+                                let d = out.as_mut_ptr().add(run.start + seg.lo);
+                                let from = src.x.as_ptr().add(from0 + i * ilen + seg.at);
+                                copy_run(d, from, len, stride);
+                            }
+                        }
                     }
                 }
             }

@@ -55,6 +55,54 @@ fn check_block<B: PackB>(
     Ok(())
 }
 
+/// Packs every block of both packers over `geoms` (panel width `nr`, blocks `kc` rows and
+/// `panels` micro-panels), the blocks of all geometries interleaved and shuffled by `order`.
+fn check_geometries(
+    geoms: &[ConvGeometry],
+    nr: usize,
+    kc: usize,
+    panels: usize,
+    order: u64,
+) -> Result<(), TestCaseError> {
+    let mut cases = Vec::new();
+    for (i, g) in geoms.iter().enumerate() {
+        let x = uniform(10 + i as u64, g.x_len());
+        let (rows, cols) = im2col::im2col_shape(g);
+        let grp = g.groups() - 1;
+        let mut col = vec![0f32; rows * cols];
+        im2col::im2col(g, grp, &x, &mut col).unwrap();
+        cases.push((*g, x, col, rows, cols, grp));
+    }
+    let mut work = Vec::new();
+    for (i, (_, _, _, rows, cols, _)) in cases.iter().enumerate() {
+        for blk in blocks(*rows, *cols, kc, panels * nr) {
+            work.push((i, false, blk));
+        }
+        // The transposed packer's matrix is im2col(x)ᵀ.
+        for blk in blocks(*cols, *rows, kc, panels * nr) {
+            work.push((i, true, blk));
+        }
+    }
+    let mut state = order | 1;
+    for i in (1..work.len()).rev() {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        work.swap(i, (state % (i as u64 + 1)) as usize);
+    }
+    for (i, transposed, blk) in work {
+        let (g, x, col, _, cols, grp) = &cases[i];
+        if transposed {
+            let b = Im2colTB::new(g, *grp, x);
+            check_block(&b, &|p, j| col[j * cols + p], blk, nr)?;
+        } else {
+            let b = Im2colB::new(g, *grp, x);
+            check_block(&b, &|p, j| col[p * cols + j], blk, nr)?;
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
@@ -67,43 +115,44 @@ proptest! {
         panels in 1usize..=5,
         order in any::<u64>(),
     ) {
-        let geoms: Vec<ConvGeometry> = vec![g1, g2];
-        let mut cases = Vec::new();
-        for (i, g) in geoms.iter().enumerate() {
-            let x = uniform(10 + i as u64, g.x_len());
-            let (rows, cols) = im2col::im2col_shape(g);
-            let grp = g.groups() - 1;
-            let mut col = vec![0f32; rows * cols];
-            im2col::im2col(g, grp, &x, &mut col).unwrap();
-            cases.push((*g, x, col, rows, cols, grp));
-        }
-        // Every block of both geometries, interleaved and shuffled by `order`.
-        let mut work = Vec::new();
-        for (i, (_, _, _, rows, cols, _)) in cases.iter().enumerate() {
-            for blk in blocks(*rows, *cols, kc, panels * nr) {
-                work.push((i, false, blk));
-            }
-            // The transposed packer's matrix is im2col(x)ᵀ.
-            for blk in blocks(*cols, *rows, kc, panels * nr) {
-                work.push((i, true, blk));
-            }
-        }
-        let mut state = order | 1;
-        for i in (1..work.len()).rev() {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            work.swap(i, (state % (i as u64 + 1)) as usize);
-        }
-        for (i, transposed, blk) in work {
-            let (g, x, col, _, cols, grp) = &cases[i];
-            if transposed {
-                let b = Im2colTB::new(g, *grp, x);
-                check_block(&b, &|p, j| col[j * cols + p], blk, nr)?;
-            } else {
-                let b = Im2colB::new(g, *grp, x);
-                check_block(&b, &|p, j| col[p * cols + j], blk, nr)?;
-            }
-        }
+        check_geometries(&[g1, g2], nr, kc, panels, order)?;
+    }
+}
+
+/// Lines of 16 and more outputs (the random geometries stay narrower): whole panel rows read
+/// from one input run, with and without padding, stride 1 and 2, 1-D to 3-D.
+#[test]
+fn wide_lines_pack_block_by_block() {
+    let geoms = [
+        ConvGeometry::new(3, 5, 4, &[19, 37], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+        ConvGeometry::new(2, 3, 8, &[9, 16], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+        ConvGeometry::new(2, 4, 4, &[7, 40], &[3, 3])
+            .unwrap()
+            .with_stride(&[2])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+        ConvGeometry::new(2, 2, 3, &[70], &[5]).unwrap(),
+        ConvGeometry::new(1, 2, 2, &[3, 4, 33], &[2, 3, 3])
+            .unwrap()
+            .with_padding(&[0, 1, 2])
+            .unwrap()
+            .with_groups(2)
+            .unwrap(),
+    ];
+    for (nr, kc, panels) in [
+        (16, 144, 1),
+        (16, 20, 3),
+        (8, 9, 2),
+        (32, 50, 1),
+        (16, 7, 40),
+    ] {
+        check_geometries(&geoms, nr, kc, panels, (nr * kc * panels) as u64).unwrap();
     }
 }
