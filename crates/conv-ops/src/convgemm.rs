@@ -39,17 +39,30 @@ struct Scratch {
     runs: Vec<Run>,
     segs: Vec<Seg>,
     full: Vec<bool>,
+    lin: Vec<Lin>,
     planes: Vec<usize>,
 }
 
+/// A tap of a `FIXED`-wide panel (stride 1) whose readable positions all lie on one straight
+/// stretch of a channel plane: the row is `FIXED` values copied from `base` (relative to the
+/// plane of the panel's image, `base + FIXED <= plane length`), then the positions in `mask`
+/// (which fall in the padding, or read across a line end) set to zero.
+#[derive(Clone, Copy, Default)]
+struct Lin {
+    ok: bool,
+    base: usize,
+    mask: u32,
+}
+
 /// Where the tables of one panel position live in [`Scratch`]: `count` runs from `runs`, `count
-/// · R` segments from `segs`, R flags from `full`.
+/// · R` segments from `segs`, R flags from `full` and R [`Lin`]s from `lin`.
 #[derive(Clone, Copy)]
 struct Entry {
     runs: usize,
     count: usize,
     segs: usize,
     full: usize,
+    lin: usize,
 }
 
 /// The panel width whose full rows are copied as one fixed-size block (AVX2's NR).
@@ -134,6 +147,7 @@ impl Im2colB<'_> {
                 s.runs.clear();
                 s.segs.clear();
                 s.full.clear();
+                s.lin.clear();
             }
             if cfg!(debug_assertions) {
                 s.planes.clear();
@@ -153,12 +167,14 @@ impl Im2colB<'_> {
                         s.runs.clear();
                         s.segs.clear();
                         s.full.clear();
+                        s.lin.clear();
                     }
                     let e = Entry {
                         runs: s.runs.len(),
                         count: src.push_runs(first, w, &mut s.runs),
                         segs: s.segs.len(),
                         full: s.full.len(),
+                        lin: s.lin.len(),
                     };
                     src.push_segments(&s.runs[e.runs..], &mut s.segs);
                     let (rr, ss) = (&s.runs[e.runs..], &mut s.segs[e.segs..]);
@@ -170,6 +186,14 @@ impl Im2colB<'_> {
                     s.full.extend(ss.chunks_exact(e.count).map(|t| {
                         w == nr && t.iter().zip(rr).all(|(g, r)| g.lo == 0 && g.hi == r.len)
                     }));
+                    let fixed = w == nr && nr == FIXED && stride == 1;
+                    s.lin.extend(ss.chunks_exact(e.count).map(|t| {
+                        if fixed {
+                            straight(t, rr, src.plane(1) - src.plane(0))
+                        } else {
+                            Lin::default()
+                        }
+                    }));
                     if cached {
                         s.slots[pos] = s.entries.len() as u32;
                     }
@@ -180,6 +204,7 @@ impl Im2colB<'_> {
                 let prun = &s.runs[e.runs..][..count];
                 let psegs = &s.segs[e.segs..][..count * rlen];
                 let pfull = &s.full[e.full..][..rlen];
+                let plin = &s.lin[e.lin..][..rlen];
                 let shift = n * image;
                 debug_assert!(src.segments_in_bounds(prun, psegs, &s.planes, shift));
                 // Tap by tap (the rows of one tap, one per channel, share its segments), the
@@ -196,15 +221,17 @@ impl Im2colB<'_> {
                     let row0 = c_lo * rlen + tap - pc;
                     debug_assert!((row0 + (rows - 1) * rlen) < kc);
                     let from0 = src.plane(c_lo) + shift;
-                    if pfull[tap] && count == 1 && stride == 1 && nr == FIXED {
-                        // The whole row is one input run: a fixed-size copy per channel.
-                        let at = from0 + tsegs[0].at;
+                    let lin = plin[tap];
+                    if lin.ok {
+                        // One straight stretch of the plane: a fixed-size copy per channel,
+                        // then the few padded positions zeroed.
+                        let at = from0 + lin.base;
                         debug_assert!(at + (rows - 1) * ilen + FIXED <= src.x.len());
                         for i in 0..rows {
                             // SAFETY: row `row0 + i·R < kc` of the panel (`kc · nr` values)
-                            // holds `nr = FIXED` values; the run of a full tap reads FIXED
-                            // values from `at` of each channel plane, inside x (checked in
-                            // debug builds).
+                            // holds `nr = FIXED` values; `base + FIXED` stays inside the plane
+                            // of channel `c_lo + i` of the panel's image (`straight`), inside x;
+                            // mask bits are below FIXED.
                             unsafe {
                                 let d = panel.as_mut_ptr().add((row0 + i * rlen) * nr);
                                 let v = src
@@ -214,6 +241,11 @@ impl Im2colB<'_> {
                                     .cast::<[f32; FIXED]>()
                                     .read_unaligned();
                                 d.cast::<[f32; FIXED]>().write_unaligned(v);
+                                let mut m = lin.mask;
+                                while m != 0 {
+                                    *d.add(m.trailing_zeros() as usize) = 0.0;
+                                    m &= m - 1;
+                                }
                             }
                         }
                         continue;
@@ -242,5 +274,34 @@ impl Im2colB<'_> {
                 }
             }
         });
+    }
+}
+
+/// The [`Lin`] of one tap of a full `FIXED`-wide panel (stride 1) from its segments `t` (`at`
+/// relative to the panel's image) over the panel's runs `runs`, in a plane of `ilen` values.
+fn straight(t: &[Seg], runs: &[Run], ilen: usize) -> Lin {
+    let (mut base, mut mask) = (None, 0u32);
+    for (g, r) in t.iter().zip(runs) {
+        for p in (r.start..r.start + g.lo).chain(r.start + g.hi..r.start + r.len) {
+            mask |= 1 << p;
+        }
+        if g.hi > g.lo {
+            // Position `start + lo` reads `at`: the stretch starts `start + lo` earlier.
+            let b = g.at.checked_sub(r.start + g.lo);
+            match (base, b) {
+                (_, None) => return Lin::default(),
+                (None, b) => base = b,
+                (Some(x), Some(b)) if x != b => return Lin::default(),
+                _ => {}
+            }
+        }
+    }
+    match base {
+        Some(base) if base + FIXED <= ilen => Lin {
+            ok: true,
+            base,
+            mask,
+        },
+        _ => Lin::default(),
     }
 }
