@@ -3,12 +3,15 @@
 //!
 //! Row `p` of B = im2col(x)ᵀ is (image, output position), column `j` is (channel, kernel tap).
 //! The rows of a packed block are cut into runs once per call and a (tap × run) segment table
-//! is built (see `source.rs`). On lines of at least `SHORT_RUN` outputs each micro-panel is
-//! written run by run, whole `nr`-wide panel rows at a time: every lane (one channel and tap)
-//! reads the input along the run from where its segment starts minus its padding, so a run is a
-//! transpose of `nr` input runs into the panel (core-blas's `transpose_lanes`, vectorised for
-//! stride 1), and the few positions where a lane falls into the padding are zeroed afterwards. Shorter lines are packed lane by lane,
-//! a strided copy per (lane, run).
+//! is built (see `source.rs`). Runs that are consecutive lines of one image read one straight
+//! stretch of every channel plane when the input line is exactly one output line long (stride 1,
+//! "same" padding), so such runs are grouped. On groups of at least `SHORT_RUN` outputs each
+//! micro-panel is written group by group, whole `nr`-wide panel rows at a time: every lane (one
+//! channel and tap) reads the input along the group from where its stretch starts, padding
+//! included, so a group is a transpose of `nr` input runs into the panel (core-blas's
+//! `transpose_lanes`, vectorised for stride 1), and the positions where a lane falls into the
+//! padding are zeroed afterwards. Shorter groups are packed lane by lane, a strided copy per
+//! (lane, run).
 
 use std::cell::RefCell;
 
@@ -40,6 +43,8 @@ struct Scratch {
     lanes: Vec<(usize, usize)>,
     /// Zeros that lanes reading nothing point to.
     zeros: Vec<f32>,
+    /// Runs `a..b` transposed together (consecutive lines of one straight stretch).
+    groups: Vec<(usize, usize)>,
 }
 
 thread_local! {
@@ -74,6 +79,7 @@ impl PackB for Im2colTB<'_> {
                 segs,
                 lanes,
                 zeros,
+                groups,
             } = s;
             src.runs(pc, kc, runs);
             src.segments(runs, segs);
@@ -82,12 +88,31 @@ impl PackB for Im2colTB<'_> {
                 pack_lanes(src, runs, segs, (jc, nc), kc, nr, dst);
                 return;
             };
-            if src.d.output[2] < SHORT_RUN {
+            // Consecutive lines of one image (and outer output coordinate) read one straight
+            // stretch of each channel plane when the input line is as long as the output line
+            // (stride 1): then a group of such runs is transposed in one go, its padded
+            // positions zeroed afterwards.
+            let straight = src.lines_are_straight();
+            groups.clear();
+            let mut i = 0;
+            while i < count {
+                let mut end = i + 1;
+                while straight && end < count && src.next_line(&runs[end - 1], &runs[end]) {
+                    end += 1;
+                }
+                groups.push((i, end));
+                i = end;
+            }
+            let longest_group = groups
+                .iter()
+                .map(|&(a, b)| runs[b - 1].start + runs[b - 1].len - runs[a].start)
+                .max()
+                .unwrap_or(0);
+            if longest_group < SHORT_RUN {
                 pack_lanes(src, runs, segs, (jc, nc), kc, nr, dst);
                 return;
             }
-            // A run is at most one output line long.
-            let longest = (src.d.output[2] - 1) * stride + 1;
+            let longest = (longest_group - 1) * stride + 1;
             if zeros.len() < longest {
                 zeros.resize(longest, 0.0);
             }
@@ -102,17 +127,15 @@ impl PackB for Im2colTB<'_> {
                 debug_assert!(panel.len() >= kc * nr);
                 lanes.clear();
                 lanes.extend((j0..j0 + w).map(|col| (src.plane(col / src.rlen), col % src.rlen)));
-                for (i, run) in runs.iter().enumerate() {
-                    let rows = &mut panel[run.start * nr..][..run.len * nr];
-                    let lane_seg = |lane: usize| {
-                        let (plane, tap) = lanes[lane];
-                        (plane, &segs[tap * count + i])
-                    };
-                    // Each lane reads the whole run from `at − lo·stride` on (the padding
-                    // positions are zeroed afterwards) when that stays inside x; lanes that
-                    // read nothing read zeros.
-                    let need = (run.len - 1) * stride + 1;
-                    let mut inside = run.len >= SHORT_RUN && nr <= MAX_LANES;
+                for &(g0, g1) in groups.iter() {
+                    let start = runs[g0].start;
+                    let len = runs[g1 - 1].start + runs[g1 - 1].len - start;
+                    let rows = &mut panel[start * nr..][..len * nr];
+                    // Each lane reads the whole group from where its first readable position
+                    // would start it (the padding positions are zeroed afterwards) when that
+                    // stays inside x; lanes that read nothing read zeros.
+                    let need = (len - 1) * stride + 1;
+                    let mut inside = len >= SHORT_RUN && nr <= MAX_LANES;
                     for (lane, from) in from.iter_mut().enumerate().take(nr) {
                         if !inside {
                             break;
@@ -121,13 +144,24 @@ impl PackB for Im2colTB<'_> {
                             *from = &zeros[..need];
                             continue;
                         }
-                        let (plane, seg) = lane_seg(lane);
-                        if seg.lo == seg.hi {
+                        let (plane, tap) = lanes[lane];
+                        let tsegs = &segs[tap * count..][..count];
+                        // The first run of the group that reads something fixes the stretch.
+                        let first = (g0..g1).find(|&i| tsegs[i].hi > tsegs[i].lo);
+                        let Some(i) = first else {
                             *from = &zeros[..need];
                             continue;
-                        }
+                        };
+                        let seg = &tsegs[i];
+                        // Every readable position of the group lies on that one stretch.
+                        debug_assert!((g0..g1).all(|k| {
+                            let (r, g) = (&runs[k], &tsegs[k]);
+                            g.hi == g.lo
+                                || g.at + (runs[i].start + seg.lo) * stride
+                                    == seg.at + (r.start + g.lo) * stride
+                        }));
                         match (plane + seg.at)
-                            .checked_sub(seg.lo * stride)
+                            .checked_sub((runs[i].start - start + seg.lo) * stride)
                             .and_then(|first| src.x.get(first..first + need))
                         {
                             Some(lane_src) => *from = lane_src,
@@ -136,31 +170,38 @@ impl PackB for Im2colTB<'_> {
                     }
                     let copied = inside
                         && if stride == 1 {
-                            gemm.transpose_lanes(rows, nr, &from[..nr], run.len, 1)
-                                .is_ok()
+                            gemm.transpose_lanes(rows, nr, &from[..nr], len, 1).is_ok()
                         } else {
                             // core-blas's strided transpose is scalar too: a row at a time.
                             let d = rows.as_mut_ptr();
-                            for t in 0..run.len {
+                            for t in 0..len {
                                 for (l, lane) in from[..nr].iter().enumerate() {
-                                    // SAFETY: every lane holds `need = (run.len − 1)·stride +
-                                    // 1` values (sliced above), so `t·stride`, `t < run.len`,
-                                    // is inside it; row `t`, lane `l < nr` lie in `rows`.
+                                    // SAFETY: every lane holds `need = (len − 1)·stride + 1`
+                                    // values (sliced above), so `t·stride`, `t < len`, is
+                                    // inside it; row `t`, lane `l < nr` lie in `rows`.
                                     unsafe { *d.add(t * nr + l) = *lane.as_ptr().add(t * stride) };
                                 }
                             }
                             true
                         };
-                    if copied {
-                        for lane in 0..w {
-                            let (_, seg) = lane_seg(lane);
-                            if seg.lo < seg.hi {
-                                for t in (0..seg.lo).chain(seg.hi..run.len) {
-                                    rows[t * nr + lane] = 0.0;
+                    for (run, i) in runs[g0..g1].iter().zip(g0..) {
+                        let rows = &mut panel[run.start * nr..][..run.len * nr];
+                        if copied {
+                            for lane in 0..w {
+                                let seg = &segs[lanes[lane].1 * count + i];
+                                if seg.lo < seg.hi {
+                                    for t in (0..seg.lo).chain(seg.hi..run.len) {
+                                        rows[t * nr + lane] = 0.0;
+                                    }
+                                } else {
+                                    // Nothing readable on this line: all padding.
+                                    for t in 0..run.len {
+                                        rows[t * nr + lane] = 0.0;
+                                    }
                                 }
                             }
+                            continue;
                         }
-                    } else {
                         for lane in 0..nr {
                             if lane >= w {
                                 for t in 0..run.len {
@@ -168,7 +209,8 @@ impl PackB for Im2colTB<'_> {
                                 }
                                 continue;
                             }
-                            let (plane, seg) = lane_seg(lane);
+                            let (plane, tap) = lanes[lane];
+                            let seg = &segs[tap * count + i];
                             // SAFETY: rows `t < run.len` and `lane < nr` keep writes inside
                             // `rows`; `lo <= hi <= run.len`; the source `plane + at +
                             // t·stride`, `t < hi − lo`, lies in x (`segments` clips every run

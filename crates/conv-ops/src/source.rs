@@ -85,6 +85,25 @@ impl<'a> Source<'a> {
         self.olen
     }
 
+    /// Whether consecutive output lines of one image (and outer coordinate) read one straight
+    /// stretch of every channel plane for every tap: stride 1 along the line and the input
+    /// advancing by exactly one output line's length from one output line to the next.
+    pub(crate) fn lines_are_straight(&self) -> bool {
+        let d = &self.d;
+        d.stride[2] == 1 && d.stride[1] * d.input[2] == d.output[2]
+    }
+
+    /// Whether run `b` is the output line right after run `a` in the same image and outer
+    /// coordinate, `a` ending its line and `b` starting the next.
+    pub(crate) fn next_line(&self, a: &Run, b: &Run) -> bool {
+        a.n == b.n
+            && a.o0 == b.o0
+            && a.o1 + 1 == b.o1
+            && b.o2 == 0
+            && a.o2 + a.len == self.d.output[2]
+            && a.start + a.len == b.start
+    }
+
     /// Cuts (image, output position) indices `first..first+count` into runs.
     pub(crate) fn runs(&self, first: usize, count: usize, out: &mut Vec<Run>) {
         out.clear();
