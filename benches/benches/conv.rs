@@ -4,7 +4,10 @@
 //! `bwd-data/gemm-bound`: backward-data's, C·R × K times K × N·O). Extra records: workspace
 //! bytes per algorithm.
 //!
-//! `cargo bench -p benches --bench conv` (all layers), `CONV_LAYERS=r50_3x3_c64_56,...` to pick.
+//! `cargo bench -p benches --bench conv` (the layers), `CONV_LAYERS=r50_3x3_c64_56,...` to
+//! pick; the small layers of the framework's CIFAR/MNIST training runs (ResNet-20 at batch 128,
+//! LeNet-5 at batch 64, [`SMALL_LAYERS`]) run only when named, or all of them with
+//! `CONV_LAYERS=small`. Their PyTorch anchor is `benches/anchors/conv_small_layers.py`.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -48,6 +51,22 @@ const LAYERS: &[Layer] = &[
     ),
 ];
 
+/// The small layers (names as in `benches/anchors/conv_small_layers.py`): ResNet-20's 3×3
+/// layers and stride-2 / 1×1 stride-2 projections at batch 128, LeNet-5's two 5×5 layers at
+/// batch 64.
+const SMALL_LAYERS: &[Layer] = &[
+    ("rn20_3to16_32", 128, 3, 16, &[32, 32], &[3, 3], 1, 1),
+    ("rn20_16_32", 128, 16, 16, &[32, 32], &[3, 3], 1, 1),
+    ("rn20_32_16", 128, 32, 32, &[16, 16], &[3, 3], 1, 1),
+    ("rn20_64_8", 128, 64, 64, &[8, 8], &[3, 3], 1, 1),
+    ("rn20_s2_16to32", 128, 16, 32, &[32, 32], &[3, 3], 2, 1),
+    ("rn20_s2_32to64", 128, 32, 64, &[16, 16], &[3, 3], 2, 1),
+    ("rn20_1x1s2_16to32", 128, 16, 32, &[32, 32], &[1, 1], 2, 0),
+    ("rn20_1x1s2_32to64", 128, 32, 64, &[16, 16], &[1, 1], 2, 0),
+    ("lenet_c1", 64, 1, 6, &[28, 28], &[5, 5], 1, 2),
+    ("lenet_c2", 64, 6, 16, &[14, 14], &[5, 5], 1, 0),
+];
+
 fn geometry(l: &Layer) -> ConvGeometry {
     ConvGeometry::new(l.1, l.2, l.3, l.4, l.5)
         .and_then(|g| g.with_stride(&[l.6]))
@@ -88,10 +107,15 @@ fn supported(g: &ConvGeometry, pass: Pass) -> bool {
 fn bench_conv(c: &mut Criterion) {
     let wanted = std::env::var("CONV_LAYERS").ok();
     let pools = thread_pools();
-    for l in LAYERS {
-        if let Some(w) = &wanted
-            && !w.split(',').any(|n| n == l.0)
-        {
+    let small = |name: &str| SMALL_LAYERS.iter().any(|l| l.0 == name);
+    for l in LAYERS.iter().chain(SMALL_LAYERS) {
+        let run = match &wanted {
+            None => !small(l.0),
+            Some(w) => w
+                .split(',')
+                .any(|n| n == l.0 || (n == "small" && small(l.0))),
+        };
+        if !run {
             continue;
         }
         let g = geometry(l);
