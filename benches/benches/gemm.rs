@@ -1,7 +1,8 @@
 //! core-blas SGEMM against matrixmultiply, with the FMA peak measured in the same run.
 //!
 //! Cases: square 64 to 2048 (4096 too unless `--quick`) and the convolution shapes as im2col
-//! GEMMs (ResNet-50, VGG and C3D 3×3 layers), on 1 and 2 threads (rayon pools built here); and,
+//! GEMMs (ResNet-50, VGG and C3D 3×3 layers) and the small-m products of CIFAR-sized CNNs
+//! (ResNet-20, LeNet-5), on 1 and 2 threads (rayon pools built here); and,
 //! on 1 thread, one convolution shape stored into a dense C against a channel-major C (conv-ops'
 //! output layout) through the generic tile store and through `Store::window`. Criterion's throughput
 //! is declared in FLOPs (`Throughput::Elements(2·m·n·k)`, group names end in `@flop`), so its
@@ -91,6 +92,17 @@ const CONV_SHAPES: [Shape; 7] = [
     ("conv-512x784x4608", 512, 784, 4608),
 ];
 
+/// The small products of CIFAR-sized CNNs (few output channels): ResNet-20's 3×3 layers
+/// 16@32² at batch 8, 32@16² at batch 32 and 64@8² at batch 128, LeNet-5's 5×5 convolutions
+/// 1→6 @28² and 6→16 @10² at batch 32.
+const SMALL_SHAPES: [Shape; 5] = [
+    ("small-16x8192x144", 16, 8192, 144),
+    ("small-32x8192x288", 32, 8192, 288),
+    ("small-64x8192x576", 64, 8192, 576),
+    ("small-6x25088x25", 6, 25088, 25),
+    ("small-16x3200x150", 16, 3200, 150),
+];
+
 /// The store comparison: ResNet-50 128@28² at batch 8 written channel-major (N×C×H×W), as
 /// conv-ops' forward does: `(name, m, batch, plane, k)`.
 const STORE_SHAPE: (&str, usize, usize, usize, usize) = ("128x6272x1152", 128, 8, 784, 1152);
@@ -119,6 +131,7 @@ fn shapes() -> Vec<Shape> {
         out.push(("sq-4096", 4096, 4096, 4096));
     }
     out.extend(CONV_SHAPES);
+    out.extend(SMALL_SHAPES);
     out
 }
 
