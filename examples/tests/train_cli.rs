@@ -110,6 +110,14 @@ fn bad_arguments_are_clear_errors() {
             &["--resume", "/nonexistent/x.safetensors"][..],
             "/nonexistent/x.safetensors",
         ),
+        (
+            &["--parallel", "model"][..],
+            "unknown --parallel `model` (available: data, channel, SxC)",
+        ),
+        (
+            &["--parallel", "2x2"][..],
+            "a 2×2 grid needs 4 ranks, launched on 1",
+        ),
     ] {
         let out = train(args);
         assert!(!out.status.success(), "{args:?} should fail");

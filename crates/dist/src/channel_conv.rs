@@ -153,6 +153,16 @@ impl ChannelParallelConv {
         Ok(self.conv.backward(Tensor::new(&shape, full)?, need_dx)?)
     }
 
+    /// `(parts, part)`: this is block `part` of `parts`.
+    pub fn block(&self) -> (usize, usize) {
+        (self.parts, self.part)
+    }
+
+    /// The local convolution: this rank's input channels to every output channel, no bias.
+    pub fn local(&self) -> &Conv {
+        &self.conv
+    }
+
     /// The weight slice (`K × C/parts × kernel`) and the bias block (`K/parts`), with PyTorch's
     /// names.
     pub fn params(&self) -> Vec<(String, &Parameter)> {
@@ -175,7 +185,7 @@ impl ChannelParallelConv {
 
 /// `N × K × plane` (row-major) as `parts` blocks, block `b` holding channels
 /// `b·K/parts..(b+1)·K/parts` of every sample: the layout of reduce-scatter's input.
-fn to_blocks(t: &[f32], n: usize, k: usize, plane: usize, parts: usize) -> Vec<f32> {
+pub(crate) fn to_blocks(t: &[f32], n: usize, k: usize, plane: usize, parts: usize) -> Vec<f32> {
     let kl = k / parts;
     let mut out = vec![0.0f32; t.len()];
     for b in 0..parts {
@@ -188,7 +198,13 @@ fn to_blocks(t: &[f32], n: usize, k: usize, plane: usize, parts: usize) -> Vec<f
 }
 
 /// The inverse of [`to_blocks`]: allgather's output back to `N × K × plane`.
-fn from_blocks(blocks: &[f32], n: usize, k: usize, plane: usize, parts: usize) -> Vec<f32> {
+pub(crate) fn from_blocks(
+    blocks: &[f32],
+    n: usize,
+    k: usize,
+    plane: usize,
+    parts: usize,
+) -> Vec<f32> {
     let kl = k / parts;
     let mut out = vec![0.0f32; blocks.len()];
     for b in 0..parts {
@@ -363,6 +379,16 @@ impl FilterParallelConv {
         let mut local = shape;
         local[1] = c / p;
         Ok(Some(Tensor::new(&local, recv)?))
+    }
+
+    /// `(parts, part)`: this is block `part` of `parts`.
+    pub fn block(&self) -> (usize, usize) {
+        (self.parts, self.part)
+    }
+
+    /// The local convolution: every input channel to this rank's filters, with their bias.
+    pub fn local(&self) -> &Conv {
+        &self.conv
     }
 
     /// This rank's filters (`K/parts × C × kernel`) and their bias, with PyTorch's names.

@@ -41,6 +41,10 @@ pub enum DistError {
     /// A layer, the loss or the optimizer of the replica failed.
     #[error("training: {0}")]
     Nn(#[from] nn::NnError),
+    /// A distributed layer's communicator is not registered with the running thread
+    /// ([`crate::register`]).
+    #[error("communicator handle: {0}")]
+    CommHandle(String),
     /// Arguments of a data-parallel step disagree.
     #[error("data-parallel step: {0}")]
     Training(String),

@@ -75,4 +75,10 @@ impl<C: Communicator> ProcessorGrid<C> {
     pub fn sample_comm(&self) -> &C {
         &self.sample_comm
     }
+
+    /// `(channel_comm, sample_comm)`, taking the grid apart (e.g. to [`crate::register`] the
+    /// channel communicator for a channel-parallel model).
+    pub fn into_comms(self) -> (C, C) {
+        (self.channel_comm, self.sample_comm)
+    }
 }

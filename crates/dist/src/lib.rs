@@ -65,14 +65,40 @@
 //! allgather of `x` before the local forward, a reduce-scatter of `dx` after the local
 //! backward-data. Either takes its input split by channels and leaves its output split by
 //! channels, so they chain. `tests/mpi_channel_conv.rs` checks both on every grid of 1, 2 and 4
-//! ranks against the whole layer. They are distributed operators (`forward(comm, x)`), not yet
-//! `nn::Layer`s: `Layer` requires `Send` and an MPI communicator is not.
+//! ranks against the whole layer.
+//!
+//! In a model they are [`nn::Layer`]s through [`Bound`]: a layer must be `Send` and an MPI
+//! communicator is not, so the communicator is [`register`]ed with the running thread and the
+//! layer keeps a [`CommHandle`] to it. [`channel_parallel`] rewrites a flat model (LeNet, VGG,
+//! C3D) that way: the runs of convolutions whose channels divide are split (stationary-x and
+//! stationary-y alternating, a [`ChannelScatter`] before and a [`ChannelGather`] after), the
+//! rest runs whole on every rank. With [`DataParallel`] over the grid's sample communicator this
+//! is the paper's hybrid; `tests/mpi_channel_model.rs` trains such a model on every grid of 1, 2
+//! and 4 ranks and checks it takes the single-process steps (`train --parallel channel` or
+//! `--parallel 2x2` runs it):
+//!
+//! ```
+//! use dist::{Communicator, ProcessorGrid, Runtime, channel_parallel, register};
+//! use nn::{ConvAlgo, build};
+//!
+//! let runtime = Runtime::init()?;
+//! let world = runtime.world();
+//! let grid = ProcessorGrid::new(&world, 1, world.size())?;
+//! let part = grid.coords().1;
+//! let (channel_comm, _sample_comm) = grid.into_comms();
+//! let registration = register(channel_comm);
+//! let model = build("vgg16", ConvAlgo::Convgemm, 0)?;
+//! let (model, plan) = channel_parallel(model, registration.handle(), world.size(), part)?;
+//! assert_eq!(plan.channel.len() + plan.filter.len() + plan.whole.len(), 13);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod channel_conv;
 mod comm;
 mod data_parallel;
 mod error;
 mod grid;
+mod layers;
 #[cfg(feature = "mpi")]
 mod mpi_comm;
 mod runtime;
@@ -83,6 +109,10 @@ pub use comm::{ChunkPoster, Communicator, MAX_COUNT};
 pub use data_parallel::{DEFAULT_CHUNK, DataParallel};
 pub use error::{DistError, Result};
 pub use grid::ProcessorGrid;
+pub use layers::{
+    Bound, ChannelGather, ChannelPlan, ChannelScatter, CommHandle, DistLayer, Registration,
+    channel_parallel, register,
+};
 #[cfg(feature = "mpi")]
 pub use mpi_comm::{MpiCommunicator, MpiEnvironment, REQUESTED_THREADING};
 pub use runtime::{Runtime, World};

@@ -7,6 +7,16 @@ use thiserror::Error;
 /// Everything that can go wrong in `nn`: each variant names the offending argument, layer or file.
 #[derive(Debug, Error)]
 pub enum NnError {
+    /// A layer defined outside this crate (e.g. a distributed layer of `dist`) failed.
+    #[error("{layer}: {source}")]
+    Layer {
+        /// The layer's description.
+        layer: String,
+        /// What went wrong.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
     /// A tensor has the wrong shape for the operation.
     #[error("{op}: `{arg}` has shape {got:?}, expected {expected}")]
     Shape {

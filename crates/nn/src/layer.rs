@@ -1,5 +1,7 @@
 //! The [`Layer`] trait and trainable [`Parameter`]s.
 
+use std::any::Any;
+
 use rand::Rng;
 use rand::rngs::SmallRng;
 
@@ -48,10 +50,24 @@ pub(crate) fn prefixed<'n, T: 'n>(
 /// gradient is final.
 pub type GradReady<'a> = dyn FnMut(&str, &Parameter) + 'a;
 
+/// Access to a layer's concrete type, implemented for every type: it lets a model transform
+/// (e.g. `dist`'s channel parallelism) find the convolutions of a model through
+/// [`downcast_ref`](trait.Layer.html#method.downcast_ref).
+pub trait AsAny: Any {
+    /// `self` as [`Any`].
+    fn as_any(&self) -> &dyn Any;
+}
+
+impl<T: Any> AsAny for T {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
 /// Ownership carries the memory contract: `forward` takes its input by value, and a layer keeps
 /// only what its backward needs (a convolution keeps `x`, a ReLU a mask), so nothing is copied.
 /// In evaluation mode (`train == false`) no state is kept.
-pub trait Layer: Send {
+pub trait Layer: AsAny + Send {
     /// A short description, e.g. `Conv2d(1→6, 5×5, pad 2)`.
     fn describe(&self) -> String;
 
@@ -103,4 +119,11 @@ pub trait Layer: Send {
 
     /// The shape of one output sample for one input sample of shape `input` (no batch axis).
     fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>>;
+}
+
+impl dyn Layer {
+    /// The layer as its concrete type `T`, if it is one: `layer.downcast_ref::<Conv>()`.
+    pub fn downcast_ref<T: Layer>(&self) -> Option<&T> {
+        self.as_any().downcast_ref()
+    }
 }

@@ -54,6 +54,12 @@ impl Sequential {
     /// Appends a layer under `name` (a PyTorch attribute name: letters, digits and `_`, unique
     /// in this model), checking that it accepts the current output shape.
     pub fn push_named(self, name: &str, layer: impl Layer + 'static) -> Result<Self> {
+        self.push_boxed(name, Box::new(layer))
+    }
+
+    /// [`push_named`](Sequential::push_named) for a layer already boxed, e.g. one taken from
+    /// [`into_layers`](Sequential::into_layers).
+    pub fn push_boxed(self, name: &str, layer: Box<dyn Layer>) -> Result<Self> {
         let valid = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !valid {
             return Err(NnError::config(
@@ -61,7 +67,13 @@ impl Sequential {
                 format!("`{name}` is not a module name (letters, digits, `_`)"),
             ));
         }
-        self.push_as(name.to_string(), Box::new(layer))
+        self.push_as(name.to_string(), layer)
+    }
+
+    /// The layers with their names, in order, taking the model apart (to rebuild it with some
+    /// layers replaced, e.g. by distributed ones).
+    pub fn into_layers(self) -> Vec<(String, Box<dyn Layer>)> {
+        self.names.into_iter().zip(self.layers).collect()
     }
 
     fn push_as(mut self, name: String, layer: Box<dyn Layer>) -> Result<Self> {

@@ -12,13 +12,16 @@
 //! cargo run --release -p examples --bin train -- --dataset synthetic --steps 50 --json
 //! cargo build --release -p examples --features mpi --bin train
 //! mpirun -np 2 target/release/train --parallel data --epochs 5
+//! mpirun -np 2 target/release/train --parallel channel --model vgg16 --dataset synthetic --steps 4
 //! ```
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use dist::{Communicator, DataParallel, DistError, Runtime};
+use dist::{
+    Communicator, DataParallel, DistError, ProcessorGrid, Runtime, channel_parallel, register,
+};
 use examples::peak_rss_bytes;
 use nn::{
     ConvAlgo, Dataset, EpochReport, ModelOptions, Sequential, Sgd, StepResult, TrainConfig,
@@ -94,9 +97,12 @@ struct Args {
     /// Print a JSON summary as the last line of stdout.
     #[arg(long)]
     json: bool,
-    /// Distributed layout when launched by mpirun (build with `--features mpi`): `data` =
-    /// data-parallel synchronous SGD over all ranks (each trains on its shard of every batch;
-    /// rank 0 prints and writes checkpoints). Without MPI the world is this one process.
+    /// Distributed layout when launched by mpirun (build with `--features mpi`):
+    /// `data` = data-parallel synchronous SGD over all ranks (each trains on its shard of every
+    /// batch); `channel` = channel/filter parallelism over all ranks (the convolutions whose
+    /// channels divide by the rank count are split by channels, every rank sees every sample);
+    /// `SxC` (e.g. `2x2`) = a grid of S sample blocks × C channel blocks. Rank 0 prints and
+    /// writes checkpoints (data parallelism only). Without MPI the world is this one process.
     #[arg(long)]
     parallel: Option<String>,
 }
@@ -137,12 +143,41 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
-    match (args.parallel.as_deref(), ranks) {
-        (None, 1) | (Some("data"), _) => {}
+    // The processor grid, samples × channels.
+    let grid_shape = match (args.parallel.as_deref(), ranks) {
+        (None, 1) => None,
         (None, n) => return Err(format!("launched on {n} ranks: pass --parallel data").into()),
-        (Some(other), _) => {
-            return Err(format!("unknown --parallel `{other}` (available: data)").into());
+        (Some("data"), n) => Some((n, 1)),
+        (Some("channel"), n) => Some((1, n)),
+        (Some(other), n) => {
+            let grid = other
+                .split_once('x')
+                .and_then(|(s, c)| Some((s.parse::<usize>().ok()?, c.parse::<usize>().ok()?)));
+            match grid {
+                Some((s, c)) if s * c == n => Some((s, c)),
+                Some((s, c)) => {
+                    return Err(format!(
+                        "--parallel {other}: a {s}×{c} grid needs {} ranks, launched on {n}",
+                        s * c
+                    )
+                    .into());
+                }
+                None => {
+                    return Err(format!(
+                        "unknown --parallel `{other}` (available: data, channel, SxC)"
+                    )
+                    .into());
+                }
+            }
         }
+    };
+    let channel_blocks = grid_shape.map_or(1, |(_, c)| c);
+    if channel_blocks > 1 && (args.checkpoint.is_some() || args.resume.is_some()) {
+        return Err(
+            "--checkpoint and --resume hold a whole model; with channel parallelism each rank \
+             holds slices (not supported yet)"
+                .into(),
+        );
     }
     // Rank 0 talks; the other ranks train silently.
     macro_rules! say {
@@ -273,8 +308,22 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             _ => Ok(()),
         }
     };
-    let (report, _) = if args.parallel.is_some() {
-        let mut dp = DataParallel::new(&world);
+    let (report, _) = if let Some((samples, channels)) = grid_shape {
+        let grid = ProcessorGrid::new(&world, samples, channels)?;
+        let part = grid.coords().1;
+        let (channel_comm, sample_comm) = grid.into_comms();
+        let registration = register(channel_comm);
+        if channels > 1 {
+            let (split, plan) = channel_parallel(model, registration.handle(), channels, part)?;
+            model = split;
+            say!(
+                "{samples}×{channels} grid: channel parallel {:?}, filter parallel {:?}, whole {:?}",
+                plan.channel,
+                plan.filter,
+                plan.whole
+            );
+        }
+        let mut dp = DataParallel::new(&sample_comm);
         dp.broadcast_model(&mut model)?;
         fit_with(
             &mut model,

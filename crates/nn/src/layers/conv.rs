@@ -235,6 +235,17 @@ impl Conv {
         Some(Choice { algo, preset })
     }
 
+    /// The layer's hyper-parameters.
+    pub fn config(&self) -> &ConvConfig {
+        &self.cfg
+    }
+
+    /// The algorithm the layer was built with (`Auto` stays `Auto`; see
+    /// [`algorithm_in_use`](Conv::algorithm_in_use)).
+    pub fn algorithm(&self) -> ConvAlgo {
+        self.algo
+    }
+
     /// The algorithm the layer runs for its current input shape (after the first forward), e.g.
     /// what `Auto` measured.
     pub fn algorithm_in_use(&self) -> Option<ConvAlgo> {

@@ -1,0 +1,566 @@
+//! Distributed layers as [`nn::Layer`]s, and the model transform that makes a model channel
+//! parallel.
+//!
+//! A layer is `Send` (a model may move between threads) and an MPI communicator is not: it
+//! belongs to the thread that uses it (MPI's funneled threading). So a distributed layer does not
+//! own its communicator. The communicator is [`register`]ed with the current thread, which keeps
+//! it until the returned [`Registration`] drops, and the layer holds a [`CommHandle`], a `Send`
+//! name for it that resolves only on that thread. Used anywhere else, or after the registration
+//! is gone, the layer fails with [`DistError::CommHandle`] instead of calling MPI from the wrong
+//! thread.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::{self, ThreadId};
+
+use nn::{Conv, Layer, MaxPool, NnError, Parameter, Relu, Sequential, Tensor};
+
+use crate::channel_conv::{ChannelParallelConv, FilterParallelConv, from_blocks};
+use crate::comm::Communicator;
+use crate::error::{DistError, Result};
+use crate::runtime::World;
+
+thread_local! {
+    static REGISTRY: RefCell<HashMap<usize, Rc<World>>> = RefCell::new(HashMap::new());
+}
+
+static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
+
+/// Keeps a communicator registered with the current thread; dropping it unregisters (and drops)
+/// the communicator, so MPI can finalise when the [`crate::Runtime`] goes. Not `Send`.
+pub struct Registration {
+    handle: CommHandle,
+    _thread_bound: PhantomData<*const ()>,
+}
+
+/// Registers `comm` with the current thread for the distributed layers built from
+/// [`Registration::handle`].
+pub fn register(comm: World) -> Registration {
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    REGISTRY.with(|r| r.borrow_mut().insert(id, Rc::new(comm)));
+    Registration {
+        handle: CommHandle {
+            id,
+            thread: thread::current().id(),
+        },
+        _thread_bound: PhantomData,
+    }
+}
+
+impl Registration {
+    /// The handle distributed layers keep.
+    pub fn handle(&self) -> CommHandle {
+        self.handle
+    }
+
+    /// The registered communicator.
+    pub fn comm(&self) -> Rc<World> {
+        self.handle
+            .get()
+            .expect("a registration's communicator stays registered on its thread")
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        REGISTRY.with(|r| r.borrow_mut().remove(&self.handle.id));
+    }
+}
+
+/// A `Send` name for a communicator registered with one thread ([`register`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommHandle {
+    id: usize,
+    thread: ThreadId,
+}
+
+impl CommHandle {
+    /// The communicator, on the thread that registered it while the registration lives.
+    ///
+    /// Errors: [`DistError::CommHandle`] on another thread or after the registration dropped.
+    pub fn get(&self) -> Result<Rc<World>> {
+        if thread::current().id() != self.thread {
+            return Err(DistError::CommHandle(format!(
+                "communicator registered on {:?} used on {:?}: run a distributed model on the \
+                 thread that registered its communicator",
+                self.thread,
+                thread::current().id()
+            )));
+        }
+        REGISTRY
+            .with(|r| r.borrow().get(&self.id).cloned())
+            .ok_or_else(|| {
+                DistError::CommHandle(
+                    "the communicator's registration was dropped before its layers".into(),
+                )
+            })
+    }
+}
+
+/// A distributed operator: forward and backward are collective over a communicator. [`Bound`]
+/// makes one an [`nn::Layer`].
+pub trait DistLayer: Send + 'static {
+    /// A short description, e.g. `ChannelParallel(Conv2d(64→64, …), block 1 of 2)`.
+    fn describe(&self) -> String;
+    /// [`nn::Layer::forward`], collective over `comm`.
+    fn forward(&mut self, comm: &World, x: Tensor, train: bool) -> Result<Tensor>;
+    /// [`nn::Layer::backward`], collective over `comm`.
+    fn backward(&mut self, comm: &World, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>>;
+    /// The parameters this rank holds, with PyTorch's names.
+    fn params(&self) -> Vec<(String, &Parameter)>;
+    /// The same, mutable.
+    fn params_mut(&mut self) -> Vec<(String, &mut Parameter)>;
+    /// This rank's output sample shape for this rank's input sample shape (no batch axis).
+    fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>>;
+}
+
+/// A [`DistLayer`] bound to a registered communicator: an [`nn::Layer`] that can sit in a
+/// [`Sequential`] beside ordinary layers.
+pub struct Bound<L: DistLayer> {
+    layer: L,
+    comm: CommHandle,
+}
+
+impl<L: DistLayer> Bound<L> {
+    /// `layer` running its collectives over the communicator of `comm`.
+    pub fn new(layer: L, comm: CommHandle) -> Self {
+        Bound { layer, comm }
+    }
+
+    /// The distributed operator.
+    pub fn inner(&self) -> &L {
+        &self.layer
+    }
+
+    fn run<T>(&mut self, f: impl FnOnce(&mut L, &World) -> Result<T>) -> nn::Result<T> {
+        let describe = || self.layer.describe();
+        let comm = self.comm.get().map_err(|e| to_nn(describe(), e))?;
+        f(&mut self.layer, &comm).map_err(|e| to_nn(self.layer.describe(), e))
+    }
+}
+
+/// A `dist` error as the `nn` error of layer `layer` (an `nn` error passes through unchanged).
+fn to_nn(layer: String, e: DistError) -> NnError {
+    match e {
+        DistError::Nn(e) => e,
+        e => NnError::Layer {
+            layer,
+            source: Box::new(e),
+        },
+    }
+}
+
+impl<L: DistLayer> Layer for Bound<L> {
+    fn describe(&self) -> String {
+        self.layer.describe()
+    }
+
+    fn forward(&mut self, x: Tensor, train: bool) -> nn::Result<Tensor> {
+        self.run(|l, c| l.forward(c, x, train))
+    }
+
+    fn backward(&mut self, dy: Tensor, need_dx: bool) -> nn::Result<Option<Tensor>> {
+        self.run(|l, c| l.backward(c, dy, need_dx))
+    }
+
+    fn params(&self) -> Vec<(String, &Parameter)> {
+        self.layer.params()
+    }
+
+    fn params_mut(&mut self) -> Vec<(String, &mut Parameter)> {
+        self.layer.params_mut()
+    }
+
+    fn output_shape(&self, input: &[usize]) -> nn::Result<Vec<usize>> {
+        self.layer
+            .output_shape(input)
+            .map_err(|e| to_nn(self.layer.describe(), e))
+    }
+}
+
+/// From a tensor every rank holds whole (`N × C × spatial`) to this rank's block of channels
+/// (`N × C/parts × spatial`): local in forward; backward allgathers the blocks of `dy` into
+/// the whole `dx`, which every rank then holds.
+#[derive(Debug, Clone)]
+pub struct ChannelScatter {
+    parts: usize,
+    part: usize,
+}
+
+/// From this rank's block of channels to the whole tensor on every rank: forward allgathers;
+/// backward keeps this rank's block of `dy` (every rank holds the same whole `dy`).
+#[derive(Debug, Clone)]
+pub struct ChannelGather {
+    parts: usize,
+    part: usize,
+}
+
+impl ChannelScatter {
+    /// Block `part` of `parts`.
+    ///
+    /// Errors: [`DistError::Training`] when `part >= parts`.
+    pub fn new(parts: usize, part: usize) -> Result<Self> {
+        check_block(parts, part)?;
+        Ok(ChannelScatter { parts, part })
+    }
+}
+
+impl ChannelGather {
+    /// Block `part` of `parts`.
+    ///
+    /// Errors: [`DistError::Training`] when `part >= parts`.
+    pub fn new(parts: usize, part: usize) -> Result<Self> {
+        check_block(parts, part)?;
+        Ok(ChannelGather { parts, part })
+    }
+}
+
+fn check_block(parts: usize, part: usize) -> Result<()> {
+    if part >= parts {
+        return Err(DistError::Training(format!(
+            "block {part} of {parts} does not exist"
+        )));
+    }
+    Ok(())
+}
+
+/// `(n, channels, plane)` of an `N × C × spatial` shape.
+fn dims(what: &str, shape: &[usize]) -> Result<(usize, usize, usize)> {
+    if shape.len() < 2 {
+        return Err(DistError::Training(format!(
+            "{what} has shape {shape:?}, expected N × C × spatial"
+        )));
+    }
+    Ok((shape[0], shape[1], shape[2..].iter().product()))
+}
+
+/// Channel block `part` of `parts` of `t` (`N × C × plane`).
+fn block_of(t: &Tensor, parts: usize, part: usize, what: &str) -> Result<Tensor> {
+    let (n, c, plane) = dims(what, t.shape())?;
+    if !c.is_multiple_of(parts) {
+        return Err(DistError::Training(format!(
+            "{what} has {c} channels, not divisible in {parts} blocks"
+        )));
+    }
+    let cl = c / parts;
+    let mut out = Vec::with_capacity(n * cl * plane);
+    for i in 0..n {
+        out.extend_from_slice(&t.data()[(i * c + part * cl) * plane..][..cl * plane]);
+    }
+    let mut shape = t.shape().to_vec();
+    shape[1] = cl;
+    Ok(Tensor::new(&shape, out)?)
+}
+
+/// Every rank's channel block of `t` (`N × C/parts × plane`) assembled into `N × C × plane`.
+fn gather_blocks(comm: &World, t: &Tensor, parts: usize) -> Result<Tensor> {
+    if comm.size() != parts {
+        return Err(DistError::Training(format!(
+            "a gather of {parts} channel blocks run on {} ranks",
+            comm.size()
+        )));
+    }
+    let (n, cl, plane) = dims("the channel block", t.shape())?;
+    let mut gathered = vec![0.0f32; t.len() * parts];
+    comm.allgather(t.data(), &mut gathered)?;
+    let mut shape = t.shape().to_vec();
+    shape[1] = cl * parts;
+    Ok(Tensor::new(
+        &shape,
+        from_blocks(&gathered, n, cl * parts, plane, parts),
+    )?)
+}
+
+impl DistLayer for ChannelScatter {
+    fn describe(&self) -> String {
+        format!("ChannelScatter(block {} of {})", self.part + 1, self.parts)
+    }
+
+    fn forward(&mut self, _comm: &World, x: Tensor, _train: bool) -> Result<Tensor> {
+        block_of(&x, self.parts, self.part, "x")
+    }
+
+    fn backward(&mut self, comm: &World, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        // Collective whether or not this rank needs dx: every rank must take part.
+        let dx = gather_blocks(comm, &dy, self.parts)?;
+        Ok(need_dx.then_some(dx))
+    }
+
+    fn params(&self) -> Vec<(String, &Parameter)> {
+        Vec::new()
+    }
+
+    fn params_mut(&mut self) -> Vec<(String, &mut Parameter)> {
+        Vec::new()
+    }
+
+    fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>> {
+        match input.first() {
+            Some(&c) if c.is_multiple_of(self.parts) => {
+                let mut out = input.to_vec();
+                out[0] = c / self.parts;
+                Ok(out)
+            }
+            _ => Err(DistError::Training(format!(
+                "ChannelScatter: input {input:?} has no channel count divisible by {}",
+                self.parts
+            ))),
+        }
+    }
+}
+
+impl DistLayer for ChannelGather {
+    fn describe(&self) -> String {
+        format!("ChannelGather(block {} of {})", self.part + 1, self.parts)
+    }
+
+    fn forward(&mut self, comm: &World, x: Tensor, _train: bool) -> Result<Tensor> {
+        gather_blocks(comm, &x, self.parts)
+    }
+
+    fn backward(&mut self, _comm: &World, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        need_dx
+            .then(|| block_of(&dy, self.parts, self.part, "dy"))
+            .transpose()
+    }
+
+    fn params(&self) -> Vec<(String, &Parameter)> {
+        Vec::new()
+    }
+
+    fn params_mut(&mut self) -> Vec<(String, &mut Parameter)> {
+        Vec::new()
+    }
+
+    fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>> {
+        let mut out = input.to_vec();
+        match out.first_mut() {
+            Some(c) => {
+                *c *= self.parts;
+                Ok(out)
+            }
+            None => Err(DistError::Training(
+                "ChannelGather: an input sample has no channel axis".into(),
+            )),
+        }
+    }
+}
+
+impl DistLayer for ChannelParallelConv {
+    fn describe(&self) -> String {
+        let (parts, part) = self.block();
+        format!(
+            "ChannelParallel({}, block {} of {parts})",
+            self.local().describe(),
+            part + 1
+        )
+    }
+
+    fn forward(&mut self, comm: &World, x: Tensor, train: bool) -> Result<Tensor> {
+        ChannelParallelConv::forward(self, comm, x, train)
+    }
+
+    fn backward(&mut self, comm: &World, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        ChannelParallelConv::backward(self, comm, dy, need_dx)
+    }
+
+    fn params(&self) -> Vec<(String, &Parameter)> {
+        ChannelParallelConv::params(self)
+    }
+
+    fn params_mut(&mut self) -> Vec<(String, &mut Parameter)> {
+        ChannelParallelConv::params_mut(self)
+    }
+
+    fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>> {
+        // The local convolution maps the input block to every output channel; the
+        // reduce-scatter leaves this rank its block of them.
+        let mut out = self.local().output_shape(input)?;
+        out[0] /= self.block().0;
+        Ok(out)
+    }
+}
+
+impl DistLayer for FilterParallelConv {
+    fn describe(&self) -> String {
+        let (parts, part) = self.block();
+        format!(
+            "FilterParallel({}, block {} of {parts})",
+            self.local().describe(),
+            part + 1
+        )
+    }
+
+    fn forward(&mut self, comm: &World, x: Tensor, train: bool) -> Result<Tensor> {
+        FilterParallelConv::forward(self, comm, x, train)
+    }
+
+    fn backward(&mut self, comm: &World, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        FilterParallelConv::backward(self, comm, dy, need_dx)
+    }
+
+    fn params(&self) -> Vec<(String, &Parameter)> {
+        FilterParallelConv::params(self)
+    }
+
+    fn params_mut(&mut self) -> Vec<(String, &mut Parameter)> {
+        FilterParallelConv::params_mut(self)
+    }
+
+    fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>> {
+        // The allgather brings every input channel; the local convolution makes this rank's
+        // block of filters.
+        let mut whole = input.to_vec();
+        if let Some(c) = whole.first_mut() {
+            *c *= self.block().0;
+        }
+        Ok(self.local().output_shape(&whole)?)
+    }
+}
+
+/// How [`channel_parallel`] distributed a model: the layers it replaced.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChannelPlan {
+    /// Names of the convolutions run channel parallel (stationary-x).
+    pub channel: Vec<String>,
+    /// Names of the convolutions run filter parallel (stationary-y).
+    pub filter: Vec<String>,
+    /// Names of the convolutions left whole (their channel counts do not divide in blocks).
+    pub whole: Vec<String>,
+}
+
+/// `model` (a flat [`Sequential`]: LeNet, VGG, C3D) as block `part` of `parts` of a channel
+/// parallel model over the communicator of `comm` (a [`crate::ProcessorGrid`] row), every rank
+/// of it passing the same model (same seed) and, in training, the same samples.
+///
+/// Runs of top-level convolutions whose input and output channels divide in `parts` blocks,
+/// with the ReLUs and max-pools between them (channel-wise, so they work on blocks), are split:
+/// a [`ChannelScatter`] before the run, convolutions alternating between [`ChannelParallelConv`]
+/// (stationary-x) and [`FilterParallelConv`] (stationary-y) as "Channel and Filter
+/// Parallelism for Large-Scale CNN Training" pairs them (either takes and leaves channel
+/// blocks), and a [`ChannelGather`] after it. Every other layer (the first convolution of 1 or 3
+/// channels, batch norm, residual blocks, the classifier) runs whole and identically on every
+/// rank. Parameter names are kept, each rank holding its slice of a split layer's tensors.
+///
+/// Errors: [`DistError::Training`] when `part >= parts` or `model` is a block without an input
+/// shape; [`DistError::Nn`] when the rebuilt model does not accept the shapes.
+pub fn channel_parallel(
+    model: Sequential,
+    comm: CommHandle,
+    parts: usize,
+    part: usize,
+) -> Result<(Sequential, ChannelPlan)> {
+    check_block(parts, part)?;
+    let input = model.input_shape().to_vec();
+    if input.is_empty() {
+        return Err(DistError::Training(
+            "channel_parallel takes a model with an input shape, not a block".into(),
+        ));
+    }
+    let mut out = Sequential::new(&input);
+    let mut plan = ChannelPlan::default();
+    let mut split = false;
+    let mut stationary_x = true;
+    let splittable = |conv: &Conv| {
+        let c = conv.config();
+        parts > 1 && c.in_channels.is_multiple_of(parts) && c.out_channels.is_multiple_of(parts)
+    };
+    for (name, layer) in model.into_layers() {
+        let conv = layer.downcast_ref::<Conv>();
+        let channel_wise =
+            layer.downcast_ref::<Relu>().is_some() || layer.downcast_ref::<MaxPool>().is_some();
+        match conv {
+            Some(conv) if splittable(conv) => {
+                if !split {
+                    out = out.push_boxed(
+                        &format!("{name}_scatter"),
+                        Box::new(Bound::new(ChannelScatter::new(parts, part)?, comm)),
+                    )?;
+                    split = true;
+                    stationary_x = true;
+                }
+                let cfg = conv.config().clone();
+                let algo = conv.algorithm();
+                let boxed: Box<dyn Layer> = if stationary_x {
+                    plan.channel.push(name.clone());
+                    let l = ChannelParallelConv::from_conv(conv, cfg, algo, parts, part)?;
+                    Box::new(Bound::new(l, comm))
+                } else {
+                    plan.filter.push(name.clone());
+                    let l = FilterParallelConv::from_conv(conv, cfg, algo, parts, part)?;
+                    Box::new(Bound::new(l, comm))
+                };
+                stationary_x = !stationary_x;
+                out = out.push_boxed(&name, boxed)?;
+                continue;
+            }
+            Some(_) => plan.whole.push(name.clone()),
+            None => {}
+        }
+        if split && !channel_wise {
+            out = out.push_boxed(
+                &format!("{name}_gather"),
+                Box::new(Bound::new(ChannelGather::new(parts, part)?, comm)),
+            )?;
+            split = false;
+        }
+        out = out.push_boxed(&name, layer)?;
+    }
+    if split {
+        out = out.push_boxed(
+            "gather",
+            Box::new(Bound::new(ChannelGather::new(parts, part)?, comm)),
+        )?;
+    }
+    Ok((out, plan))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::single::SingleProcess;
+
+    #[test]
+    fn a_handle_resolves_only_on_its_thread_and_while_registered() {
+        let reg = register(World::Single(SingleProcess));
+        let h = reg.handle();
+        assert_eq!(h.get().unwrap().size(), 1);
+        let other = thread::spawn(move || h.get().map(|_| ())).join().unwrap();
+        assert!(
+            matches!(other, Err(DistError::CommHandle(ref m)) if m.contains("used on")),
+            "{other:?}"
+        );
+        drop(reg);
+        assert!(matches!(h.get(), Err(DistError::CommHandle(_))));
+    }
+
+    #[test]
+    fn scatter_then_gather_is_the_identity_on_one_block() {
+        let reg = register(World::Single(SingleProcess));
+        let t = Tensor::new(&[2, 3, 2], (0..12).map(|v| v as f32).collect()).unwrap();
+        let mut s = Bound::new(ChannelScatter::new(1, 0).unwrap(), reg.handle());
+        let mut g = Bound::new(ChannelGather::new(1, 0).unwrap(), reg.handle());
+        let y = g
+            .forward(s.forward(t.clone(), true).unwrap(), true)
+            .unwrap();
+        assert_eq!(y, t);
+        let dx = s
+            .backward(g.backward(t.clone(), true).unwrap().unwrap(), true)
+            .unwrap()
+            .unwrap();
+        assert_eq!(dx, t);
+    }
+
+    #[test]
+    fn block_of_takes_each_samples_channel_block() {
+        let t = Tensor::new(&[2, 4, 1], (0..8).map(|v| v as f32).collect()).unwrap();
+        let b = block_of(&t, 2, 1, "t").unwrap();
+        assert_eq!(b.shape(), &[2, 2, 1]);
+        assert_eq!(b.data(), &[2.0, 3.0, 6.0, 7.0]);
+        assert!(block_of(&t, 3, 0, "t").is_err());
+        assert!(ChannelScatter::new(2, 2).is_err());
+    }
+}

@@ -1,0 +1,155 @@
+//! Multi-rank test of a channel-parallel model in training: under `mpirun -np N` (`cargo xtask
+//! test` runs N = 1, 2, 4), for every `samples × channels` processor grid of N ranks, a small CNN
+//! made channel parallel by `dist::channel_parallel` (over the grid row) and trained with
+//! `DataParallel` (over the grid column) takes the same steps as the whole model trained on one
+//! process: equal losses at every step and equal logits afterwards. One PASS line per rank; the
+//! first failed check aborts the job.
+
+use dist::{
+    ChannelPlan, Communicator, DataParallel, ProcessorGrid, Runtime, World, channel_parallel,
+    register,
+};
+use nn::{
+    Conv, ConvAlgo, ConvConfig, Flatten, Linear, MaxPool, Relu, Sequential, Sgd, Tensor, local_step,
+};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+/// 3×10×9 samples, 5 classes: a whole stem (3 channels), a split run of three convolutions with
+/// a max-pool inside (8 → 8 → 16 → 8 channels: stationary x, y, x), the classifier whole.
+fn model(algo: ConvAlgo, seed: u64) -> nn::Result<Sequential> {
+    let rng = &mut SmallRng::seed_from_u64(seed);
+    Sequential::new(&[3, 10, 9])
+        .push(Conv::new(
+            ConvConfig::conv2d(3, 8, 3).padding(1),
+            algo,
+            rng,
+        )?)?
+        .push(Relu::new())?
+        .push(Conv::new(
+            ConvConfig::conv2d(8, 8, 3).padding(1),
+            algo,
+            rng,
+        )?)?
+        .push(Relu::new())?
+        .push(MaxPool::new(2, 2)?)?
+        .push(Conv::new(
+            ConvConfig::conv2d(8, 16, 3).padding(1),
+            algo,
+            rng,
+        )?)?
+        .push(Relu::new())?
+        .push(Conv::new(ConvConfig::conv2d(16, 8, 3), algo, rng)?)?
+        .push(Relu::new())?
+        .push(Flatten::new())?
+        .push(Linear::new(8 * 3 * 2, 5, rng)?)
+}
+
+fn batch(n: usize, seed: u64) -> (Tensor, Vec<usize>) {
+    let rng = &mut SmallRng::seed_from_u64(seed);
+    let x = (0..n * 3 * 10 * 9)
+        .map(|_| rng.random_range(-1.0f32..1.0))
+        .collect();
+    let labels = (0..n).map(|_| rng.random_range(0..5)).collect();
+    (Tensor::new(&[n, 3, 10, 9], x).unwrap(), labels)
+}
+
+fn close(what: &str, got: &[f32], want: &[f32]) -> Result<(), String> {
+    let scale = want.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    if got.len() != want.len() || worst > 2e-5 * scale {
+        return Err(format!(
+            "{what}: differs by {worst} (scale {scale}, {} vs {} values)",
+            got.len(),
+            want.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Trains both models for a few steps on grid `samples × channels`; the number of checks.
+fn run(world: &World, samples: usize, channels: usize) -> Result<usize, String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let algo = ConvAlgo::Convgemm;
+    let grid = ProcessorGrid::new(world, samples, channels).map_err(|x| e(&x))?;
+    let part = grid.coords().1;
+    let (channel_comm, sample_comm) = grid.into_comms();
+    let reg = register(channel_comm);
+    let (mut split, plan) = channel_parallel(
+        model(algo, 7).map_err(|x| e(&x))?,
+        reg.handle(),
+        channels,
+        part,
+    )
+    .map_err(|x| e(&x))?;
+    let want_plan = if channels == 1 {
+        ChannelPlan {
+            whole: ["0", "2", "5", "7"].map(String::from).to_vec(),
+            ..ChannelPlan::default()
+        }
+    } else {
+        ChannelPlan {
+            channel: vec!["2".into(), "7".into()],
+            filter: vec!["5".into()],
+            whole: vec!["0".into()],
+        }
+    };
+    if plan != want_plan {
+        return Err(format!("plan {plan:?}, expected {want_plan:?}"));
+    }
+    let mut whole = model(algo, 7).map_err(|x| e(&x))?;
+    let mut opt_split = Sgd::new(0.3, 0.9, 5e-4).map_err(|x| e(&x))?;
+    let mut opt_whole = opt_split.clone();
+    let mut dp = DataParallel::new(&sample_comm);
+    let mut checks = 0;
+    for step in 0..3 {
+        let (x, labels) = batch(12, 100 + step);
+        let got = dp
+            .step(&mut split, &mut opt_split, &x, &labels)
+            .map_err(|x| e(&x))?;
+        let want = local_step(&mut whole, &mut opt_whole, x, &labels)
+            .map_err(|x| e(&x))?
+            .loss;
+        close(&format!("loss of step {step}"), &[got], &[want])?;
+        checks += 1;
+    }
+    let (x, _) = batch(5, 999);
+    let got = split.forward(x.clone(), false).map_err(|x| e(&x))?;
+    let want = whole.forward(x, false).map_err(|x| e(&x))?;
+    close("logits after training", got.data(), want.data())?;
+    Ok(checks + 1)
+}
+
+fn main() {
+    let runtime = match Runtime::init() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("mpi_channel_model: FAIL: cannot initialise MPI: {e}");
+            std::process::exit(1);
+        }
+    };
+    let world = runtime.world();
+    let size = world.size();
+    let mut checks = 0;
+    for channels in (1..=size).filter(|c| size % c == 0) {
+        match run(&world, size / channels, channels) {
+            Ok(n) => checks += n,
+            Err(what) => {
+                eprintln!(
+                    "mpi_channel_model: rank {}/{size}: FAIL: grid {}×{channels}: {what}",
+                    world.rank(),
+                    size / channels,
+                );
+                world.abort(1);
+            }
+        }
+    }
+    println!(
+        "mpi_channel_model: rank {}/{size}: PASS ({checks} checks)",
+        world.rank()
+    );
+}
