@@ -53,8 +53,8 @@ pub use data::Dataset;
 pub use error::{NnError, Result};
 pub use layer::{AsAny, GradReady, Layer, Parameter};
 pub use layers::{
-    BasicBlock, BatchNorm, Conv, ConvAlgo, ConvConfig, Dropout, Flatten, GlobalAvgPool, Linear,
-    MaxPool, Relu, Residual,
+    AdaptiveAvgPool, BasicBlock, BatchNorm, Conv, ConvAlgo, ConvConfig, Dropout, Flatten,
+    GlobalAvgPool, Linear, MaxPool, Relu, Residual,
 };
 pub use loss::cross_entropy;
 pub use model::{MODELS, ModelOptions, Sequential, build, build_with};

@@ -6,8 +6,8 @@ use rand::{RngCore, SeedableRng};
 use crate::error::{NnError, Result};
 use crate::layer::{GradReady, Layer, Parameter, prefixed};
 use crate::layers::{
-    BasicBlock, BatchNorm, Conv, ConvAlgo, ConvConfig, Dropout, Flatten, GlobalAvgPool, Linear,
-    MaxPool, Relu, Residual,
+    AdaptiveAvgPool, BasicBlock, BatchNorm, Conv, ConvAlgo, ConvConfig, Dropout, Flatten,
+    GlobalAvgPool, Linear, MaxPool, Relu, Residual,
 };
 use crate::tensor::Tensor;
 
@@ -327,10 +327,9 @@ pub fn build(name: &str, algo: ConvAlgo, seed: u64) -> Result<Sequential> {
 /// pad 1, four stages of basic (18, 34: 2-2-2-2 and 3-4-6-3 blocks) or bottleneck (50: 3-4-6-3)
 /// blocks, global average pooling, fully connected. Any input of at least 32×32 works.
 ///
-/// `vgg-a`: torchvision's `vgg11` (configuration A: eight 3×3 convolutions, five max-pools) with
-/// its classifier 25088→4096→4096→classes, ReLU and dropout 0.5, on 3×224×224 inputs and 1000
-/// classes. Its classifier needs 7×7 features (inputs of 224-255 pixels): torchvision's adaptive
-/// average pooling to 7×7 is the identity there and is not implemented for other sizes.
+/// `vgg-a`: torchvision's `vgg11` (configuration A: eight 3×3 convolutions, five max-pools,
+/// adaptive average pooling to 7×7) with its classifier 25088→4096→4096→classes, ReLU and
+/// dropout 0.5, on 3×224×224 inputs and 1000 classes; any input of at least 32×32 works.
 ///
 /// `c3d`: C3D (Tran et al., 2015) on 3×16×112×112 clips and the 487 classes of Sports-1M: eight
 /// 3×3×3 convolutions (pad 1) with ReLU (`conv1`, `conv2`, `conv3a/b`, `conv4a/b`, `conv5a/b`:
@@ -531,6 +530,7 @@ fn vgg_a(
         .push(Linear::new(4096, classes, rng)?)?;
     Sequential::new(input)
         .push_named("features", features)?
+        .push_named("avgpool", AdaptiveAvgPool::new(&[7, 7])?)?
         .push_named("flatten", Flatten::new())?
         .push_named("classifier", classifier)
 }

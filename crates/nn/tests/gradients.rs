@@ -3,8 +3,8 @@
 //! every parameter, on odd sizes, strides, padding, 1D/2D/3D and every convolution algorithm.
 
 use nn::{
-    BasicBlock, BatchNorm, Conv, ConvAlgo, ConvConfig, Dropout, Flatten, GlobalAvgPool, Layer,
-    Linear, MaxPool, Relu, Sequential, Tensor, cross_entropy,
+    AdaptiveAvgPool, BasicBlock, BatchNorm, Conv, ConvAlgo, ConvConfig, Dropout, Flatten,
+    GlobalAvgPool, Layer, Linear, MaxPool, Relu, Sequential, Tensor, cross_entropy,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -720,4 +720,77 @@ fn dropout_scales_survivors_and_routes_gradients_through_them() {
     }
     assert!(d.backward(dy, true).is_err(), "backward twice");
     assert!(Dropout::new(1.0, 0).is_err() && Dropout::new(-0.1, 0).is_err());
+}
+
+#[test]
+fn adaptive_avg_pool_against_the_definition_and_by_finite_differences() {
+    let rng = &mut SmallRng::seed_from_u64(21);
+    // (input shape, output size): dividing, overlapping (5 → 3), growing (3 → 5), 1D and 3D.
+    let cases: [(&[usize], &[usize]); 5] = [
+        (&[2, 3, 8, 6], &[4, 3]),
+        (&[1, 2, 5, 7], &[3, 3]),
+        (&[2, 1, 3, 4], &[5, 2]),
+        (&[2, 3, 9], &[4]),
+        (&[1, 2, 5, 4, 3], &[2, 3, 2]),
+    ];
+    for (i, (shape, out)) in cases.into_iter().enumerate() {
+        let x = random(shape, rng);
+        let mut pool = AdaptiveAvgPool::new(out).unwrap();
+        let y = pool.forward(x.clone(), false).unwrap();
+        let want = naive_adaptive_avg(&x, out);
+        assert_eq!(y.shape(), want.shape(), "case {i}");
+        for (a, b) in y.data().iter().zip(want.data()) {
+            assert!(
+                (a - b).abs() <= 1e-6 * (1.0 + b.abs()),
+                "case {i}: {a} vs {b}"
+            );
+        }
+        check(&mut pool, x, 300 + i as u64);
+    }
+    assert!(AdaptiveAvgPool::new(&[]).is_err());
+    assert!(AdaptiveAvgPool::new(&[7, 0]).is_err());
+    let mut pool = AdaptiveAvgPool::new(&[2, 2]).unwrap();
+    assert!(pool.forward(random(&[1, 2, 4], rng), false).is_err());
+}
+
+/// PyTorch's definition, one output value at a time: the mean over
+/// `floor(i·n/m) .. ceil((i+1)·n/m)` in every spatial dimension.
+fn naive_adaptive_avg(x: &Tensor, out: &[usize]) -> Tensor {
+    let shape = x.shape();
+    let spatial = &shape[2..];
+    let planes = shape[0] * shape[1];
+    let in_plane: usize = spatial.iter().product();
+    let out_plane: usize = out.iter().product();
+    let mut y = Vec::new();
+    for p in 0..planes {
+        for o in 0..out_plane {
+            // The output multi-index of o, last dimension fastest.
+            let mut rem = o;
+            let mut idx = vec![0; out.len()];
+            for d in (0..out.len()).rev() {
+                idx[d] = rem % out[d];
+                rem /= out[d];
+            }
+            let (mut sum, mut count) = (0.0f64, 0usize);
+            for flat in 0..in_plane {
+                let mut rem = flat;
+                let mut inside = true;
+                for d in (0..out.len()).rev() {
+                    let v = rem % spatial[d];
+                    rem /= spatial[d];
+                    let (n, m, i) = (spatial[d], out[d], idx[d]);
+                    let (lo, hi) = (i * n / m, ((i + 1) * n + m - 1) / m);
+                    inside &= lo <= v && v < hi;
+                }
+                if inside {
+                    sum += x.data()[p * in_plane + flat] as f64;
+                    count += 1;
+                }
+            }
+            y.push((sum / count as f64) as f32);
+        }
+    }
+    let mut yshape = shape[..2].to_vec();
+    yshape.extend(out);
+    Tensor::new(&yshape, y).unwrap()
 }

@@ -15,6 +15,6 @@ pub use conv::{Conv, ConvAlgo, ConvConfig};
 pub use dropout::Dropout;
 pub use flatten::Flatten;
 pub use linear::Linear;
-pub use pool::MaxPool;
+pub use pool::{AdaptiveAvgPool, MaxPool};
 pub use relu::Relu;
 pub use residual::{BasicBlock, GlobalAvgPool, Residual};

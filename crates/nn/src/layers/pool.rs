@@ -277,3 +277,164 @@ fn pool_2x2(x: &[f32], w: usize, oh: usize, ow: usize, y: &mut [f32], arg: &mut 
         }
     }
 }
+
+/// Average pooling to a fixed output size, PyTorch's `AdaptiveAvgPool{1,2,3}d`: along a spatial
+/// dimension of input size `n` and output size `m`, output `i` averages inputs
+/// `⌊i·n/m⌋ .. ⌈(i+1)·n/m⌉` (windows overlap when `m` does not divide `n`); over several
+/// dimensions, the product of those ranges. torchvision's VGG ends its features with one to 7×7.
+#[derive(Debug, Clone)]
+pub struct AdaptiveAvgPool {
+    output: Vec<usize>,
+    /// The input shape, kept from a training forward.
+    saved: Option<Vec<usize>>,
+}
+
+/// The windows `[start, end)` of one dimension.
+fn adaptive_windows(n: usize, m: usize) -> Vec<(usize, usize)> {
+    (0..m)
+        .map(|i| (i * n / m, ((i + 1) * n).div_ceil(m)))
+        .collect()
+}
+
+impl AdaptiveAvgPool {
+    /// Pooling to the spatial size `output` (1 to 3 dimensions, each at least 1).
+    ///
+    /// Errors: [`NnError::Config`] for an empty or longer `output` or a zero size.
+    pub fn new(output: &[usize]) -> Result<Self> {
+        if !(1..=3).contains(&output.len()) || output.contains(&0) {
+            return Err(NnError::config(
+                "output",
+                format!("{output:?} (1 to 3 sizes, each at least 1)"),
+            ));
+        }
+        Ok(AdaptiveAvgPool {
+            output: output.to_vec(),
+            saved: None,
+        })
+    }
+
+    /// Checks `N × C × spatial` against the output rank; returns the per-dimension windows.
+    fn windows(&self, what: &'static str, shape: &[usize]) -> Result<Vec<Vec<(usize, usize)>>> {
+        let r = self.output.len();
+        if shape.len() != r + 2 || shape[2..].contains(&0) {
+            return Err(NnError::shape(
+                self.describe(),
+                what,
+                shape,
+                format!("N × C × {r} non-empty spatial dimensions"),
+            ));
+        }
+        Ok(shape[2..]
+            .iter()
+            .zip(&self.output)
+            .map(|(&n, &m)| adaptive_windows(n, m))
+            .collect())
+    }
+
+    /// Calls `f(output index, input index)` for every input position of every output window of
+    /// one plane, plus the window sizes.
+    fn for_each_window(
+        input: &[usize],
+        windows: &[Vec<(usize, usize)>],
+        mut f: impl FnMut(usize, usize, usize),
+    ) {
+        // Pad to 3 dimensions with a size-1 front.
+        let pad = 3 - input.len();
+        let dim = |d: usize| if d < pad { 1 } else { input[d - pad] };
+        let win = |d: usize, i: usize| if d < pad { (0, 1) } else { windows[d - pad][i] };
+        let out = |d: usize| if d < pad { 1 } else { windows[d - pad].len() };
+        let mut o = 0;
+        for a in 0..out(0) {
+            let (a0, a1) = win(0, a);
+            for b in 0..out(1) {
+                let (b0, b1) = win(1, b);
+                for c in 0..out(2) {
+                    let (c0, c1) = win(2, c);
+                    let count = (a1 - a0) * (b1 - b0) * (c1 - c0);
+                    for i in a0..a1 {
+                        for j in b0..b1 {
+                            let row = (i * dim(1) + j) * dim(2);
+                            for k in c0..c1 {
+                                f(o, row + k, count);
+                            }
+                        }
+                    }
+                    o += 1;
+                }
+            }
+        }
+    }
+}
+
+impl Layer for AdaptiveAvgPool {
+    fn describe(&self) -> String {
+        let dims: Vec<String> = self.output.iter().map(|d| d.to_string()).collect();
+        format!("AdaptiveAvgPool{}d({})", self.output.len(), dims.join("×"))
+    }
+
+    fn forward(&mut self, x: Tensor, train: bool) -> Result<Tensor> {
+        let shape = x.shape().to_vec();
+        let windows = self.windows("x", &shape)?;
+        let (plane, out_plane) = (
+            shape[2..].iter().product::<usize>(),
+            self.output.iter().product::<usize>(),
+        );
+        let mut y = vec![0.0f32; shape[0] * shape[1] * out_plane];
+        for (xp, yp) in x
+            .data()
+            .chunks_exact(plane)
+            .zip(y.chunks_exact_mut(out_plane))
+        {
+            Self::for_each_window(&shape[2..], &windows, |o, i, count| {
+                yp[o] += xp[i] / count as f32;
+            });
+        }
+        let mut yshape = shape[..2].to_vec();
+        yshape.extend(&self.output);
+        if train {
+            self.saved = Some(shape);
+        }
+        Tensor::new(&yshape, y)
+    }
+
+    fn backward(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        let shape = self.saved.take().ok_or_else(|| NnError::NoForward {
+            layer: self.describe(),
+        })?;
+        let mut want = shape[..2].to_vec();
+        want.extend(&self.output);
+        if dy.shape() != want.as_slice() {
+            return Err(NnError::shape(
+                self.describe(),
+                "dy",
+                dy.shape(),
+                format!("{want:?}"),
+            ));
+        }
+        if !need_dx {
+            return Ok(None);
+        }
+        let windows = self.windows("x", &shape)?;
+        let plane: usize = shape[2..].iter().product();
+        let out_plane: usize = self.output.iter().product();
+        let mut dx = vec![0.0f32; shape[0] * shape[1] * plane];
+        for (dxp, dyp) in dx
+            .chunks_exact_mut(plane)
+            .zip(dy.data().chunks_exact(out_plane))
+        {
+            Self::for_each_window(&shape[2..], &windows, |o, i, count| {
+                dxp[i] += dyp[o] / count as f32;
+            });
+        }
+        Ok(Some(Tensor::new(&shape, dx)?))
+    }
+
+    fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>> {
+        let mut shape = vec![1];
+        shape.extend(input);
+        self.windows("input", &shape)?;
+        let mut out = vec![input[0]];
+        out.extend(&self.output);
+        Ok(out)
+    }
+}
