@@ -779,7 +779,10 @@ fn naive_adaptive_avg(x: &Tensor, out: &[usize]) -> Tensor {
                     let v = rem % spatial[d];
                     rem /= spatial[d];
                     let (n, m, i) = (spatial[d], out[d], idx[d]);
-                    let (lo, hi) = (i * n / m, ((i + 1) * n + m - 1) / m);
+                    // The first input position at or after i·n/m, and the first at or after
+                    // (i + 1)·n/m, in exact arithmetic.
+                    let lo = (0..n).rfind(|&v| v * m <= i * n).unwrap();
+                    let hi = (0..=n).find(|&v| v * m >= (i + 1) * n).unwrap();
                     inside &= lo <= v && v < hi;
                 }
                 if inside {
