@@ -43,10 +43,11 @@ struct Scratch {
     planes: Vec<usize>,
 }
 
-/// A tap of a `FIXED`-wide panel (stride 1) whose readable positions all lie on one straight
-/// stretch of a channel plane: the row is `FIXED` values copied from `base` (relative to the
-/// plane of the panel's image, `base + FIXED <= plane length`), then the positions in `mask`
-/// (which fall in the padding, or read across a line end) set to zero.
+/// A tap of a `FIXED`-wide panel (stride 1 or 2) whose readable positions all lie on one
+/// straight stretch of a channel plane: the row is `FIXED` values copied from `base` on, every
+/// `stride`-th (relative to the plane of the panel's image, `base + stride·FIXED <= plane
+/// length`), then the positions in `mask` (which fall in the padding, or read across a line
+/// end) set to zero.
 #[derive(Clone, Copy, Default)]
 struct Lin {
     ok: bool,
@@ -186,10 +187,10 @@ impl Im2colB<'_> {
                     s.full.extend(ss.chunks_exact(e.count).map(|t| {
                         w == nr && t.iter().zip(rr).all(|(g, r)| g.lo == 0 && g.hi == r.len)
                     }));
-                    let fixed = w == nr && nr == FIXED && stride == 1;
+                    let fixed = w == nr && nr == FIXED && (stride == 1 || stride == 2);
                     s.lin.extend(ss.chunks_exact(e.count).map(|t| {
                         if fixed {
-                            straight(t, rr, src.plane(1) - src.plane(0))
+                            straight(t, rr, src.plane(1) - src.plane(0), stride)
                         } else {
                             Lin::default()
                         }
@@ -226,21 +227,24 @@ impl Im2colB<'_> {
                         // One straight stretch of the plane: a fixed-size copy per channel,
                         // then the few padded positions zeroed.
                         let at = from0 + lin.base;
-                        debug_assert!(at + (rows - 1) * ilen + FIXED <= src.x.len());
+                        debug_assert!(at + (rows - 1) * ilen + stride * FIXED <= src.x.len());
                         for i in 0..rows {
                             // SAFETY: row `row0 + i·R < kc` of the panel (`kc · nr` values)
-                            // holds `nr = FIXED` values; `base + FIXED` stays inside the plane
-                            // of channel `c_lo + i` of the panel's image (`straight`), inside x;
-                            // mask bits are below FIXED.
+                            // holds `nr = FIXED` values; `base + stride·FIXED` stays inside the
+                            // plane of channel `c_lo + i` of the panel's image (`straight`),
+                            // inside x; mask bits are below FIXED.
                             unsafe {
                                 let d = panel.as_mut_ptr().add((row0 + i * rlen) * nr);
-                                let v = src
-                                    .x
-                                    .as_ptr()
-                                    .add(at + i * ilen)
-                                    .cast::<[f32; FIXED]>()
-                                    .read_unaligned();
-                                d.cast::<[f32; FIXED]>().write_unaligned(v);
+                                let from = src.x.as_ptr().add(at + i * ilen);
+                                if stride == 1 {
+                                    let v = from.cast::<[f32; FIXED]>().read_unaligned();
+                                    d.cast::<[f32; FIXED]>().write_unaligned(v);
+                                } else {
+                                    // Every other value of 2·FIXED (`shufps` on SSE2).
+                                    let v = from.cast::<[f32; 2 * FIXED]>().read_unaligned();
+                                    let even: [f32; FIXED] = std::array::from_fn(|t| v[2 * t]);
+                                    d.cast::<[f32; FIXED]>().write_unaligned(even);
+                                }
                                 let mut m = lin.mask;
                                 while m != 0 {
                                     *d.add(m.trailing_zeros() as usize) = 0.0;
@@ -277,17 +281,19 @@ impl Im2colB<'_> {
     }
 }
 
-/// The [`Lin`] of one tap of a full `FIXED`-wide panel (stride 1) from its segments `t` (`at`
-/// relative to the panel's image) over the panel's runs `runs`, in a plane of `ilen` values.
-fn straight(t: &[Seg], runs: &[Run], ilen: usize) -> Lin {
+/// The [`Lin`] of one tap of a full `FIXED`-wide panel (stride 1 or 2) from its segments `t`
+/// (`at` relative to the panel's image) over the panel's runs `runs`, in a plane of `ilen`
+/// values: position `p` reads `base + stride·p`, and the copy reads `stride · FIXED` values.
+fn straight(t: &[Seg], runs: &[Run], ilen: usize, stride: usize) -> Lin {
     let (mut base, mut mask) = (None, 0u32);
     for (g, r) in t.iter().zip(runs) {
         for p in (r.start..r.start + g.lo).chain(r.start + g.hi..r.start + r.len) {
             mask |= 1 << p;
         }
         if g.hi > g.lo {
-            // Position `start + lo` reads `at`: the stretch starts `start + lo` earlier.
-            let b = g.at.checked_sub(r.start + g.lo);
+            // Position `start + lo` reads `at`: the stretch starts `start + lo` positions
+            // earlier.
+            let b = g.at.checked_sub((r.start + g.lo) * stride);
             match (base, b) {
                 (_, None) => return Lin::default(),
                 (None, b) => base = b,
@@ -297,7 +303,7 @@ fn straight(t: &[Seg], runs: &[Run], ilen: usize) -> Lin {
         }
     }
     match base {
-        Some(base) if base + FIXED <= ilen => Lin {
+        Some(base) if base + stride * FIXED <= ilen => Lin {
             ok: true,
             base,
             mask,
