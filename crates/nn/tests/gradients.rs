@@ -779,8 +779,7 @@ fn naive_adaptive_avg(x: &Tensor, out: &[usize]) -> Tensor {
                     let v = rem % spatial[d];
                     rem /= spatial[d];
                     let (n, m, i) = (spatial[d], out[d], idx[d]);
-                    // The first input position at or after i·n/m, and the first at or after
-                    // (i + 1)·n/m, in exact arithmetic.
+                    // floor(i·n/m) and ceil((i + 1)·n/m), found by search in exact integers.
                     let lo = (0..n).rfind(|&v| v * m <= i * n).unwrap();
                     let hi = (0..=n).find(|&v| v * m >= (i + 1) * n).unwrap();
                     inside &= lo <= v && v < hi;
