@@ -250,12 +250,33 @@ fn gather<const R: usize>(
     panel: &mut [f32],
 ) {
     let runs: [&[f32]; R] = std::array::from_fn(|x| &data[(xq + x) * sx + p0..][..kc]);
+    #[cfg(all(test, target_arch = "x86_64"))]
+    let vector = !SCALAR_GATHER.load(std::sync::atomic::Ordering::Relaxed);
+    #[cfg(all(not(test), target_arch = "x86_64"))]
+    let vector = true;
+    #[cfg(target_arch = "x86_64")]
+    if vector
+        && R.is_multiple_of(8)
+        && kc > 0
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: avx2+fma checked just above; every run holds `kc` values (sliced above), the
+        // panel `kc · R` = (kc − 1) · R + R values, and the panel (`&mut`) overlaps no run.
+        unsafe { crate::transpose::transpose_avx2(&mut panel[..kc * R], R, &runs, kc) };
+        return;
+    }
     for (p, out) in panel[..kc * R].chunks_exact_mut(R).enumerate() {
         for x in 0..R {
             out[x] = runs[x][p];
         }
     }
 }
+
+/// The tuning probe's switch back to the scalar gather (test builds only).
+#[cfg(test)]
+pub(crate) static SCALAR_GATHER: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 
 /// [`pack_panels`] for a unit x-stride and any panel width, line by line.
 #[allow(clippy::too_many_arguments)]

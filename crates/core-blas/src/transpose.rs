@@ -72,26 +72,9 @@ impl Gemm {
         match self.family {
             #[cfg(target_arch = "x86_64")]
             Family::Avx2(_) | Family::Avx512(_) if stride == 1 => {
-                let dp = dst.as_mut_ptr();
-                for (g, group) in src.chunks(8).enumerate() {
-                    let mut lanes = [std::ptr::null::<f32>(); 8];
-                    for (p, lane) in lanes.iter_mut().zip(group) {
-                        *p = lane.as_ptr();
-                    }
-                    // SAFETY: holding an Avx2/Avx512 kernel proves avx2+fma; each lane of the
-                    // group has `len` values (checked: lane_need = len); destination row t of
-                    // this group is `dst[t * ld + 8g ..][.. group.len()]`, inside `dst` (checked
-                    // above), and `dst` is a `&mut` distinct from the shared lanes.
-                    unsafe {
-                        crate::kernel::x86::transpose8_avx2(
-                            dp.add(8 * g),
-                            ld,
-                            &lanes,
-                            group.len(),
-                            len,
-                        )
-                    };
-                }
+                // SAFETY: avx2+fma (an Avx2/Avx512 kernel is held); lanes, `ld` and `dst` checked
+                // above (every lane has `len` values, `dst` has `dst_need`).
+                unsafe { transpose_avx2(dst, ld, src, len) };
             }
             _ => {
                 for t in 0..len {
@@ -115,3 +98,69 @@ pub fn transpose_lanes(
 ) -> Result<(), Error> {
     Gemm::global()?.transpose_lanes(dst, ld, src, len, stride)
 }
+
+/// The AVX2 body of [`Gemm::transpose_lanes`] (stride 1): lanes in groups of 8, each through
+/// 8 × 8 register transposes; the partial group first, with whole-row stores where they stay
+/// inside the `(len − 1) · ld + lanes` values of `dst` and `ld == lanes`.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `1 <= src.len()`, `len >= 1`, every lane holds `len` values,
+/// `ld >= src.len()` (or `len == 1`), `dst.len() >= (len − 1) · ld + src.len()`, and `dst`
+/// overlaps no lane.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn transpose_avx2(dst: &mut [f32], ld: usize, src: &[&[f32]], len: usize) {
+    let nl = src.len();
+    let dst_need = (len - 1) * ld + nl;
+    debug_assert!(dst.len() >= dst_need && src.iter().all(|l| l.len() >= len));
+    let dp = dst.as_mut_ptr();
+    // With rows packed back to back (ld = lanes), a partial group's rows may be stored
+    // whole (8 values) when that stays inside `dst`: the excess lands in the next
+    // rows, which later stores rewrite; the partial (last) group goes first so the
+    // full groups rewrite what it spilled into their columns.
+    let groups = nl.div_ceil(8);
+    let last = groups - 1;
+    let order = std::iter::once(last).chain(0..last);
+    for g in order {
+        let group = &src[8 * g..(8 * g + 8).min(nl)];
+        #[cfg(test)]
+        let spill = !NO_SPILL.load(std::sync::atomic::Ordering::Relaxed);
+        #[cfg(not(test))]
+        let spill = true;
+        let spill_rows = if spill && ld == nl && group.len() < 8 {
+            // Rows whose whole 8-value store ends inside `dst`.
+            let end = dst_need;
+            if end >= 8 * g + 8 {
+                ((end - 8 * g - 8) / ld + 1).min(len)
+            } else {
+                0
+            }
+        } else {
+            0
+        };
+        let mut lanes = [std::ptr::null::<f32>(); 8];
+        for (p, lane) in lanes.iter_mut().zip(group) {
+            *p = lane.as_ptr();
+        }
+        // SAFETY: avx2+fma per the caller; each lane of the group has `len` values;
+        // destination row t of this group is `dst[t * ld + 8g ..][.. group.len()]`, inside
+        // `dst_need`, and `dst` is a `&mut` distinct from the shared lanes. Whole-row
+        // stores (t < spill_rows) end inside `dst_need` and, with ld = nl, write
+        // only into later rows, which later stores of this call (increasing t) or
+        // of the full groups (run after this partial one) rewrite.
+        unsafe {
+            crate::kernel::x86::transpose8_avx2(
+                dp.add(8 * g),
+                ld,
+                &lanes,
+                group.len(),
+                len,
+                spill_rows,
+            )
+        };
+    }
+}
+
+/// The tuning probe's switch to masked stores only (test builds only).
+#[cfg(test)]
+pub(crate) static NO_SPILL: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);

@@ -281,3 +281,76 @@ fn probe_pack_b() {
         );
     }
 }
+
+/// Gathering packers (row-major A into MR panels, a transposed B into NR panels): the 8 × 8
+/// register transposes against the scalar gather, alternating, ns per packed value.
+#[test]
+#[ignore = "tuning probe: prints timings, asserts nothing"]
+fn probe_pack_gather() {
+    use crate::pack::{PackA, PackB, SCALAR_GATHER};
+    use std::sync::atomic::Ordering;
+    for &(m, k) in &[(32usize, 80usize), (66, 192), (414, 256)] {
+        let a: Vec<f32> = (0..m * k).map(|i| i as f32).collect();
+        let am = crate::MatRef::row_major("a", &a, m, k, k).unwrap();
+        // B (k × m) stored transposed: element (p, j) at a[j * k + p].
+        let bt = crate::MatRef::row_major("b", &a, m, k, k).unwrap().t();
+        let mut dst = vec![0.0f32; m.div_ceil(6) * 6 * k + m.div_ceil(16) * 16 * k];
+        let mut best = [f64::MAX; 4];
+        for _ in 0..5 {
+            for (vi, scalar) in [(0, false), (1, true)] {
+                SCALAR_GATHER.store(scalar, Ordering::Relaxed);
+                let reps = 2000 * 2048 / (m * k);
+                let t = cpu_secs();
+                for _ in 0..reps {
+                    am.pack_a(0, m, 0, k, 6, &mut dst);
+                }
+                best[vi] = best[vi].min((cpu_secs() - t) / (reps * m * k) as f64 * 1e9);
+                let t = cpu_secs();
+                for _ in 0..reps {
+                    bt.pack_b(0, k, 0, m, 16, &mut dst);
+                }
+                best[2 + vi] = best[2 + vi].min((cpu_secs() - t) / (reps * m * k) as f64 * 1e9);
+            }
+        }
+        SCALAR_GATHER.store(false, Ordering::Relaxed);
+        println!(
+            "A {m}x{k} row-major -> MR=6: transpose {:.3} ns/value, scalar {:.3}; B^T -> NR=16: transpose {:.3}, scalar {:.3}",
+            best[0], best[1], best[2], best[3]
+        );
+    }
+}
+
+/// `transpose_lanes` with rows back to back (ld = lanes): whole-row stores with spill against
+/// masked stores, and the scalar loop; ns per value.
+#[test]
+#[ignore = "tuning probe: prints timings, asserts nothing"]
+fn probe_transpose_spill() {
+    use crate::transpose::NO_SPILL;
+    use std::sync::atomic::Ordering;
+    let g = crate::Gemm::new(crate::Isa::Avx2).unwrap();
+    let gs = crate::Gemm::new(crate::Isa::Scalar).unwrap();
+    for &(nl, len) in &[(6usize, 37usize), (6, 224), (12, 56), (16, 56)] {
+        let data: Vec<f32> = (0..nl * len).map(|i| i as f32).collect();
+        let lanes: Vec<&[f32]> = data.chunks_exact(len).collect();
+        let mut dst = vec![0.0f32; nl * len];
+        let reps = 400_000 / (nl * len) + 1;
+        let mut best = [f64::MAX; 3];
+        for _ in 0..7 {
+            for v in 0..3 {
+                NO_SPILL.store(v == 1, Ordering::Relaxed);
+                let gg = if v == 2 { &gs } else { &g };
+                let t = cpu_secs();
+                for _ in 0..reps {
+                    gg.transpose_lanes(&mut dst, nl, &lanes, len, 1).unwrap();
+                    std::hint::black_box(&mut dst);
+                }
+                best[v] = best[v].min((cpu_secs() - t) / (reps * nl * len) as f64 * 1e9);
+            }
+        }
+        NO_SPILL.store(false, Ordering::Relaxed);
+        println!(
+            "lanes {nl} len {len}: spill {:.3} ns/value, masked {:.3}, scalar {:.3}",
+            best[0], best[1], best[2]
+        );
+    }
+}

@@ -301,13 +301,15 @@ pub(crate) unsafe fn small_a_avx2(plan: &Plan, xs: &[*const f32], ys: &[*mut f32
 /// Transpose of up to 8 lanes on 256-bit registers: `dst[t * ld + l] = lanes[l][t]` for
 /// `l < nl`, `t < len` (unit stride along each lane). Blocks of 8 × 8 are transposed in registers
 /// (8 loads, 24 shuffles, 8 stores); with `nl < 8` the missing lanes repeat lane 0 and the stores
-/// are masked to `nl` values, so nothing outside the `len × nl` window of `dst` is written. The
-/// `len % 8` tail is scalar.
+/// of rows `t >= spill_rows` are masked to `nl` values. Rows `t < spill_rows` are stored whole
+/// (8 values; masked stores are slow on Zen): the caller vouches that the `8 − nl` values past
+/// the row are writable and rewritten later (rows `ld = nl` apart written in increasing order).
+/// The `len % 8` tail is scalar.
 ///
 /// # Safety
 /// The CPU has AVX2 (the caller holds an `Avx2` or `Avx512` kernel value); `1 <= nl <= 8`;
 /// `lanes[l]` for `l < nl` points to `len` readable f32; `dst + t * ld + l` is writable for every
-/// `t < len`, `l < nl`, and overlaps no lane.
+/// `t < len`, `l < nl` (and `l < 8` when `t < spill_rows`), and overlaps no lane.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn transpose8_avx2(
     dst: *mut f32,
@@ -315,11 +317,12 @@ pub(crate) unsafe fn transpose8_avx2(
     lanes: &[*const f32; 8],
     nl: usize,
     len: usize,
+    spill_rows: usize,
 ) {
     debug_assert!((1..=8).contains(&nl));
     // SAFETY: avx2 per the caller; every load reads `t + 8 <= len` values of a lane the caller
     // vouches for (missing lanes alias lane 0); every store is masked to the `nl` columns of a
-    // destination row `t + i < len`.
+    // destination row `t + i < len`, or whole for a row `t + i < spill_rows` (caller's contract).
     unsafe {
         let src: [*const f32; 8] =
             std::array::from_fn(|l| if l < nl { lanes[l] } else { lanes[0] });
@@ -355,7 +358,7 @@ pub(crate) unsafe fn transpose8_avx2(
             ];
             for (i, v) in o.into_iter().enumerate() {
                 let d = dst.add((t + i) * ld);
-                if nl == 8 {
+                if nl == 8 || t + i < spill_rows {
                     _mm256_storeu_ps(d, v);
                 } else {
                     _mm256_maskstore_ps(d, mask, v);
