@@ -255,14 +255,38 @@ pub fn bias_grad(g: &ConvGeometry, dy: &[f32], db: &mut [f32]) -> Result<()> {
     g.check_len("dy", dy.len(), g.y_len())?;
     g.check_len("db", db.len(), g.out_channels())?;
     let (k, olen) = (g.out_channels(), g.output_spatial_len());
-    db.par_iter_mut().enumerate().for_each(|(ch, out)| {
-        // Pairwise-ish: sum each plane in f32 lanes, planes in f64.
+    let channel = |(ch, out): (usize, &mut f32)| {
+        // Each plane in LANES f32 partial sums (vectorised), those and the planes in f64.
         let mut acc = 0f64;
         for n in 0..g.batch() {
-            let plane = &dy[(n * k + ch) * olen..][..olen];
-            acc += plane.iter().sum::<f32>() as f64;
+            acc += plane_sum(&dy[(n * k + ch) * olen..][..olen]);
         }
         *out = acc as f32;
-    });
+    };
+    if rayon::current_num_threads() > 1 && dy.len() >= PAR_BIAS_GRAD_MIN {
+        db.par_iter_mut().enumerate().for_each(channel);
+    } else {
+        db.iter_mut().enumerate().for_each(channel);
+    }
     Ok(())
+}
+
+/// Lanes of [`plane_sum`]'s partial sums.
+const LANES: usize = 16;
+
+/// dy sizes from which [`bias_grad`] splits its channels across threads.
+const PAR_BIAS_GRAD_MIN: usize = 1 << 16;
+
+/// The sum of `v`: `LANES` f32 partial sums over `v`'s chunks, then the lanes and the tail in
+/// f64.
+fn plane_sum(v: &[f32]) -> f64 {
+    let mut lanes = [0f32; LANES];
+    let chunks = v.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            *l += x;
+        }
+    }
+    lanes.iter().chain(tail).map(|&x| x as f64).sum()
 }

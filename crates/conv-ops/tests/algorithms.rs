@@ -237,3 +237,32 @@ fn bad_buffers_are_named() {
     .unwrap_err();
     assert!(err.to_string().contains("`dy`"), "{err}");
 }
+
+/// The bias gradient on planes longer than its 16 partial sums (with a tail), on 1 and 2 threads
+/// (the large one splits its channels across threads), against the reference.
+#[test]
+fn bias_grad_on_long_planes() {
+    let geoms = [
+        ConvGeometry::new(3, 2, 5, &[9, 11], &[3, 3]).unwrap(),
+        ConvGeometry::new(4, 3, 8, &[50, 47], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+    ];
+    for g in &geoms {
+        let dy = uniform(7, g.y_len());
+        let mut want = vec![0f32; g.out_channels()];
+        reference::bias_grad(g, &dy, &mut want).unwrap();
+        for threads in 1..=2 {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut db = vec![f32::NAN; g.out_channels()];
+            pool.install(|| bias_grad(g, &dy, &mut db)).unwrap();
+            tol(g.batch() * g.output_spatial_len())
+                .check(&format!("{g:?} {threads} threads"), &db, &want)
+                .unwrap();
+        }
+    }
+}
