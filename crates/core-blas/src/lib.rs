@@ -16,6 +16,8 @@
 //! - [`small_a_rows`], [`small_a_strided`]: `Y := A · X` for a tiny A (at most 16 × 16) and long
 //!   rows of X and Y, vectorised, no packing (the Winograd transforms of fastconv); [`SmallA`]
 //!   prepares such an A once for many products.
+//! - [`gather_pieces`]: a vectorised gather of short strided pieces (stride 2: a deinterleave)
+//!   into a packed block, for custom packers.
 //! - [`transpose_lanes`]: a vectorised transposing copy (lanes along k into packed panel rows)
 //!   for custom packers in crates that may not use intrinsics.
 //! - [`isa()`]: the kernel in use; [`Gemm`] builds a context for a chosen family ([`Isa`]) or block
@@ -74,6 +76,7 @@
 mod blocking;
 mod driver;
 mod error;
+mod gather;
 mod gemm;
 pub mod isa;
 mod kernel;
@@ -86,6 +89,7 @@ mod view;
 
 pub use blocking::{BlockSizes, CacheSizes};
 pub use error::Error;
+pub use gather::{Piece, gather_pieces};
 pub use gemm::Gemm;
 pub use isa::{Isa, isa};
 pub use pack::{PackA, PackB};

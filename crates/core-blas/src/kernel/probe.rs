@@ -354,3 +354,41 @@ fn probe_transpose_spill() {
         );
     }
 }
+
+/// `gather_pieces` at stride 2 (a micro-panel of 16-value rows from every other source value):
+/// the AVX2 deinterleave against the scalar family's loop, ns per value.
+#[test]
+#[ignore = "tuning probe: prints timings, asserts nothing"]
+fn probe_gather_pieces() {
+    use crate::gather::Piece;
+    let g = crate::Gemm::new(crate::Isa::Avx2).unwrap();
+    let gs = crate::Gemm::new(crate::Isa::Scalar).unwrap();
+    let src: Vec<f32> = (0..1 << 16).map(|i| i as f32).collect();
+    for &len in &[16u32, 9, 5] {
+        let kc = 256usize;
+        let pieces: Vec<Piece> = (0..kc)
+            .map(|r| Piece {
+                row: r as u32,
+                col: 0,
+                at: r * 224,
+                len,
+            })
+            .collect();
+        let mut dst = vec![0.0f32; kc * 16];
+        let mut best = [f64::MAX; 2];
+        for _ in 0..7 {
+            for (v, gg) in [&g, &gs].into_iter().enumerate() {
+                let t = cpu_secs();
+                for _ in 0..2000 {
+                    gg.gather_pieces(&mut dst, 16, &src, &pieces, 2).unwrap();
+                    std::hint::black_box(&mut dst);
+                }
+                best[v] = best[v].min((cpu_secs() - t) / (2000 * kc * len as usize) as f64 * 1e9);
+            }
+        }
+        println!(
+            "gather stride 2, {kc} pieces of {len}: avx2 {:.3} ns/value, scalar {:.3}",
+            best[0], best[1]
+        );
+    }
+}

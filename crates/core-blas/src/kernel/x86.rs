@@ -370,3 +370,51 @@ pub(crate) unsafe fn transpose8_avx2(
         }
     }
 }
+
+/// The stride-2 body of [`crate::Gemm::gather_pieces`]: per piece, 8 values per step from two
+/// 8-wide loads (`vshufps` picks the even values of each 128-bit half, `vpermpd` orders the
+/// halves), the last step of a piece of 8 or more overlapping the previous one; a piece shorter
+/// than 8, or one whose last load would pass the end of `src`, is copied one value at a time.
+///
+/// # Safety
+/// The CPU has AVX2 (the caller holds an `Avx2` or `Avx512` kernel value); every piece has
+/// `row · ld + col + len <= dst.len()`, `col + len <= ld` and `at + 2 · (len − 1) < src.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn gather2_avx2(
+    dst: &mut [f32],
+    ld: usize,
+    src: &[f32],
+    pieces: &[crate::gather::Piece],
+) {
+    let (dp, sp) = (dst.as_mut_ptr(), src.as_ptr());
+    for p in pieces {
+        let (row, col, len, at) = (p.row as usize, p.col as usize, p.len as usize, p.at);
+        // SAFETY: the caller's bounds: outputs `row · ld + col + t` (t < len) lie in `dst`; the
+        // vector path reads `at + 2t .. at + 2t + 16` for t <= len − 8, which ends at
+        // `at + 2 · len` <= `src.len()` (checked), and the scalar path reads `at + 2t`.
+        unsafe {
+            let out = dp.add(row * ld + col);
+            if len >= 8 && at + 2 * len <= src.len() {
+                let step = |t: usize| {
+                    let a = _mm256_loadu_ps(sp.add(at + 2 * t));
+                    let b = _mm256_loadu_ps(sp.add(at + 2 * t + 8));
+                    let s = _mm256_shuffle_ps::<0x88>(a, b);
+                    let r = _mm256_castpd_ps(_mm256_permute4x64_pd::<0xD8>(_mm256_castps_pd(s)));
+                    _mm256_storeu_ps(out.add(t), r);
+                };
+                let mut t = 0;
+                while t + 8 <= len {
+                    step(t);
+                    t += 8;
+                }
+                if t < len {
+                    step(len - 8);
+                }
+            } else {
+                for t in 0..len {
+                    *out.add(t) = *sp.add(at + 2 * t);
+                }
+            }
+        }
+    }
+}
