@@ -110,7 +110,7 @@ impl Layer for BatchNorm {
             .collect();
         let (gamma, beta) = (self.weight.value.data(), self.bias.value.data());
         let mut xhat = if train {
-            vec![0.0f32; x.len()]
+            crate::tensor::zeroed(x.len())
         } else {
             Vec::new()
         };

@@ -113,7 +113,7 @@ impl Layer for Linear {
         if !need_dx {
             return Ok(None);
         }
-        let mut dx = vec![0.0f32; n * i];
+        let mut dx = crate::tensor::zeroed(n * i);
         core_blas::sgemm(
             false,
             false,

@@ -153,7 +153,7 @@ impl Layer for MaxPool {
         }
         let mut yshape = shape[..2].to_vec();
         yshape.extend(&o3[3 - self.rank..]);
-        let mut y = vec![0.0f32; planes * olen];
+        let mut y = crate::tensor::zeroed(planes * olen);
         let mut arg = vec![0u32; planes * olen];
         let (k3, s3, p3) = (self.kernel, self.stride, self.padding);
         let pairs_2d = self.rank == 2 && k3 == [1, 2, 2] && s3 == [1, 2, 2] && p3 == [0; 3];
@@ -222,7 +222,7 @@ impl Layer for MaxPool {
         let planes = shape[0] * shape[1];
         let ilen = shape[2..].iter().product::<usize>();
         let olen = arg.len() / planes.max(1);
-        let mut dx = vec![0.0f32; planes * ilen];
+        let mut dx = crate::tensor::zeroed(planes * ilen);
         dx.par_chunks_mut(ilen).enumerate().for_each(|(p, dxp)| {
             for (o, &i) in arg[p * olen..][..olen].iter().enumerate() {
                 dxp[i as usize] += dy.data()[p * olen + o];
@@ -379,7 +379,7 @@ impl Layer for AdaptiveAvgPool {
             shape[2..].iter().product::<usize>(),
             self.output.iter().product::<usize>(),
         );
-        let mut y = vec![0.0f32; shape[0] * shape[1] * out_plane];
+        let mut y = crate::tensor::zeroed(shape[0] * shape[1] * out_plane);
         for (xp, yp) in x
             .data()
             .chunks_exact(plane)
@@ -417,7 +417,7 @@ impl Layer for AdaptiveAvgPool {
         let windows = self.windows("x", &shape)?;
         let plane: usize = shape[2..].iter().product();
         let out_plane: usize = self.output.iter().product();
-        let mut dx = vec![0.0f32; shape[0] * shape[1] * plane];
+        let mut dx = crate::tensor::zeroed(shape[0] * shape[1] * plane);
         for (dxp, dyp) in dx
             .chunks_exact_mut(plane)
             .zip(dy.data().chunks_exact(out_plane))
