@@ -445,6 +445,10 @@ pub struct ChannelPlan {
 /// channels, batch norm, residual blocks, the classifier) runs whole and identically on every
 /// rank. Parameter names are kept, each rank holding its slice of a split layer's tensors.
 ///
+/// With [`nn::ConvAlgo::Auto`] every rank times its own choice, so the copies of a whole layer
+/// may round differently on different ranks and drift apart at rounding level; build the model
+/// with an explicit algorithm for identical copies (the test does).
+///
 /// Errors: [`DistError::Training`] when `part >= parts` or `model` is a block without an input
 /// shape; [`DistError::Nn`] when the rebuilt model does not accept the shapes.
 pub fn channel_parallel(
