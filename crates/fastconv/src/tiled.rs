@@ -312,9 +312,9 @@ const POOL_KEEP: usize = 8;
 
 /// A thread's block buffers, taken from its pool and returned on drop: V and M (about 2 MiB at
 /// the default block size) are reused by the next call on this thread, in any plan, instead of
-/// being allocated, page-faulted and zeroed on every call. Measured (thread CPU time, min of 8
-/// interleaved rounds, 20:12 UTC): backward-data of the paper layer −11 %, 64@56² −6 to −9 % on
-/// all three passes.
+/// being allocated, page-faulted and zeroed on every call. Measured (thread CPU time, min of 4-6
+/// interleaved rounds, both arms on the same core-blas, 21:45 UTC): the paper's 4×4 layer forward
+/// −8 %, backward-data −9 %; 64@56² neutral.
 #[derive(Debug)]
 struct Pooled(Buffers);
 
