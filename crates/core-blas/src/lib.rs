@@ -13,6 +13,8 @@
 //! - [`gemm_with`]: A and B from any [`PackA`] / [`PackB`] source, C through any [`Store`].
 //! - [`sgemm_batched`], [`Gemm::gemm_batched_with`]: many independent products of one shape
 //!   (Winograd's α^N products) under one parallel schedule.
+//! - [`gemm_packed_batched`]: many small products whose operands the caller already holds in the
+//!   micro-kernel's panel layout ([`mod@packed`]): no packing, no driver, on the calling thread.
 //! - [`small_a_rows`], [`small_a_strided`]: `Y := A · X` for a tiny A (at most 16 × 16) and long
 //!   rows of X and Y, vectorised, no packing (the Winograd transforms of fastconv); [`SmallA`]
 //!   prepares such an A once for many products.
@@ -81,6 +83,7 @@ mod gemm;
 pub mod isa;
 mod kernel;
 pub mod pack;
+pub mod packed;
 pub mod peak;
 mod small;
 pub mod store;
@@ -93,6 +96,7 @@ pub use gather::{Piece, gather_pieces};
 pub use gemm::Gemm;
 pub use isa::{Isa, isa};
 pub use pack::{PackA, PackB};
+pub use packed::gemm_packed_batched;
 pub use small::{SMALL_MAX, SmallA, small_a_rows, small_a_strided};
 pub use store::{Bias, DenseStore, Store, Tile, Window};
 pub use transpose::transpose_lanes;

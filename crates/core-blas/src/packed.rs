@@ -1,0 +1,255 @@
+//! Batched products of small operands that the caller already holds in the micro-kernel's panel
+//! layout: no packing, no driver loops, no threads — just the micro-kernel over the tiles of each
+//! product. For operands that live in L1/L2 (fastconv's batch-1 Winograd: 81 products of
+//! 32 × 32 · 32 × 80), where the general driver's per-product set-up and copies dominate.
+//!
+//! Layout (the same as the driver's packed blocks, [`crate::pack`], over the whole `k`):
+//! - A (`m × k`): `ceil(m / MR)` panels of `k · MR` values, panel `q` at `q · k · MR`; column `t`
+//!   of a panel holds `MR` consecutive values `A[q·MR + 0..MR, t]`.
+//! - B (`k × n`): `ceil(n / NR)` panels of `k · NR` values, panel `q` at `q · k · NR`; row `t` of a
+//!   panel holds `NR` consecutive values `B[t, q·NR + 0..NR]`.
+//!
+//! [`Gemm::packed_a_index`] / [`Gemm::packed_b_index`] give the position of an element and
+//! [`Gemm::packed_a_len`] / [`Gemm::packed_b_len`] the length of one packed operand, for the
+//! active family's `MR × NR` ([`Gemm::tile`]).
+
+use crate::isa::Family;
+use crate::kernel::Kernel;
+use crate::{Error, Gemm};
+
+impl Gemm {
+    /// Length of one `m × k` A in `MR`-tall panels: `ceil(m / MR) · MR · k` (see [`crate::packed`]).
+    pub fn packed_a_len(&self, m: usize, k: usize) -> usize {
+        let (mr, _) = self.tile();
+        m.div_ceil(mr) * mr * k
+    }
+
+    /// Length of one `k × n` B in `NR`-wide panels: `ceil(n / NR) · NR · k`.
+    pub fn packed_b_len(&self, k: usize, n: usize) -> usize {
+        let (_, nr) = self.tile();
+        n.div_ceil(nr) * nr * k
+    }
+
+    /// Position of `A[i, t]` in an `m × k` A packed in `MR`-tall panels (any `m > i`):
+    /// `(i / MR) · k · MR + t · MR + i % MR`.
+    pub fn packed_a_index(&self, k: usize, i: usize, t: usize) -> usize {
+        let (mr, _) = self.tile();
+        (i / mr) * k * mr + t * mr + i % mr
+    }
+
+    /// Position of `B[t, j]` in a `k × n` B packed in `NR`-wide panels (any `n > j`):
+    /// `(j / NR) · k · NR + t · NR + j % NR`.
+    pub fn packed_b_index(&self, k: usize, t: usize, j: usize) -> usize {
+        let (_, nr) = self.tile();
+        (j / nr) * k * nr + t * nr + j % nr
+    }
+
+    /// `count` independent products `C_p (m × n) := A_p (m × k) · B_p (k × n) + beta · C_p` of operands
+    /// already in panel layout (module doc of [`crate::packed`]), on the calling thread: no
+    /// packing, no blocking, no threads, no allocation. `A_p` starts at `a[p · stride_a ..]`,
+    /// `B_p` at `b[p · stride_b ..]` (each [`Gemm::packed_a_len`] / [`Gemm::packed_b_len`]
+    /// long; strides may be 0 to share an operand), `C_p` is row-major at `c[p · stride_c ..]`
+    /// with leading dimension `ldc`.
+    ///
+    /// `beta == 0` overwrites C without reading it (NaN in C is harmless); any other beta
+    /// combines (`beta = 1`: accumulate). The padding of the last panels (rows `>= m` of A,
+    /// columns `>= n` of B) must be present but its values never reach C (NaN is harmless).
+    /// `k = 0` only scales C by beta (zeros for beta = 0). Meant for operands resident in L1/L2 (`k` up to a few hundred);
+    /// large products belong to [`Gemm::sgemm_batched`], whose blocking keeps them in cache.
+    ///
+    /// Errors name the argument: `ldc < n`, `a`, `b` or `c` too short for the batch, `stride_c`
+    /// smaller than one C (outputs would overlap), sizes overflowing `usize`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_packed_batched(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &[f32],
+        stride_a: usize,
+        b: &[f32],
+        stride_b: usize,
+        beta: f32,
+        c: &mut [f32],
+        ldc: usize,
+        stride_c: usize,
+        count: usize,
+    ) -> Result<(), Error> {
+        if ldc < n.max(1) {
+            return Err(Error::LeadingDimension {
+                arg: "ldc",
+                value: ldc,
+                min: n.max(1),
+            });
+        }
+        if count == 0 || m == 0 || n == 0 {
+            return Ok(());
+        }
+        let overflow = |arg| Error::Stride {
+            arg,
+            reason: "size overflows usize".into(),
+        };
+        let (mr, nr) = self.tile();
+        let a_one = m
+            .div_ceil(mr)
+            .checked_mul(mr)
+            .and_then(|x| x.checked_mul(k))
+            .ok_or_else(|| overflow("a"))?;
+        let b_one = n
+            .div_ceil(nr)
+            .checked_mul(nr)
+            .and_then(|x| x.checked_mul(k))
+            .ok_or_else(|| overflow("b"))?;
+        let c_one = (m - 1)
+            .checked_mul(ldc)
+            .and_then(|x| x.checked_add(n))
+            .ok_or_else(|| overflow("c"))?;
+        if count > 1 && stride_c < c_one {
+            return Err(Error::Stride {
+                arg: "stride_c",
+                reason: format!(
+                    "{stride_c} is less than the {c_one} elements of one C: outputs overlap"
+                ),
+            });
+        }
+        for (arg, len, one, stride) in [
+            ("a", a.len(), a_one, stride_a),
+            ("b", b.len(), b_one, stride_b),
+            ("c", c.len(), c_one, stride_c),
+        ] {
+            let needed = if one == 0 {
+                0
+            } else {
+                (count - 1)
+                    .checked_mul(stride)
+                    .and_then(|x| x.checked_add(one))
+                    .ok_or_else(|| overflow(arg))?
+            };
+            if len < needed {
+                return Err(Error::SliceTooShort { arg, len, needed });
+            }
+        }
+        if k == 0 {
+            // An empty inner dimension: C := beta · C (no operand is read; `a`/`b` may be empty).
+            for q in 0..count {
+                for i in 0..m {
+                    for x in &mut c[q * stride_c + i * ldc..][..n] {
+                        *x = if beta == 0.0 { 0.0 } else { beta * *x };
+                    }
+                }
+            }
+            return Ok(());
+        }
+        let args = Args {
+            m,
+            n,
+            k,
+            a: a.as_ptr(),
+            stride_a,
+            b: b.as_ptr(),
+            stride_b,
+            beta,
+            c: c.as_mut_ptr(),
+            ldc,
+            stride_c,
+            count,
+        };
+        // SAFETY: lengths checked above: every product's A and B panels (`a_one` / `b_one`
+        // values from `p · stride`) and C window (`c_one` values from `p · stride_c`, the
+        // windows disjoint) lie inside the slices, which `c`'s `&mut` borrow keeps exclusive.
+        unsafe {
+            match self.family {
+                Family::Scalar(kern) => run(kern, &args),
+                #[cfg(target_arch = "x86_64")]
+                Family::Avx2(kern) => run(kern, &args),
+                #[cfg(target_arch = "x86_64")]
+                Family::Avx512(kern) => run(kern, &args),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// [`Gemm::gemm_packed_batched`] with the process-wide kernel family.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_packed_batched(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    stride_a: usize,
+    b: &[f32],
+    stride_b: usize,
+    beta: f32,
+    c: &mut [f32],
+    ldc: usize,
+    stride_c: usize,
+    count: usize,
+) -> Result<(), Error> {
+    Gemm::global()?.gemm_packed_batched(
+        m, n, k, a, stride_a, b, stride_b, beta, c, ldc, stride_c, count,
+    )
+}
+
+/// The validated arguments of one batch, as raw pointers.
+struct Args {
+    m: usize,
+    n: usize,
+    k: usize,
+    a: *const f32,
+    stride_a: usize,
+    b: *const f32,
+    stride_b: usize,
+    beta: f32,
+    c: *mut f32,
+    ldc: usize,
+    stride_c: usize,
+    count: usize,
+}
+
+/// The products of a batch: per product, B panels outermost (one `k × NR` panel stays in L1 while
+/// the A panels pass over it), one micro-kernel call per tile.
+///
+/// # Safety
+/// `x.m, x.n, x.k, x.count >= 1`; for every `p < count`, `ceil(m / MR) · MR · k` values behind
+/// `a + p · stride_a`, `ceil(n / NR) · NR · k` behind `b + p · stride_b`, and an exclusive
+/// `m × n` row-major window (row stride `ldc >= n`) at `c + p · stride_c`, disjoint across `p`.
+unsafe fn run<K: Kernel>(kern: K, x: &Args) {
+    let (mr, nr) = (K::MR, K::NR);
+    let (m, n, k) = (x.m, x.n, x.k);
+    for p in 0..x.count {
+        // SAFETY: the caller's contract: panel `iq` of A (`k · MR` values at `iq · k · MR`),
+        // panel `jq` of B (`k · NR` values at `jq · k · NR`) and the `mm × nn` tile at row
+        // `iq · MR`, column `jq · NR` of this product's C window are all in bounds; the
+        // kernel reads only the first `mm` rows of an A panel's column and stores `mm × nn`.
+        unsafe {
+            let ap = x.a.add(p * x.stride_a);
+            let bp = x.b.add(p * x.stride_b);
+            let cp = x.c.add(p * x.stride_c);
+            let mut jq = 0;
+            while jq * nr < n {
+                let nn = nr.min(n - jq * nr);
+                let bq = bp.add(jq * k * nr);
+                let mut iq = 0;
+                while iq * mr < m {
+                    let mm = mr.min(m - iq * mr);
+                    let cq = cp.add(iq * mr * x.ldc + jq * nr);
+                    kern.run(
+                        k,
+                        1.0,
+                        ap.add(iq * k * mr),
+                        bq,
+                        x.beta,
+                        cq,
+                        x.ldc,
+                        1,
+                        mm,
+                        nn,
+                    );
+                    iq += 1;
+                }
+                jq += 1;
+            }
+        }
+    }
+}
