@@ -224,7 +224,7 @@ fn take_saved(saved: &mut Option<Vec<usize>>) -> Result<Vec<usize>> {
 }
 
 /// Checks that `comm` is the `parts`-rank communicator whose rank `part` runs this block.
-fn check_comm(comm: &impl Communicator, parts: usize, part: usize) -> Result<()> {
+pub(crate) fn check_comm(comm: &impl Communicator, parts: usize, part: usize) -> Result<()> {
     if comm.size() != parts || comm.rank() != part {
         return Err(DistError::Training(format!(
             "block {part} of {parts} run on rank {} of {}",

@@ -90,6 +90,18 @@ pub trait Communicator {
         result
     }
 
+    /// Point-to-point exchange, the halo exchange of spatial parallelism: sends each
+    /// `(rank, data)` of `sends` to `rank` and fills each `(rank, buf)` of `recvs` with a message
+    /// from `rank`, every transfer started at once (non-blocking) and all finished on return.
+    /// Not collective: only the ranks named take part. Messages between two ranks match in the
+    /// order they are listed, so both sides must list them in the same order, and a receive
+    /// buffer must have the length of the message it gets.
+    ///
+    /// Errors: [`DistError::RankOutOfRange`] for a rank not in the communicator,
+    /// [`DistError::CountTooLarge`], [`DistError::Training`] when a message's length differs
+    /// from its receive buffer's (checked on the receiving side).
+    fn exchange(&self, sends: &[(usize, &[f32])], recvs: &mut [(usize, &mut [f32])]) -> Result<()>;
+
     /// In-place mean over all ranks: [`Communicator::allreduce_sum`] then a scale by
     /// `1 / size()`, what data-parallel gradient averaging needs.
     fn allreduce_mean(&self, buf: &mut [f32]) -> Result<()> {
@@ -129,6 +141,23 @@ pub(crate) fn check_rank(arg: &'static str, rank: usize, size: usize) -> Result<
 }
 
 /// Checks that a split colour or key fits a non-negative C `int`.
+/// Validates the ranks and counts of an [`Communicator::exchange`].
+pub(crate) fn check_exchange(
+    sends: &[(usize, &[f32])],
+    recvs: &[(usize, &mut [f32])],
+    size: usize,
+) -> Result<()> {
+    for (rank, data) in sends {
+        check_rank("sends", *rank, size)?;
+        check_count("sends", data.len())?;
+    }
+    for (rank, buf) in recvs {
+        check_rank("recvs", *rank, size)?;
+        check_count("recvs", buf.len())?;
+    }
+    Ok(())
+}
+
 pub(crate) fn check_split_value(arg: &'static str, value: u32) -> Result<()> {
     if value > i32::MAX as u32 {
         return Err(DistError::ValueOutOfRange {

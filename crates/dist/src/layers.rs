@@ -218,7 +218,7 @@ impl ChannelGather {
     }
 }
 
-fn check_block(parts: usize, part: usize) -> Result<()> {
+pub(crate) fn check_block(parts: usize, part: usize) -> Result<()> {
     if part >= parts {
         return Err(DistError::Training(format!(
             "block {part} of {parts} does not exist"

@@ -103,6 +103,7 @@ mod layers;
 mod mpi_comm;
 mod runtime;
 mod single;
+mod spatial;
 
 pub use channel_conv::{ChannelParallelConv, FilterParallelConv};
 pub use comm::{ChunkPoster, Communicator, MAX_COUNT};
@@ -117,3 +118,6 @@ pub use layers::{
 pub use mpi_comm::{MpiCommunicator, MpiEnvironment, REQUESTED_THREADING};
 pub use runtime::{Runtime, World};
 pub use single::SingleProcess;
+pub use spatial::{
+    SpatialGather, SpatialParallel, SpatialPlan, SpatialScatter, rows, spatial_parallel,
+};

@@ -13,11 +13,14 @@ use mpi::collective::SystemOperation;
 use mpi::environment::Universe;
 use mpi::request::{LocalScope, Request};
 use mpi::topology::{Color, SimpleCommunicator};
-use mpi::traits::{Communicator as _, CommunicatorCollectives as _, Root as _};
+use mpi::traits::{
+    Communicator as _, CommunicatorCollectives as _, Destination as _, Equivalence as _, Root as _,
+    Source as _,
+};
 
 use crate::comm::{
-    ChunkPoster, Communicator, check_blocks, check_count, check_rank, check_split_value,
-    split_chunks, take_chunk,
+    ChunkPoster, Communicator, check_blocks, check_count, check_exchange, check_rank,
+    check_split_value, split_chunks, take_chunk,
 };
 use crate::error::{DistError, Result};
 
@@ -180,6 +183,48 @@ impl Communicator for MpiCommunicator {
         check_count("buf", buf.len())?;
         // `root < size <= i32::MAX`, checked above.
         self.comm.process_at_rank(root as i32).broadcast_into(buf);
+        Ok(())
+    }
+
+    /// `MPI_Irecv` for every receive, then `MPI_Isend` for every send, then waits for all;
+    /// each receive's status is checked against its buffer's length.
+    fn exchange(&self, sends: &[(usize, &[f32])], recvs: &mut [(usize, &mut [f32])]) -> Result<()> {
+        check_exchange(sends, recvs, self.size())?;
+        let expected: Vec<usize> = recvs.iter().map(|(_, b)| b.len()).collect();
+        let counts = mpi::request::scope(|scope| {
+            // Ranks were checked against the size, which is an MPI int.
+            let incoming: Vec<_> = recvs
+                .iter_mut()
+                .map(|(rank, buf)| {
+                    self.comm
+                        .process_at_rank(*rank as i32)
+                        .immediate_receive_into(scope, &mut **buf)
+                })
+                .collect();
+            let outgoing: Vec<_> = sends
+                .iter()
+                .map(|(rank, data)| {
+                    self.comm
+                        .process_at_rank(*rank as i32)
+                        .immediate_send(scope, *data)
+                })
+                .collect();
+            let counts: Vec<i32> = incoming
+                .into_iter()
+                .map(|r| r.wait().count(f32::equivalent_datatype()))
+                .collect();
+            for r in outgoing {
+                r.wait();
+            }
+            counts
+        });
+        for (got, want) in counts.into_iter().zip(expected) {
+            if got as usize != want {
+                return Err(DistError::Training(format!(
+                    "exchange: a message of {got} values for a receive buffer of {want}"
+                )));
+            }
+        }
         Ok(())
     }
 

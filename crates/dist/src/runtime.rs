@@ -146,6 +146,14 @@ impl Communicator for World {
         }
     }
 
+    fn exchange(&self, sends: &[(usize, &[f32])], recvs: &mut [(usize, &mut [f32])]) -> Result<()> {
+        match self {
+            World::Single(c) => c.exchange(sends, recvs),
+            #[cfg(feature = "mpi")]
+            World::Mpi(c) => c.exchange(sends, recvs),
+        }
+    }
+
     fn barrier(&self) -> Result<()> {
         match self {
             World::Single(c) => c.barrier(),

@@ -1,7 +1,9 @@
 //! The single-process communicator: size 1, every collective is the identity.
 
-use crate::comm::{Communicator, check_blocks, check_count, check_rank, check_split_value};
-use crate::error::Result;
+use crate::comm::{
+    Communicator, check_blocks, check_count, check_exchange, check_rank, check_split_value,
+};
+use crate::error::{DistError, Result};
 
 /// A communicator with exactly one process, rank 0.
 ///
@@ -50,6 +52,29 @@ impl Communicator for SingleProcess {
     }
 
     fn barrier(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Every message goes to this rank: the `k`-th send fills the `k`-th receive.
+    fn exchange(&self, sends: &[(usize, &[f32])], recvs: &mut [(usize, &mut [f32])]) -> Result<()> {
+        check_exchange(sends, recvs, 1)?;
+        if sends.len() != recvs.len() {
+            return Err(DistError::Training(format!(
+                "exchange on one rank: {} messages sent to itself, {} receives",
+                sends.len(),
+                recvs.len()
+            )));
+        }
+        for ((_, data), (_, buf)) in sends.iter().zip(recvs.iter_mut()) {
+            if data.len() != buf.len() {
+                return Err(DistError::Training(format!(
+                    "exchange: a message of {} values for a receive buffer of {}",
+                    data.len(),
+                    buf.len()
+                )));
+            }
+            buf.copy_from_slice(data);
+        }
         Ok(())
     }
 

@@ -79,6 +79,26 @@ impl MaxPool {
         })
     }
 
+    /// Number of spatial dimensions.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Kernel size per spatial dimension.
+    pub fn kernel(&self) -> &[usize] {
+        &self.kernel[3 - self.rank..]
+    }
+
+    /// Stride per spatial dimension.
+    pub fn stride(&self) -> &[usize] {
+        &self.stride[3 - self.rank..]
+    }
+
+    /// Padding (on both sides) per spatial dimension.
+    pub fn padding(&self) -> &[usize] {
+        &self.padding[3 - self.rank..]
+    }
+
     /// Spatial input dims right-aligned into 3 (leading 1s) and the output dims, or an error.
     fn dims(&self, spatial: &[usize], shape: &[usize]) -> Result<([usize; 3], [usize; 3])> {
         if spatial.len() != self.rank {
