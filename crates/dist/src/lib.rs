@@ -93,6 +93,35 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+//!
+//! ## Spatial parallelism
+//!
+//! [`spatial_parallel`] splits the first spatial axis of the activations (height in 2D, depth
+//! in 3D) in blocks of rows over a grid row: each [`SpatialParallel`] convolution or max-pool
+//! fetches the rows of its window that other ranks hold (a halo exchange over
+//! [`Communicator::exchange`]), computes its block of output rows, returns the halo's gradient
+//! to the owners in backward, and sums the weight gradients over the row. Weights stay whole on
+//! every rank (a checkpoint of rank 0 is the whole model); the activations of the split layers,
+//! the bulk of the memory of a high-resolution or volumetric CNN, are divided.
+//! `tests/mpi_spatial_model.rs` trains a 2D and a 3D CNN this way on every grid of 1, 2 and 4
+//! ranks against one process (`train --parallel spatial` or `--parallel 2x2s` runs it):
+//!
+//! ```
+//! use dist::{ProcessorGrid, Runtime, register, spatial_parallel};
+//! use nn::{ConvAlgo, build};
+//!
+//! let runtime = Runtime::init()?;
+//! let world = runtime.world();
+//! let grid = ProcessorGrid::new(&world, 1, 1)?;
+//! let (row, _samples) = grid.into_comms();
+//! let registration = register(row);
+//! let model = build("c3d", ConvAlgo::Convgemm, 0)?;
+//! let (model, plan) = spatial_parallel(model, registration.handle(), 1, 0)?;
+//! assert!(plan.split.is_empty()); // one block: nothing to split
+//! # let _ = model;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
 mod channel_conv;
 mod comm;
 mod data_parallel;

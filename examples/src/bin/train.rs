@@ -13,6 +13,7 @@
 //! cargo build --release -p examples --features mpi --bin train
 //! mpirun -np 2 target/release/train --parallel data --epochs 5
 //! mpirun -np 2 target/release/train --parallel channel --model vgg16 --dataset synthetic --steps 4
+//! mpirun -np 2 target/release/train --parallel spatial --model c3d --dataset synthetic --steps 4
 //! ```
 
 use std::path::PathBuf;
@@ -21,6 +22,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use dist::{
     Communicator, DataParallel, DistError, ProcessorGrid, Runtime, channel_parallel, register,
+    spatial_parallel,
 };
 use examples::peak_rss_bytes;
 use nn::{
@@ -101,8 +103,12 @@ struct Args {
     /// `data` = data-parallel synchronous SGD over all ranks (each trains on its shard of every
     /// batch); `channel` = channel/filter parallelism over all ranks (the convolutions whose
     /// channels divide by the rank count are split by channels, every rank sees every sample);
-    /// `SxC` (e.g. `2x2`) = a grid of S sample blocks × C channel blocks. Rank 0 prints and
-    /// writes checkpoints (data parallelism only). Without MPI the world is this one process.
+    /// `spatial` = spatial parallelism over all ranks (the convolutions and max-pools whose
+    /// first spatial axis has at least as many rows as ranks run on blocks of rows, with halo
+    /// exchanges; every rank sees every sample and holds every weight);
+    /// `SxC` (e.g. `2x2`) = a grid of S sample blocks × C channel blocks, `SxCs` (e.g. `2x2s`)
+    /// the same with C blocks of rows. Rank 0 prints and writes checkpoints (not with channel
+    /// blocks, whose weights are split). Without MPI the world is this one process.
     #[arg(long)]
     parallel: Option<String>,
 }
@@ -143,18 +149,23 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
-    // The processor grid, samples × channels.
-    let grid_shape = match (args.parallel.as_deref(), ranks) {
-        (None, 1) => None,
+    // The processor grid, samples × blocks, and whether the blocks split channels or rows.
+    let (grid_shape, spatial) = match (args.parallel.as_deref(), ranks) {
+        (None, 1) => (None, false),
         (None, n) => return Err(format!("launched on {n} ranks: pass --parallel data").into()),
-        (Some("data"), n) => Some((n, 1)),
-        (Some("channel"), n) => Some((1, n)),
+        (Some("data"), n) => (Some((n, 1)), false),
+        (Some("channel"), n) => (Some((1, n)), false),
+        (Some("spatial"), n) => (Some((1, n)), true),
         (Some(other), n) => {
-            let grid = other
+            let (layout, spatial) = match other.strip_suffix('s') {
+                Some(l) => (l, true),
+                None => (other, false),
+            };
+            let grid = layout
                 .split_once('x')
                 .and_then(|(s, c)| Some((s.parse::<usize>().ok()?, c.parse::<usize>().ok()?)));
             match grid {
-                Some((s, c)) if s * c == n => Some((s, c)),
+                Some((s, c)) if s * c == n => (Some((s, c)), spatial),
                 Some((s, c)) => {
                     return Err(format!(
                         "--parallel {other}: a {s}×{c} grid needs {} ranks, launched on {n}",
@@ -164,14 +175,18 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 }
                 None => {
                     return Err(format!(
-                        "unknown --parallel `{other}` (available: data, channel, SxC)"
+                        "unknown --parallel `{other}` (available: data, channel, spatial, SxC, SxCs)"
                     )
                     .into());
                 }
             }
         }
     };
-    let channel_blocks = grid_shape.map_or(1, |(_, c)| c);
+    let channel_blocks = if spatial {
+        1
+    } else {
+        grid_shape.map_or(1, |(_, c)| c)
+    };
     if channel_blocks > 1 && (args.checkpoint.is_some() || args.resume.is_some()) {
         return Err(
             "--checkpoint and --resume hold a whole model; with channel parallelism each rank \
@@ -313,7 +328,15 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         let part = grid.coords().1;
         let (channel_comm, sample_comm) = grid.into_comms();
         let registration = register(channel_comm);
-        if channels > 1 {
+        if channels > 1 && spatial {
+            let (split, plan) = spatial_parallel(model, registration.handle(), channels, part)?;
+            model = split;
+            say!(
+                "{samples}×{channels} grid: rows split {:?}, whole {:?}",
+                plan.split,
+                plan.whole
+            );
+        } else if channels > 1 {
             let (split, plan) = channel_parallel(model, registration.handle(), channels, part)?;
             model = split;
             say!(
