@@ -178,6 +178,18 @@ impl<'c, C: Communicator> DataParallel<'c, C> {
                 x.shape()
             )));
         }
+        if self.comm.size() == 1 {
+            // Nothing to average: plain training, without the exchange buffers (two more copies
+            // of every gradient), e.g. over the sample column of a 1 × P channel or spatial grid.
+            self.flat = Vec::new();
+            self.stage = Vec::new();
+            let logits = model.forward(x.clone(), true)?;
+            let (loss, dl) = cross_entropy(&logits, labels)?;
+            drop(logits);
+            model.backward(dl)?;
+            opt.step(model.params_mut().into_iter().map(|(_, p)| p))?;
+            return Ok(loss);
+        }
         let rows = self.shard(n);
         let local = rows.len();
         let mut loss = [0.0f32];
