@@ -78,6 +78,7 @@ fn pass_name(p: Pass) -> &'static str {
     match p {
         Pass::Forward(ForwardAlgo::Im2colGemm) => "fwd/im2col+gemm",
         Pass::Forward(ForwardAlgo::Convgemm) => "fwd/convgemm",
+        Pass::Forward(ForwardAlgo::Direct) => "fwd/direct",
         Pass::BackwardData(BackwardDataAlgo::GemmCol2im) => "bwd-data/gemm+col2im",
         Pass::BackwardData(BackwardDataAlgo::Deconvgemm) => "bwd-data/deconvgemm",
         Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm) => "bwd-data/flipped-convgemm",
@@ -87,9 +88,10 @@ fn pass_name(p: Pass) -> &'static str {
     }
 }
 
-const PASSES: [Pass; 8] = [
+const PASSES: [Pass; 9] = [
     Pass::Forward(ForwardAlgo::Im2colGemm),
     Pass::Forward(ForwardAlgo::Convgemm),
+    Pass::Forward(ForwardAlgo::Direct),
     Pass::BackwardData(BackwardDataAlgo::GemmCol2im),
     Pass::BackwardData(BackwardDataAlgo::Deconvgemm),
     Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm),

@@ -14,6 +14,9 @@ pub enum ForwardAlgo {
     Im2colGemm,
     /// im2col fused into the packing of B: no buffer (convgemm).
     Convgemm,
+    /// Direct convolution (no GEMM, no packed B): output channels × runs of output pixels in
+    /// registers, x read in place from a per-image padded copy; for layers with few channels.
+    Direct,
 }
 
 /// How to compute the data gradient dx.
@@ -172,12 +175,14 @@ impl fmt::Display for Preset {
 /// the store receives, and the C panel of deconvgemm and of the forward convgemm on small
 /// output planes (one per thread, kept in thread-local storage across calls: at most 128 Ki
 /// floats, or K/G × 4·NR, or one output line by one channel's taps, whichever is largest;
-/// independent of the batch).
+/// independent of the batch), and the direct convolution's padded copy of one image's group and
+/// its packed weights (per thread and per call, independent of the batch).
 pub fn workspace_bytes(g: &ConvGeometry, pass: Pass) -> usize {
     let (rows, cols) = crate::im2col::im2col_shape(g);
     let buffer = rows * cols * size_of::<f32>();
     match pass {
         Pass::Forward(ForwardAlgo::Convgemm)
+        | Pass::Forward(ForwardAlgo::Direct)
         | Pass::BackwardData(BackwardDataAlgo::Deconvgemm)
         | Pass::BackwardFilter(BackwardFilterAlgo::ConvgemmTrans) => 0,
         Pass::Forward(ForwardAlgo::Im2colGemm)

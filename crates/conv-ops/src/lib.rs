@@ -42,6 +42,7 @@ mod algo;
 mod convgemm;
 mod convgemm_trans;
 mod deconvgemm;
+mod direct;
 mod error;
 mod flipped;
 mod geometry;

@@ -95,6 +95,9 @@ pub fn forward(
         bias,
         relu,
     };
+    if algo == ForwardAlgo::Direct {
+        return crate::direct::forward(g, x, w, bias, relu, y);
+    }
     let result = (|| {
         for grp in 0..g.groups() {
             let a = weights(g, grp, w)?;
@@ -135,6 +138,7 @@ pub fn forward(
                     let b = Im2colB::new(g, grp, x);
                     forward_panels(&a, &b, y, (g.out_channels(), olen, grp * kg), epi)
                 }
+                ForwardAlgo::Direct => unreachable!("returned above"),
                 ForwardAlgo::Im2colGemm => {
                     let (rows, cols) = im2col_shape(g);
                     let col = ws.take(rows * cols);

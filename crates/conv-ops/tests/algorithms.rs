@@ -10,7 +10,11 @@ use conv_ops::{
 };
 use proptest::prelude::*;
 
-const FORWARD: [ForwardAlgo; 2] = [ForwardAlgo::Im2colGemm, ForwardAlgo::Convgemm];
+const FORWARD: [ForwardAlgo; 3] = [
+    ForwardAlgo::Im2colGemm,
+    ForwardAlgo::Convgemm,
+    ForwardAlgo::Direct,
+];
 const BACKWARD_DATA: [BackwardDataAlgo; 3] = [
     BackwardDataAlgo::GemmCol2im,
     BackwardDataAlgo::Deconvgemm,
@@ -262,6 +266,80 @@ fn bias_grad_on_long_planes() {
             pool.install(|| bias_grad(g, &dy, &mut db)).unwrap();
             tol(g.batch() * g.output_spatial_len())
                 .check(&format!("{g:?} {threads} threads"), &db, &want)
+                .unwrap();
+        }
+    }
+}
+
+/// The direct convolution's three schedules (one thread; images split across threads; one image
+/// with its output-channel blocks split across threads) on strided, dilated, grouped and 3-D
+/// layers with partial pixel runs (output lines not a multiple of 8) and channel counts not a
+/// multiple of the 6-channel register tile.
+#[test]
+fn direct_under_every_schedule() {
+    let layers = [
+        ConvGeometry::new(5, 7, 13, &[11, 19], &[3, 3])
+            .unwrap()
+            .with_padding_per_side(&[1, 2], &[0, 1])
+            .unwrap(),
+        ConvGeometry::new(1, 16, 32, &[17, 16], &[3, 3])
+            .unwrap()
+            .with_stride(&[2])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+        ConvGeometry::new(3, 6, 9, &[5, 9, 10], &[3, 2, 3])
+            .unwrap()
+            .with_stride(&[1, 2, 3])
+            .unwrap()
+            .with_dilation(&[1, 2, 1])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap()
+            .with_groups(3)
+            .unwrap(),
+        ConvGeometry::new(2, 8, 8, &[8, 8], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap()
+            .with_groups(8)
+            .unwrap(),
+        ConvGeometry::new(4, 5, 7, &[29], &[5])
+            .unwrap()
+            .with_stride(&[3])
+            .unwrap()
+            .with_dilation(&[2])
+            .unwrap()
+            .with_padding(&[4])
+            .unwrap(),
+    ];
+    for threads in [1, 3] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        for (i, g) in layers.iter().enumerate() {
+            let x = uniform(7 + i as u64, g.x_len());
+            let w = uniform(17 + i as u64, g.w_len());
+            let bias = uniform(27 + i as u64, g.out_channels());
+            let mut want = vec![0f32; g.y_len()];
+            reference::forward(g, &x, &w, Some(&bias), &mut want).unwrap();
+            let mut y = vec![f32::NAN; g.y_len()];
+            pool.install(|| {
+                forward(
+                    g,
+                    &x,
+                    &w,
+                    Some(&bias),
+                    false,
+                    &mut y,
+                    ForwardAlgo::Direct,
+                    &mut Workspace::new(false),
+                )
+            })
+            .unwrap();
+            tol(g.in_channels_per_group() * g.kernel_len())
+                .check(&format!("{threads} threads, {g:?}"), &y, &want)
                 .unwrap();
         }
     }

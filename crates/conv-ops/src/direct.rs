@@ -1,0 +1,510 @@
+//! Direct convolution for layers with few channels (the forward pass, and through
+//! [`crate::flipped`] the stride-1 backward-data pass): no GEMM, no packed B.
+//!
+//! The GEMM forms (convgemm) spend, on 16-64-channel layers, as much time packing im2col(x) as
+//! multiplying: every packed B value feeds only K/G multiply-adds. This module reads x in place
+//! instead. Per image and group, x is first copied once into a zero-padded, *polyphase* buffer
+//! `xq` (for stride s each dimension is split into its s phases, so that a stride-s read becomes
+//! a unit-stride one): channel c, phase (pd, ph, pw), position (i, j, l) of the phase plane holds
+//! padded-x\[c\]\[i·sd + pd\]\[j·sh + ph\]\[l·sw + pw\]. Output pixel o of dimension d with tap r
+//! then reads phase (r·dil) mod s at index o + (r·dil) div s: for every (input channel, tap) step
+//! one *offset* into `xq`, and for every run of 8 consecutive outputs along the last dimension one
+//! *base*, so that the 8 input values of a step are one unaligned vector load at
+//! `xq[base + offset]`.
+//!
+//! The register tile is [`MR`] output channels × [`NV`] vectors of 8 output pixels (the vectors may
+//! lie on different output lines): per step [`NV`] vector loads of x, [`MR`] broadcasts of packed
+//! weights, `MR·NV` FMAs into accumulators that hold output pixels, stored straight into y's
+//! planes (bias, ReLU in the epilogue). The AVX2+FMA kernel is used when core-blas runs its
+//! `avx2` or `avx512` family on a CPU with AVX2 and FMA; otherwise (e.g. `CORE_BLAS_ISA=scalar`)
+//! a portable kernel with the same arithmetic order runs.
+//!
+//! Workspace: per thread, the polyphase copy of one image's group (C/G × padded plane floats)
+//! and the packed weights of the call (K × C/G × R floats), kept in thread-local storage across
+//! calls; nothing grows with the batch.
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use crate::error::{ConvError, Result};
+use crate::geometry::{ConvGeometry, MAX_RANK};
+
+/// Output channels per register tile.
+pub(crate) const MR: usize = 6;
+/// Vectors of output pixels per register tile.
+pub(crate) const NV: usize = 2;
+/// Output pixels per vector (one AVX register of f32).
+pub(crate) const LANES: usize = 8;
+
+/// One run of at most [`LANES`] consecutive outputs along the last dimension.
+#[derive(Debug, Clone, Copy)]
+struct PixelRun {
+    /// Offset of its first input (tap 0, channel 0) in the polyphase buffer.
+    src: usize,
+    /// Offset of its first output in an output plane.
+    dst: usize,
+    /// Outputs in the run, 1..=LANES.
+    len: usize,
+}
+
+/// Everything about a geometry the kernel loops need, independent of the image and group.
+#[derive(Debug)]
+struct Plan {
+    /// Floats of one channel in the polyphase buffer (all phases).
+    chan: usize,
+    /// Polyphase buffer length for one group of one image (plus [`LANES`] of slack for the
+    /// loads of a partial run).
+    xq_len: usize,
+    /// Per step (input channel of the group, tap): offset into the polyphase buffer.
+    offs: Vec<usize>,
+    /// The output runs of one image.
+    runs: Vec<PixelRun>,
+    /// The largest offset plus [`LANES`]: a run based at `src` reads `xq[src .. src + reach]`.
+    reach: usize,
+    /// Which phases of the last dimension some tap reads (the others are left zero).
+    phase_read: Vec<bool>,
+    /// Right-aligned input extents, padding before, strides and phase-plane extents.
+    input: [usize; MAX_RANK],
+    pad: [usize; MAX_RANK],
+    stride: [usize; MAX_RANK],
+    q: [usize; MAX_RANK],
+}
+
+impl Plan {
+    fn new(g: &ConvGeometry) -> Result<Plan> {
+        let d = g.dims3();
+        let mut q = [0usize; MAX_RANK];
+        for i in 0..MAX_RANK {
+            let padded = d.input[i] + d.pad[i] + pad_after3(g)[i];
+            q[i] = padded.div_ceil(d.stride[i]);
+        }
+        let sub = q[0] * q[1] * q[2];
+        let phases = d.stride[0] * d.stride[1] * d.stride[2];
+        let chan = sub * phases;
+        let cg = g.in_channels_per_group();
+        let xq_len = cg
+            .checked_mul(chan)
+            .and_then(|v| v.checked_add(LANES))
+            .ok_or(ConvError::Overflow {
+                field: "direct convolution's padded input",
+            })?;
+        // Offset of every tap inside one channel's polyphase block.
+        let mut taps = Vec::with_capacity(g.kernel_len());
+        for rd in 0..d.kernel[0] {
+            for rh in 0..d.kernel[1] {
+                for rw in 0..d.kernel[2] {
+                    let r = [rd, rh, rw];
+                    let (mut phase, mut at) = (0, 0);
+                    for i in 0..MAX_RANK {
+                        let reach = r[i] * d.dilation[i];
+                        phase = phase * d.stride[i] + reach % d.stride[i];
+                        at = at * q[i] + reach / d.stride[i];
+                    }
+                    taps.push(phase * sub + at);
+                }
+            }
+        }
+        let offs: Vec<usize> = (0..cg)
+            .flat_map(|c| taps.iter().map(move |&t| c * chan + t))
+            .collect();
+        let o = d.output;
+        let mut runs = Vec::with_capacity(o[0] * o[1] * o[2].div_ceil(LANES));
+        for od in 0..o[0] {
+            for oh in 0..o[1] {
+                for ow in (0..o[2]).step_by(LANES) {
+                    runs.push(PixelRun {
+                        src: (od * q[1] + oh) * q[2] + ow,
+                        dst: (od * o[1] + oh) * o[2] + ow,
+                        len: LANES.min(o[2] - ow),
+                    });
+                }
+            }
+        }
+        let reach = offs.iter().copied().max().unwrap_or(0) + LANES;
+        // Every load of every run stays inside the buffer: the last valid input of the last
+        // channel is below cg·chan, and a partial run reads at most LANES − 1 values past it.
+        if runs.iter().any(|r| r.src + reach > xq_len) {
+            return Err(ConvError::Unsupported {
+                algo: "direct",
+                reason: "internal: a pixel run reads past the padded input".into(),
+            });
+        }
+        Ok(Plan {
+            chan,
+            xq_len,
+            offs,
+            runs,
+            reach,
+            phase_read: (0..d.stride[2])
+                .map(|p| (0..d.kernel[2]).any(|r| r * d.dilation[2] % d.stride[2] == p))
+                .collect(),
+            input: d.input,
+            pad: d.pad,
+            stride: d.stride,
+            q,
+        })
+    }
+
+    /// Fills `xq` (length `xq_len`) with the padded polyphase copy of `xg`, the C/G input
+    /// channels of one image's group (each a dense input plane).
+    fn fill(&self, xg: &[f32], xq: &mut [f32]) {
+        xq.fill(0.0);
+        let [ind, inh, inw] = self.input;
+        let plane = ind * inh * inw;
+        let sub = self.q[0] * self.q[1] * self.q[2];
+        let [sd, sh, sw] = self.stride;
+        for (c, xc) in xg.chunks_exact(plane).enumerate() {
+            let dst = &mut xq[c * self.chan..][..self.chan];
+            for id in 0..ind {
+                let pd = id + self.pad[0];
+                for ih in 0..inh {
+                    let ph = ih + self.pad[1];
+                    let row = &xc[(id * inh + ih) * inw..][..inw];
+                    let phase_dh = (pd % sd) * sh + ph % sh;
+                    let line = (pd / sd * self.q[1] + ph / sh) * self.q[2];
+                    if sw == 1 {
+                        let at = phase_dh * sub + line + self.pad[2];
+                        dst[at..at + inw].copy_from_slice(row);
+                    } else {
+                        // Phase p of the line holds the inputs iw with (iw + pad) % sw == p,
+                        // back to back from position (first + pad) / sw.
+                        for p in 0..sw {
+                            let first = (p + sw - self.pad[2] % sw) % sw;
+                            if first >= inw || !self.phase_read[p] {
+                                continue;
+                            }
+                            let at = (phase_dh * sw + p) * sub + line + (first + self.pad[2]) / sw;
+                            for (d, &v) in dst[at..].iter_mut().zip(row[first..].iter().step_by(sw))
+                            {
+                                *d = v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Padding after, right-aligned in three dimensions (1 where the geometry has no dimension).
+fn pad_after3(g: &ConvGeometry) -> [usize; MAX_RANK] {
+    let mut p = [0usize; MAX_RANK];
+    let r = g.rank();
+    p[MAX_RANK - r..].copy_from_slice(g.pad_after());
+    p
+}
+
+/// The weights of group `grp` packed for the kernel: block kb of [`MR`] output channels holds,
+/// per step s = (input channel, tap), the [`MR`] weights w\[kb·MR + m\]\[s\] (zero past K/G).
+fn pack_weights(g: &ConvGeometry, grp: usize, w: &[f32], wp: &mut Vec<f32>) {
+    let (kg, steps) = (
+        g.out_channels_per_group(),
+        g.in_channels_per_group() * g.kernel_len(),
+    );
+    let blocks = kg.div_ceil(MR);
+    wp.clear();
+    wp.resize(blocks * steps * MR, 0.0);
+    let wg = &w[grp * kg * steps..][..kg * steps];
+    for (k, wk) in wg.chunks_exact(steps).enumerate() {
+        let panel = &mut wp[(k / MR) * steps * MR..][..steps * MR];
+        for (s, &v) in wk.iter().enumerate() {
+            panel[s * MR + k % MR] = v;
+        }
+    }
+}
+
+/// Which kernel runs: decided once per call from core-blas's family and the CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernel {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+fn kernel() -> Kernel {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let family = core_blas::isa().unwrap_or("scalar");
+        if (family.starts_with("avx2") || family.starts_with("avx512"))
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+        {
+            return Kernel::Avx2;
+        }
+    }
+    Kernel::Portable
+}
+
+/// The accumulators of one tile: `[m][v][lane]`.
+type Tile = [[[f32; LANES]; NV]; MR];
+
+/// One tile: `acc[m][v] = Σ_s wp[s·MR + m] · xq[runs[v] + offs[s] .. +LANES]` for the first `nv`
+/// runs (portable arithmetic, the same order as the AVX2 kernel).
+fn tile_portable(wp: &[f32], offs: &[usize], xq: &[f32], src: &[usize], acc: &mut Tile) {
+    *acc = [[[0.0; LANES]; NV]; MR];
+    for (s, &off) in offs.iter().enumerate() {
+        let a = &wp[s * MR..][..MR];
+        for (v, &base) in src.iter().enumerate() {
+            let b: &[f32; LANES] = xq[base + off..][..LANES].try_into().expect("LANES values");
+            for m in 0..MR {
+                for l in 0..LANES {
+                    acc[m][v][l] += a[m] * b[l];
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{MR, NV, Tile};
+    use std::arch::x86_64::*;
+
+    /// The AVX2+FMA tile for the first `M` output channels of the block (`M <= MR`) and `V`
+    /// runs (`V <= NV`): 12 accumulators, 2 loaded x vectors and 1 broadcast at most, so that
+    /// nothing spills from the 16 registers.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `wp` holds `offs.len()·MR` values; for every run base `b` in
+    /// `src[..V]` and every offset `o` in `offs`, `xq[b + o .. b + o + LANES]` is in bounds.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile<const M: usize, const V: usize>(
+        wp: &[f32],
+        offs: &[usize],
+        xq: &[f32],
+        src: &[usize],
+        acc: &mut Tile,
+    ) {
+        debug_assert!(M <= MR && V <= NV && src.len() >= V && wp.len() >= offs.len() * MR);
+        let mut c = [[_mm256_setzero_ps(); V]; M];
+        let x = xq.as_ptr();
+        let mut bases = [x; V];
+        for v in 0..V {
+            // SAFETY: src[v] + offs[s] + LANES <= xq.len() for every step (caller's contract),
+            // so the base itself is inside xq.
+            bases[v] = unsafe { x.add(src[v]) };
+        }
+        let mut a = wp.as_ptr();
+        for &off in offs {
+            let mut b = [_mm256_setzero_ps(); V];
+            for v in 0..V {
+                // SAFETY: bases[v] + off .. + LANES lies inside xq (caller's contract).
+                b[v] = unsafe { _mm256_loadu_ps(bases[v].add(off)) };
+            }
+            for m in 0..M {
+                // SAFETY: a points at this step's MR weights inside wp (M <= MR).
+                let wv = unsafe { _mm256_broadcast_ss(&*a.add(m)) };
+                for v in 0..V {
+                    c[m][v] = _mm256_fmadd_ps(wv, b[v], c[m][v]);
+                }
+            }
+            // SAFETY: steps advance by MR inside wp (offs.len()·MR values); the last advance
+            // points one past the end, never dereferenced.
+            a = unsafe { a.add(MR) };
+        }
+        for m in 0..M {
+            for v in 0..V {
+                // SAFETY: acc[m][v] is LANES f32 values.
+                unsafe { _mm256_storeu_ps(acc[m][v].as_mut_ptr(), c[m][v]) };
+            }
+        }
+    }
+
+    /// [`tile`] for `m` channels (1..=MR) and `V` runs.
+    ///
+    /// # Safety
+    /// As [`tile`].
+    #[inline]
+    pub(super) unsafe fn tile_rows<const V: usize>(
+        m: usize,
+        wp: &[f32],
+        offs: &[usize],
+        xq: &[f32],
+        src: &[usize],
+        acc: &mut Tile,
+    ) {
+        // SAFETY: the caller's contract is tile's, for every M <= MR.
+        unsafe {
+            match m {
+                1 => tile::<1, V>(wp, offs, xq, src, acc),
+                2 => tile::<2, V>(wp, offs, xq, src, acc),
+                3 => tile::<3, V>(wp, offs, xq, src, acc),
+                4 => tile::<4, V>(wp, offs, xq, src, acc),
+                5 => tile::<5, V>(wp, offs, xq, src, acc),
+                _ => tile::<MR, V>(wp, offs, xq, src, acc),
+            }
+        }
+    }
+}
+
+/// Runs the tile kernel for the first `m` (1..=MR) output channels of a block on the runs `src`
+/// (1..=NV of them); `reach` is the largest offset plus [`LANES`].
+#[allow(clippy::too_many_arguments)]
+fn run_tile(
+    kern: Kernel,
+    m: usize,
+    wp: &[f32],
+    offs: &[usize],
+    reach: usize,
+    xq: &[f32],
+    src: &[usize],
+    acc: &mut Tile,
+) {
+    debug_assert!(offs.iter().all(|&o| o + LANES <= reach));
+    assert!(
+        wp.len() >= offs.len() * MR
+            && src.iter().all(|&b| b + reach <= xq.len())
+            && !src.is_empty()
+            && src.len() <= NV
+            && (1..=MR).contains(&m),
+        "direct convolution tile out of bounds"
+    );
+    match kern {
+        Kernel::Portable => tile_portable(wp, offs, xq, src, acc),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: Kernel::Avx2 is chosen only when the CPU has AVX2 and FMA; the bounds of wp and
+        // every load were checked just above.
+        Kernel::Avx2 => unsafe {
+            match src.len() {
+                1 => avx2::tile_rows::<1>(m, wp, offs, xq, src, acc),
+                _ => avx2::tile_rows::<2>(m, wp, offs, xq, src, acc),
+            }
+        },
+    }
+}
+
+thread_local! {
+    /// This thread's polyphase buffer (reused across calls).
+    static XQ: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The per-call constants shared by all threads.
+struct Call<'a> {
+    plan: Plan,
+    kern: Kernel,
+    /// Packed weights per group.
+    wp: Vec<Vec<f32>>,
+    bias: Option<&'a [f32]>,
+    relu: bool,
+    /// K/G, C/G, input plane, output plane, C.
+    kg: usize,
+    cg: usize,
+    ilen: usize,
+    olen: usize,
+    c: usize,
+}
+
+impl Call<'_> {
+    /// Output channels `kb·MR ..` of group `grp` of one image, from its polyphase buffer `xq`;
+    /// `yb` is y of that image from channel grp·K/G + kb·MR on (at most MR planes).
+    fn block(&self, grp: usize, kb: usize, xq: &[f32], yb: &mut [f32]) {
+        let steps = self.plan.offs.len();
+        let wp = &self.wp[grp][kb * steps * MR..][..steps * MR];
+        let rows = MR.min(self.kg - kb * MR);
+        let k0 = grp * self.kg + kb * MR;
+        let mut acc: Tile = [[[0.0; LANES]; NV]; MR];
+        let mut src = [0usize; NV];
+        for group in self.plan.runs.chunks(NV) {
+            for (s, r) in src.iter_mut().zip(group) {
+                *s = r.src;
+            }
+            run_tile(
+                self.kern,
+                rows,
+                wp,
+                &self.plan.offs,
+                self.plan.reach,
+                xq,
+                &src[..group.len()],
+                &mut acc,
+            );
+            for (m, accm) in acc.iter().enumerate().take(rows) {
+                let b = self.bias.map_or(0.0, |b| b[k0 + m]);
+                let plane = &mut yb[m * self.olen..][..self.olen];
+                for (r, vals) in group.iter().zip(accm) {
+                    let out = &mut plane[r.dst..][..r.len];
+                    for (o, &v) in out.iter_mut().zip(vals) {
+                        let v = v + b;
+                        *o = if self.relu { v.max(0.0) } else { v };
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every group of one image: x\[n\] (`xn`, C planes) into y\[n\] (`yn`, K planes).
+    fn image(&self, xn: &[f32], yn: &mut [f32], split_blocks: bool) {
+        // Taken out of the cell for the image (a rayon task run while this thread waits finds an
+        // empty cell and allocates its own, never a borrowed one).
+        let mut xq = XQ.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+        {
+            xq.resize(self.plan.xq_len, 0.0);
+            for grp in 0..self.c / self.cg {
+                self.plan.fill(
+                    &xn[grp * self.cg * self.ilen..][..self.cg * self.ilen],
+                    &mut xq[..self.plan.xq_len],
+                );
+                let xq = &xq[..self.plan.xq_len];
+                let yg = &mut yn[grp * self.kg * self.olen..][..self.kg * self.olen];
+                if split_blocks {
+                    yg.par_chunks_mut(MR * self.olen)
+                        .enumerate()
+                        .for_each(|(kb, yb)| self.block(grp, kb, xq, yb));
+                } else {
+                    for (kb, yb) in yg.chunks_mut(MR * self.olen).enumerate() {
+                        self.block(grp, kb, xq, yb);
+                    }
+                }
+            }
+        }
+        XQ.with(|cell| *cell.borrow_mut() = xq);
+    }
+}
+
+/// y = conv(x, w) (+ bias) (then ReLU), direct (inputs validated by the caller).
+pub(crate) fn forward(
+    g: &ConvGeometry,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    relu: bool,
+    y: &mut [f32],
+) -> Result<()> {
+    let plan = Plan::new(g)?;
+    let wp = (0..g.groups())
+        .map(|grp| {
+            let mut v = Vec::new();
+            pack_weights(g, grp, w, &mut v);
+            v
+        })
+        .collect();
+    let call = Call {
+        plan,
+        kern: kernel(),
+        wp,
+        bias,
+        relu,
+        kg: g.out_channels_per_group(),
+        cg: g.in_channels_per_group(),
+        ilen: g.input_spatial_len(),
+        olen: g.output_spatial_len(),
+        c: g.in_channels(),
+    };
+    let (xs, ys) = (g.in_channels() * call.ilen, g.out_channels() * call.olen);
+    let threads = rayon::current_num_threads();
+    if threads <= 1 {
+        for (xn, yn) in x.chunks_exact(xs).zip(y.chunks_exact_mut(ys)) {
+            call.image(xn, yn, false);
+        }
+    } else if g.batch() >= 2 * threads {
+        x.par_chunks_exact(xs)
+            .zip(y.par_chunks_exact_mut(ys))
+            .for_each(|(xn, yn)| call.image(xn, yn, false));
+    } else {
+        for (xn, yn) in x.chunks_exact(xs).zip(y.chunks_exact_mut(ys)) {
+            call.image(xn, yn, true);
+        }
+    }
+    Ok(())
+}
