@@ -82,28 +82,32 @@ fn pass_name(p: Pass) -> &'static str {
         Pass::BackwardData(BackwardDataAlgo::GemmCol2im) => "bwd-data/gemm+col2im",
         Pass::BackwardData(BackwardDataAlgo::Deconvgemm) => "bwd-data/deconvgemm",
         Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm) => "bwd-data/flipped-convgemm",
+        Pass::BackwardData(BackwardDataAlgo::FlippedDirect) => "bwd-data/flipped-direct",
         Pass::BackwardFilter(BackwardFilterAlgo::Im2colGemmT) => "bwd-filter/im2col+gemmT",
         Pass::BackwardFilter(BackwardFilterAlgo::ReindexConvgemm) => "bwd-filter/reindex+convgemm",
         Pass::BackwardFilter(BackwardFilterAlgo::ConvgemmTrans) => "bwd-filter/convgemm-trans",
     }
 }
 
-const PASSES: [Pass; 9] = [
+const PASSES: [Pass; 10] = [
     Pass::Forward(ForwardAlgo::Im2colGemm),
     Pass::Forward(ForwardAlgo::Convgemm),
     Pass::Forward(ForwardAlgo::Direct),
     Pass::BackwardData(BackwardDataAlgo::GemmCol2im),
     Pass::BackwardData(BackwardDataAlgo::Deconvgemm),
     Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm),
+    Pass::BackwardData(BackwardDataAlgo::FlippedDirect),
     Pass::BackwardFilter(BackwardFilterAlgo::Im2colGemmT),
     Pass::BackwardFilter(BackwardFilterAlgo::ReindexConvgemm),
     Pass::BackwardFilter(BackwardFilterAlgo::ConvgemmTrans),
 ];
 
-/// The flipped convgemm takes stride-1 layers only.
+/// The flipped convgemm and flipped direct take stride-1 layers only.
 fn supported(g: &ConvGeometry, pass: Pass) -> bool {
-    pass != Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm)
-        || conv_ops::transposed_geometry(g).is_ok()
+    !matches!(
+        pass,
+        Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm | BackwardDataAlgo::FlippedDirect)
+    ) || conv_ops::transposed_geometry(g).is_ok()
 }
 
 fn bench_conv(c: &mut Criterion) {

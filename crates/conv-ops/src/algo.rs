@@ -29,6 +29,9 @@ pub enum BackwardDataAlgo {
     /// Stride 1 only: convgemm of dy with the flipped, channel-transposed kernel (the transposed
     /// convolution as a forward one); workspace: the flipped weights.
     FlippedConvgemm,
+    /// Stride 1 only: the same transposed convolution run by the direct convolution
+    /// ([`ForwardAlgo::Direct`]); workspace: the flipped weights.
+    FlippedDirect,
 }
 
 /// How to compute the weight gradient dw.
@@ -169,7 +172,8 @@ impl fmt::Display for Preset {
 
 /// Bytes of workspace that `conv-ops` allocates for one pass beyond its inputs and outputs:
 /// the im2col / GEMM-result buffer of the `base` algorithms (one group at a time), the Reindex
-/// buffer of `rdx`, the flipped weights of [`BackwardDataAlgo::FlippedConvgemm`], zero for the
+/// buffer of `rdx`, the flipped weights of [`BackwardDataAlgo::FlippedConvgemm`] and
+/// [`BackwardDataAlgo::FlippedDirect`], zero for the
 /// fused algorithms. Not counted: the GEMM's packing buffers
 /// (per thread, bounded by the cache blocking, independent of the batch), the micro-tile
 /// the store receives, and the C panel of deconvgemm and of the forward convgemm on small
@@ -189,7 +193,9 @@ pub fn workspace_bytes(g: &ConvGeometry, pass: Pass) -> usize {
         | Pass::BackwardData(BackwardDataAlgo::GemmCol2im)
         | Pass::BackwardFilter(BackwardFilterAlgo::Im2colGemmT)
         | Pass::BackwardFilter(BackwardFilterAlgo::ReindexConvgemm) => buffer,
-        Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm) => g.w_len() * size_of::<f32>(),
+        Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm | BackwardDataAlgo::FlippedDirect) => {
+            g.w_len() * size_of::<f32>()
+        }
     }
 }
 

@@ -32,8 +32,35 @@ use crate::geometry::{ConvGeometry, MAX_RANK};
 
 /// Output channels per register tile.
 pub(crate) const MR: usize = 6;
-/// Vectors of output pixels per register tile.
-pub(crate) const NV: usize = 2;
+/// Vectors of output pixels per register tile, at most (see [`runs_per_tile`]).
+pub(crate) const NV: usize = 6;
+
+/// Runs (vectors of output pixels) per tile for a block of `m` output channels: at most 12
+/// accumulators plus the loaded x vectors and one broadcast in the 16 AVX registers (4 × 3 =
+/// 12 accumulators + 4 spilled one), and at least 6 independent FMA chains.
+pub(crate) const fn runs_per_tile(m: usize) -> usize {
+    match m {
+        0 | 1 => 6,
+        2 => 4,
+        3 => 3,
+        _ => 2,
+    }
+}
+
+/// The output channels of a group split into blocks of at most [`MR`], as even as possible
+/// (32 → 6, 6, 5, 5, 5, 5 rather than 6 × 5 + 2): `(first channel, channels)` per block.
+fn channel_blocks(kg: usize) -> Vec<(usize, usize)> {
+    let nb = kg.div_ceil(MR);
+    let (base, extra) = (kg / nb, kg % nb);
+    let mut k0 = 0;
+    (0..nb)
+        .map(|i| {
+            let m = base + usize::from(i < extra);
+            k0 += m;
+            (k0 - m, m)
+        })
+        .collect()
+}
 /// Output pixels per vector (one AVX register of f32).
 pub(crate) const LANES: usize = 8;
 
@@ -195,21 +222,29 @@ fn pad_after3(g: &ConvGeometry) -> [usize; MAX_RANK] {
     p
 }
 
-/// The weights of group `grp` packed for the kernel: block kb of [`MR`] output channels holds,
-/// per step s = (input channel, tap), the [`MR`] weights w\[kb·MR + m\]\[s\] (zero past K/G).
-fn pack_weights(g: &ConvGeometry, grp: usize, w: &[f32], wp: &mut Vec<f32>) {
+/// The weights of group `grp` packed for the kernel: block b (`blocks[b] = (k0, m)`) is a panel
+/// of `steps·MR` values holding, per step s = (input channel, tap), the weights
+/// w\[k0 + i\]\[s\] for i < m, then zeros up to [`MR`].
+fn pack_weights(
+    g: &ConvGeometry,
+    grp: usize,
+    w: &[f32],
+    blocks: &[(usize, usize)],
+    wp: &mut Vec<f32>,
+) {
     let (kg, steps) = (
         g.out_channels_per_group(),
         g.in_channels_per_group() * g.kernel_len(),
     );
-    let blocks = kg.div_ceil(MR);
     wp.clear();
-    wp.resize(blocks * steps * MR, 0.0);
+    wp.resize(blocks.len() * steps * MR, 0.0);
     let wg = &w[grp * kg * steps..][..kg * steps];
-    for (k, wk) in wg.chunks_exact(steps).enumerate() {
-        let panel = &mut wp[(k / MR) * steps * MR..][..steps * MR];
-        for (s, &v) in wk.iter().enumerate() {
-            panel[s * MR + k % MR] = v;
+    for (b, &(k0, m)) in blocks.iter().enumerate() {
+        let panel = &mut wp[b * steps * MR..][..steps * MR];
+        for i in 0..m {
+            for (s, &v) in wg[(k0 + i) * steps..][..steps].iter().enumerate() {
+                panel[s * MR + i] = v;
+            }
         }
     }
 }
@@ -262,8 +297,8 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     /// The AVX2+FMA tile for the first `M` output channels of the block (`M <= MR`) and `V`
-    /// runs (`V <= NV`): 12 accumulators, 2 loaded x vectors and 1 broadcast at most, so that
-    /// nothing spills from the 16 registers.
+    /// runs (`V <= NV`; `runs_per_tile(M)` keeps the accumulators, loaded x vectors and the
+    /// broadcast within the 16 registers).
     ///
     /// # Safety
     /// The CPU has AVX2 and FMA; `wp` holds `offs.len()·MR` values; for every run base `b` in
@@ -311,12 +346,12 @@ mod avx2 {
         }
     }
 
-    /// [`tile`] for `m` channels (1..=MR) and `V` runs.
+    /// [`tile`] for `m` channels (1..=MR) and `src.len()` runs (1..=runs_per_tile(m)).
     ///
     /// # Safety
     /// As [`tile`].
     #[inline]
-    pub(super) unsafe fn tile_rows<const V: usize>(
+    pub(super) unsafe fn tile_any(
         m: usize,
         wp: &[f32],
         offs: &[usize],
@@ -324,16 +359,22 @@ mod avx2 {
         src: &[usize],
         acc: &mut Tile,
     ) {
-        // SAFETY: the caller's contract is tile's, for every M <= MR.
-        unsafe {
-            match m {
-                1 => tile::<1, V>(wp, offs, xq, src, acc),
-                2 => tile::<2, V>(wp, offs, xq, src, acc),
-                3 => tile::<3, V>(wp, offs, xq, src, acc),
-                4 => tile::<4, V>(wp, offs, xq, src, acc),
-                5 => tile::<5, V>(wp, offs, xq, src, acc),
-                _ => tile::<MR, V>(wp, offs, xq, src, acc),
-            }
+        macro_rules! runs {
+            ($m:literal: $($v:literal)*) => {
+                match src.len() {
+                    // SAFETY: the caller's contract is tile's, for every M <= MR, V <= NV.
+                    $($v => unsafe { tile::<$m, $v>(wp, offs, xq, src, acc) },)*
+                    _ => unreachable!("runs_per_tile bounds the runs"),
+                }
+            };
+        }
+        match m {
+            1 => runs!(1: 1 2 3 4 5 6),
+            2 => runs!(2: 1 2 3 4),
+            3 => runs!(3: 1 2 3),
+            4 => runs!(4: 1 2),
+            5 => runs!(5: 1 2),
+            _ => runs!(6: 1 2),
         }
     }
 }
@@ -356,7 +397,7 @@ fn run_tile(
         wp.len() >= offs.len() * MR
             && src.iter().all(|&b| b + reach <= xq.len())
             && !src.is_empty()
-            && src.len() <= NV
+            && src.len() <= runs_per_tile(m)
             && (1..=MR).contains(&m),
         "direct convolution tile out of bounds"
     );
@@ -365,12 +406,7 @@ fn run_tile(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: Kernel::Avx2 is chosen only when the CPU has AVX2 and FMA; the bounds of wp and
         // every load were checked just above.
-        Kernel::Avx2 => unsafe {
-            match src.len() {
-                1 => avx2::tile_rows::<1>(m, wp, offs, xq, src, acc),
-                _ => avx2::tile_rows::<2>(m, wp, offs, xq, src, acc),
-            }
-        },
+        Kernel::Avx2 => unsafe { avx2::tile_any(m, wp, offs, xq, src, acc) },
     }
 }
 
@@ -385,6 +421,8 @@ struct Call<'a> {
     kern: Kernel,
     /// Packed weights per group.
     wp: Vec<Vec<f32>>,
+    /// The output-channel blocks of a group (see [`channel_blocks`]).
+    blocks: Vec<(usize, usize)>,
     bias: Option<&'a [f32]>,
     relu: bool,
     /// K/G, C/G, input plane, output plane, C.
@@ -396,16 +434,16 @@ struct Call<'a> {
 }
 
 impl Call<'_> {
-    /// Output channels `kb·MR ..` of group `grp` of one image, from its polyphase buffer `xq`;
-    /// `yb` is y of that image from channel grp·K/G + kb·MR on (at most MR planes).
+    /// Output-channel block `kb` of group `grp` of one image, from its polyphase buffer `xq`;
+    /// `yb` is y of that image for the block's channels (its planes back to back).
     fn block(&self, grp: usize, kb: usize, xq: &[f32], yb: &mut [f32]) {
         let steps = self.plan.offs.len();
         let wp = &self.wp[grp][kb * steps * MR..][..steps * MR];
-        let rows = MR.min(self.kg - kb * MR);
-        let k0 = grp * self.kg + kb * MR;
+        let (k0, rows) = self.blocks[kb];
+        let k0 = grp * self.kg + k0;
         let mut acc: Tile = [[[0.0; LANES]; NV]; MR];
         let mut src = [0usize; NV];
-        for group in self.plan.runs.chunks(NV) {
+        for group in self.plan.runs.chunks(runs_per_tile(rows)) {
             for (s, r) in src.iter_mut().zip(group) {
                 *s = r.src;
             }
@@ -423,10 +461,25 @@ impl Call<'_> {
                 let b = self.bias.map_or(0.0, |b| b[k0 + m]);
                 let plane = &mut yb[m * self.olen..][..self.olen];
                 for (r, vals) in group.iter().zip(accm) {
-                    let out = &mut plane[r.dst..][..r.len];
-                    for (o, &v) in out.iter_mut().zip(vals) {
-                        let v = v + b;
-                        *o = if self.relu { v.max(0.0) } else { v };
+                    if r.len == LANES {
+                        // A whole run: fixed-size, vectorised by the compiler.
+                        let out: &mut [f32; LANES] =
+                            (&mut plane[r.dst..][..LANES]).try_into().expect("LANES");
+                        if self.relu {
+                            for l in 0..LANES {
+                                out[l] = (vals[l] + b).max(0.0);
+                            }
+                        } else {
+                            for l in 0..LANES {
+                                out[l] = vals[l] + b;
+                            }
+                        }
+                    } else {
+                        let out = &mut plane[r.dst..][..r.len];
+                        for (o, &v) in out.iter_mut().zip(vals) {
+                            let v = v + b;
+                            *o = if self.relu { v.max(0.0) } else { v };
+                        }
                     }
                 }
             }
@@ -448,12 +501,23 @@ impl Call<'_> {
                 let xq = &xq[..self.plan.xq_len];
                 let yg = &mut yn[grp * self.kg * self.olen..][..self.kg * self.olen];
                 if split_blocks {
-                    yg.par_chunks_mut(MR * self.olen)
+                    let mut parts = Vec::with_capacity(self.blocks.len());
+                    let mut rest = yg;
+                    for &(_, m) in &self.blocks {
+                        let (part, tail) = rest.split_at_mut(m * self.olen);
+                        parts.push(part);
+                        rest = tail;
+                    }
+                    parts
+                        .into_par_iter()
                         .enumerate()
                         .for_each(|(kb, yb)| self.block(grp, kb, xq, yb));
                 } else {
-                    for (kb, yb) in yg.chunks_mut(MR * self.olen).enumerate() {
+                    let mut rest = yg;
+                    for (kb, &(_, m)) in self.blocks.iter().enumerate() {
+                        let (yb, tail) = rest.split_at_mut(m * self.olen);
                         self.block(grp, kb, xq, yb);
+                        rest = tail;
                     }
                 }
             }
@@ -472,10 +536,11 @@ pub(crate) fn forward(
     y: &mut [f32],
 ) -> Result<()> {
     let plan = Plan::new(g)?;
+    let blocks = channel_blocks(g.out_channels_per_group());
     let wp = (0..g.groups())
         .map(|grp| {
             let mut v = Vec::new();
-            pack_weights(g, grp, w, &mut v);
+            pack_weights(g, grp, w, &blocks, &mut v);
             v
         })
         .collect();
@@ -483,6 +548,7 @@ pub(crate) fn forward(
         plan,
         kern: kernel(),
         wp,
+        blocks,
         bias,
         relu,
         kg: g.out_channels_per_group(),

@@ -18,7 +18,7 @@ use crate::geometry::ConvGeometry;
 /// transposed padding would be negative).
 pub fn transposed_geometry(g: &ConvGeometry) -> Result<ConvGeometry> {
     let unsupported = |reason: String| ConvError::Unsupported {
-        algo: "flipped convgemm",
+        algo: "flipped convgemm / flipped direct",
         reason,
     };
     if g.stride().iter().any(|&s| s != 1) {
@@ -51,12 +51,14 @@ pub fn transposed_geometry(g: &ConvGeometry) -> Result<ConvGeometry> {
     )
 }
 
-/// dx = backward-data(dy, w) as convgemm on the flipped kernel (inputs validated by the caller).
+/// dx = backward-data(dy, w) as the forward `algo` (convgemm or direct) on the flipped kernel
+/// (inputs validated by the caller).
 pub(crate) fn backward_data(
     g: &ConvGeometry,
     dy: &[f32],
     w: &[f32],
     dx: &mut [f32],
+    algo: ForwardAlgo,
     ws: &mut Workspace,
 ) -> Result<()> {
     let gt = transposed_geometry(g)?;
@@ -86,7 +88,7 @@ pub(crate) fn backward_data(
         None,
         false,
         dx,
-        ForwardAlgo::Convgemm,
+        algo,
         &mut Workspace::new(false),
     )
 }

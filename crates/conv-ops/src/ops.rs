@@ -169,7 +169,12 @@ pub fn backward_data(
     g.check_len("dx", dx.len(), g.x_len())?;
     let result = match algo {
         BackwardDataAlgo::Deconvgemm => crate::deconvgemm::backward_data(g, dy, w, dx),
-        BackwardDataAlgo::FlippedConvgemm => crate::flipped::backward_data(g, dy, w, dx, ws),
+        BackwardDataAlgo::FlippedConvgemm => {
+            crate::flipped::backward_data(g, dy, w, dx, ForwardAlgo::Convgemm, ws)
+        }
+        BackwardDataAlgo::FlippedDirect => {
+            crate::flipped::backward_data(g, dy, w, dx, ForwardAlgo::Direct, ws)
+        }
         BackwardDataAlgo::GemmCol2im => (|| {
             dx.fill(0.0);
             let (rows, cols) = im2col_shape(g);

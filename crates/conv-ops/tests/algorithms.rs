@@ -15,10 +15,11 @@ const FORWARD: [ForwardAlgo; 3] = [
     ForwardAlgo::Convgemm,
     ForwardAlgo::Direct,
 ];
-const BACKWARD_DATA: [BackwardDataAlgo; 3] = [
+const BACKWARD_DATA: [BackwardDataAlgo; 4] = [
     BackwardDataAlgo::GemmCol2im,
     BackwardDataAlgo::Deconvgemm,
     BackwardDataAlgo::FlippedConvgemm,
+    BackwardDataAlgo::FlippedDirect,
 ];
 const BACKWARD_FILTER: [BackwardFilterAlgo; 3] = [
     BackwardFilterAlgo::Im2colGemmT,
@@ -62,8 +63,11 @@ fn check_all(g: &ConvGeometry, seed: u64) -> Result<(), String> {
     for algo in BACKWARD_DATA {
         let mut ws = Workspace::new(false);
         let mut dx = vec![f32::NAN; g.x_len()];
-        let supported =
-            algo != BackwardDataAlgo::FlippedConvgemm || conv_ops::transposed_geometry(g).is_ok();
+        let flipped = matches!(
+            algo,
+            BackwardDataAlgo::FlippedConvgemm | BackwardDataAlgo::FlippedDirect
+        );
+        let supported = !flipped || conv_ops::transposed_geometry(g).is_ok();
         match backward_data(g, &dy, &w, &mut dx, algo, &mut ws) {
             Ok(()) if supported => {}
             // Geometries it cannot take must be refused by name, never computed wrongly.
