@@ -35,6 +35,11 @@ pub(crate) const MR: usize = 6;
 /// Vectors of output pixels per register tile, at most (see [`runs_per_tile`]).
 pub(crate) const NV: usize = 6;
 
+/// Output runs per band: the loop over output-channel blocks runs inside a band, so that the
+/// band's input lines are read from cache by every block (a multiple of every
+/// [`runs_per_tile`]).
+const BAND: usize = 24;
+
 /// Runs (vectors of output pixels) per tile for a block of `m` output channels: at most 12
 /// accumulators plus the loaded x vectors and one broadcast in the 16 AVX registers (4 × 3 =
 /// 12 accumulators + 4 spilled one), and at least 6 independent FMA chains.
@@ -434,16 +439,17 @@ struct Call<'a> {
 }
 
 impl Call<'_> {
-    /// Output-channel block `kb` of group `grp` of one image, from its polyphase buffer `xq`;
-    /// `yb` is y of that image for the block's channels (its planes back to back).
-    fn block(&self, grp: usize, kb: usize, xq: &[f32], yb: &mut [f32]) {
+    /// Output-channel block `kb` of group `grp` of one image on the pixel runs `runs`, from its
+    /// polyphase buffer `xq`; `yb` is y of that image for the block's channels (its planes back
+    /// to back).
+    fn block(&self, grp: usize, kb: usize, runs: &[PixelRun], xq: &[f32], yb: &mut [f32]) {
         let steps = self.plan.offs.len();
         let wp = &self.wp[grp][kb * steps * MR..][..steps * MR];
         let (k0, rows) = self.blocks[kb];
         let k0 = grp * self.kg + k0;
         let mut acc: Tile = [[[0.0; LANES]; NV]; MR];
         let mut src = [0usize; NV];
-        for group in self.plan.runs.chunks(runs_per_tile(rows)) {
+        for group in runs.chunks(runs_per_tile(rows)) {
             for (s, r) in src.iter_mut().zip(group) {
                 *s = r.src;
             }
@@ -500,24 +506,25 @@ impl Call<'_> {
                 );
                 let xq = &xq[..self.plan.xq_len];
                 let yg = &mut yn[grp * self.kg * self.olen..][..self.kg * self.olen];
-                if split_blocks {
+                // Band by band of output runs (its x lines stay in cache across the blocks),
+                // every output-channel block on each band.
+                for band in self.plan.runs.chunks(BAND) {
                     let mut parts = Vec::with_capacity(self.blocks.len());
-                    let mut rest = yg;
+                    let mut rest = &mut *yg;
                     for &(_, m) in &self.blocks {
                         let (part, tail) = rest.split_at_mut(m * self.olen);
                         parts.push(part);
                         rest = tail;
                     }
-                    parts
-                        .into_par_iter()
-                        .enumerate()
-                        .for_each(|(kb, yb)| self.block(grp, kb, xq, yb));
-                } else {
-                    let mut rest = yg;
-                    for (kb, &(_, m)) in self.blocks.iter().enumerate() {
-                        let (yb, tail) = rest.split_at_mut(m * self.olen);
-                        self.block(grp, kb, xq, yb);
-                        rest = tail;
+                    if split_blocks {
+                        parts
+                            .into_par_iter()
+                            .enumerate()
+                            .for_each(|(kb, yb)| self.block(grp, kb, band, xq, yb));
+                    } else {
+                        for (kb, yb) in parts.into_iter().enumerate() {
+                            self.block(grp, kb, band, xq, yb);
+                        }
                     }
                 }
             }
