@@ -152,10 +152,25 @@ pub(crate) unsafe fn ukr<S: Simd, const MR: usize, const NV: usize, const AS: us
 
         let va = S::splat(alpha);
         if m == MR && n == nr && cs_c == 1 {
-            if beta == 0.0 {
+            if beta == 0.0 && alpha == 1.0 {
+                // The common case (and the only one of short-k batches, where 12 multiplies
+                // would cost several percent of a tile): the accumulators as they are.
+                for r in 0..MR {
+                    for v in 0..NV {
+                        S::store(c.add(r * rs_c + v * S::LANES), acc[r][v]);
+                    }
+                }
+            } else if beta == 0.0 {
                 for r in 0..MR {
                     for v in 0..NV {
                         S::store(c.add(r * rs_c + v * S::LANES), S::mul(acc[r][v], va));
+                    }
+                }
+            } else if beta == 1.0 && alpha == 1.0 {
+                for r in 0..MR {
+                    for v in 0..NV {
+                        let cp = c.add(r * rs_c + v * S::LANES);
+                        S::store(cp, S::add(acc[r][v], S::load(cp)));
                     }
                 }
             } else if beta == 1.0 {
