@@ -105,6 +105,35 @@ impl Preset {
             ..self
         }
     }
+    /// The memory-lean preset for one geometry: `cgt+dg`'s fused algorithms (nothing that grows
+    /// with the batch beyond `w_len()` flipped weights), each pass choosing the faster for `g`
+    /// as measured on the layers of the conv-ops bench (docs/PERFORMANCE.md, session 5):
+    /// - forward: [`ForwardAlgo::Direct`] when [`direct_applies`], else convgemm;
+    /// - backward-data: [`BackwardDataAlgo::FlippedDirect`] when the transposed (stride-1)
+    ///   form exists and [`direct_applies`]; else the flipped convgemm for stride-1 "same"
+    ///   convolutions (output at least as large as the input), deconvgemm otherwise;
+    /// - backward-filter: the transposed convgemm.
+    pub fn lean_for(g: &ConvGeometry) -> Preset {
+        let flipped = crate::flipped::transposed_geometry(g).is_ok();
+        let same = g.output_spatial_len() >= g.input_spatial_len();
+        Preset {
+            forward: if direct_applies(g) {
+                ForwardAlgo::Direct
+            } else {
+                ForwardAlgo::Convgemm
+            },
+            backward_data: if flipped && direct_applies(g) {
+                BackwardDataAlgo::FlippedDirect
+            } else if flipped && same {
+                BackwardDataAlgo::FlippedConvgemm
+            } else {
+                BackwardDataAlgo::Deconvgemm
+            },
+            backward_filter: BackwardFilterAlgo::ConvgemmTrans,
+            persistent: false,
+        }
+    }
+
     /// The three passes of this preset.
     pub fn passes(&self) -> [Pass; 3] {
         [
@@ -113,6 +142,16 @@ impl Preset {
             Pass::BackwardFilter(self.backward_filter),
         ]
     }
+}
+
+/// Whether the direct convolution is the faster lean algorithm for `g` (forward, and the
+/// flipped backward-data of stride-1 layers): a kernel larger than 1×1 (a 1×1 kernel has too
+/// few multiply-adds per input value to pay for the padded copy: ResNet-20's 1×1 stride-2
+/// projections run 2.2-2.8× slower direct) and at most 128 input and output channels per
+/// group (with 256 and 512 channels convgemm's blocked GEMM is 7-20% faster: ResNet-50's
+/// 256@14² and 512@7²).
+pub fn direct_applies(g: &ConvGeometry) -> bool {
+    g.kernel_len() > 1 && g.in_channels_per_group() <= 128 && g.out_channels_per_group() <= 128
 }
 
 impl FromStr for Preset {

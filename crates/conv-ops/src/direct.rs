@@ -198,6 +198,25 @@ impl Plan {
                     if sw == 1 {
                         let at = phase_dh * sub + line + self.pad[2];
                         dst[at..at + inw].copy_from_slice(row);
+                    } else if sw == 2 {
+                        // Deinterleaved in one pass over pairs (vectorised): with pad even,
+                        // row[2t] goes to phase 0 and row[2t + 1] to phase 1, with pad odd the
+                        // other way round; each phase line starts at (first + pad) / 2.
+                        let pw = self.pad[2];
+                        let e = pw % 2;
+                        let p0 = phase_dh * 2;
+                        let (lo, hi) = dst.split_at_mut((p0 + 1) * sub);
+                        let ph0 = &mut lo[p0 * sub + line + (e + pw) / 2..];
+                        let ph1 = &mut hi[line + (1 - e + pw) / 2..];
+                        let (a, b) = if e == 0 { (ph0, ph1) } else { (ph1, ph0) };
+                        let pairs = row.chunks_exact(2);
+                        if let [last] = pairs.remainder() {
+                            a[inw / 2] = *last;
+                        }
+                        for ((pair, da), db) in pairs.zip(a.iter_mut()).zip(b.iter_mut()) {
+                            *da = pair[0];
+                            *db = pair[1];
+                        }
                     } else {
                         // Phase p of the line holds the inputs iw with (iw + pad) % sw == p,
                         // back to back from position (first + pad) / sw.

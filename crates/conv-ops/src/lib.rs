@@ -55,7 +55,8 @@ mod source;
 pub mod testing;
 
 pub use algo::{
-    BackwardDataAlgo, BackwardFilterAlgo, ForwardAlgo, Pass, Preset, Workspace, workspace_bytes,
+    BackwardDataAlgo, BackwardFilterAlgo, ForwardAlgo, Pass, Preset, Workspace, direct_applies,
+    workspace_bytes,
 };
 pub use convgemm::Im2colB;
 pub use convgemm_trans::Im2colTB;

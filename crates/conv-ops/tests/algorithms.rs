@@ -348,3 +348,68 @@ fn direct_under_every_schedule() {
         }
     }
 }
+
+/// `Preset::lean_for` picks the direct convolution for small-kernel, few-channel layers and the
+/// GEMM forms elsewhere; whatever it picks computes every pass correctly and allocates no more
+/// than the flipped weights.
+#[test]
+fn lean_preset_per_geometry() {
+    let rn20 = ConvGeometry::new(4, 32, 32, &[16, 16], &[3, 3])
+        .unwrap()
+        .with_padding(&[1])
+        .unwrap();
+    let p = Preset::lean_for(&rn20);
+    assert_eq!(p.forward, ForwardAlgo::Direct);
+    assert_eq!(p.backward_data, BackwardDataAlgo::FlippedDirect);
+    assert_eq!(p.backward_filter, BackwardFilterAlgo::ConvgemmTrans);
+    let s2 = ConvGeometry::new(2, 16, 32, &[17, 16], &[3, 3])
+        .unwrap()
+        .with_stride(&[2])
+        .unwrap()
+        .with_padding(&[1])
+        .unwrap();
+    let p = Preset::lean_for(&s2);
+    assert_eq!(p.forward, ForwardAlgo::Direct);
+    assert_eq!(p.backward_data, BackwardDataAlgo::Deconvgemm);
+    let proj = ConvGeometry::new(2, 16, 32, &[16, 16], &[1, 1])
+        .unwrap()
+        .with_stride(&[2])
+        .unwrap();
+    assert_eq!(Preset::lean_for(&proj).forward, ForwardAlgo::Convgemm);
+    let wide = ConvGeometry::new(1, 256, 256, &[7, 7], &[3, 3])
+        .unwrap()
+        .with_padding(&[1])
+        .unwrap();
+    let p = Preset::lean_for(&wide);
+    assert_eq!(p.forward, ForwardAlgo::Convgemm);
+    assert_eq!(p.backward_data, BackwardDataAlgo::FlippedConvgemm);
+    let valid = ConvGeometry::new(3, 6, 16, &[14, 14], &[5, 5]).unwrap();
+    assert_eq!(
+        Preset::lean_for(&valid).backward_data,
+        BackwardDataAlgo::FlippedDirect
+    );
+
+    for (i, g) in [rn20, s2, proj, wide, valid].iter().enumerate() {
+        let p = Preset::lean_for(g);
+        let seed = 100 + i as u64;
+        let (x, w, dy) = (
+            uniform(seed, g.x_len()),
+            uniform(seed ^ 1, g.w_len()),
+            uniform(seed ^ 2, g.y_len()),
+        );
+        let mut ws = Workspace::for_preset(&p);
+        let (mut y, mut y_ref) = (vec![0f32; g.y_len()], vec![0f32; g.y_len()]);
+        forward(g, &x, &w, None, false, &mut y, p.forward, &mut ws).unwrap();
+        reference::forward(g, &x, &w, None, &mut y_ref).unwrap();
+        tol(g.in_channels_per_group() * g.kernel_len())
+            .check("y", &y, &y_ref)
+            .unwrap();
+        let (mut dx, mut dx_ref) = (vec![0f32; g.x_len()], vec![0f32; g.x_len()]);
+        backward_data(g, &dy, &w, &mut dx, p.backward_data, &mut ws).unwrap();
+        reference::backward_data(g, &dy, &w, &mut dx_ref).unwrap();
+        tol(g.out_channels_per_group() * g.kernel_len())
+            .check("dx", &dx, &dx_ref)
+            .unwrap();
+        assert!(ws.peak_bytes() <= g.w_len() * size_of::<f32>());
+    }
+}
