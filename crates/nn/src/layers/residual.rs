@@ -182,8 +182,31 @@ fn add_into(a: &mut Tensor, b: &Tensor) {
 }
 
 impl Layer for Residual {
+    /// The block's name and, once `Auto` has measured, what it chose for each convolution of
+    /// the body (and the shortcut): `BasicBlock(16→32, stride 2; auto→winograd, auto→convgemm;
+    /// shortcut auto→convgemm)`.
     fn describe(&self) -> String {
-        self.desc.clone()
+        let labels = |s: &Sequential| -> Vec<String> {
+            s.layers()
+                .iter()
+                .filter_map(|l| l.downcast_ref::<Conv>().map(Conv::algo_label))
+                .collect()
+        };
+        let body = labels(&self.body);
+        let shortcut = self
+            .shortcut
+            .as_ref()
+            .map(|(_, s)| labels(s))
+            .unwrap_or_default();
+        if !body.iter().chain(&shortcut).any(|l| l.contains('→')) {
+            return self.desc.clone();
+        }
+        let mut d = self.desc.trim_end_matches(')').to_string();
+        d.push_str(&format!("; {}", body.join(", ")));
+        if !shortcut.is_empty() {
+            d.push_str(&format!("; shortcut {}", shortcut.join(", ")));
+        }
+        d + ")"
     }
 
     fn forward(&mut self, x: Tensor, train: bool) -> Result<Tensor> {
