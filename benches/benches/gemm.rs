@@ -4,7 +4,9 @@
 //! GEMMs (ResNet-50, VGG and C3D 3×3 layers) and the small-m products of CIFAR-sized CNNs
 //! (ResNet-20, LeNet-5), on 1 and 2 threads (rayon pools built here); and,
 //! on 1 thread, one convolution shape stored into a dense C against a channel-major C (conv-ops'
-//! output layout) through the generic tile store and through `Store::window`. Criterion's throughput
+//! output layout) through the generic tile store and through `Store::window`; and, on 1 thread,
+//! fastconv's batch-1 Winograd batch (81 products of 32 × 32 · 32 × 80) through
+//! `gemm_packed_batched` (operands pre-packed) against `sgemm_batched`. Criterion's throughput
 //! is declared in FLOPs (`Throughput::Elements(2·m·n·k)`, group names end in `@flop`), so its
 //! "elem/s" read as FLOP/s. The bench also measures the FMA peak of the active kernel family on 1
 //! and 2 threads and prints, per case, a summary line with its own median GFLOP/s and % of that
@@ -106,6 +108,9 @@ const SMALL_SHAPES: [Shape; 5] = [
 /// The store comparison: ResNet-50 128@28² at batch 8 written channel-major (N×C×H×W), as
 /// conv-ops' forward does: `(name, m, batch, plane, k)`.
 const STORE_SHAPE: (&str, usize, usize, usize, usize) = ("128x6272x1152", 128, 8, 784, 1152);
+
+/// The batched comparison: fastconv's F(6,4) Winograd products at batch 1, `(name, m, n, k, count)`.
+const PACKED_SHAPE: (&str, usize, usize, usize, usize) = ("81x32x80x32", 32, 80, 32, 81);
 
 /// The criterion filter (first positional argument), applied to the summary timings too.
 fn filter() -> Option<String> {
@@ -316,6 +321,85 @@ fn main() {
             record(&case, "gflops", gf, "GFLOP/s");
             record(&case, "pct_of_peak", 100.0 * gf / peak, "%");
             summary.push((format!("store-{variant} {name}"), 1, gf, None, peak));
+        }
+        group.finish();
+    }
+
+    // fastconv's batch-1 Winograd products (F(6,4): 81 products of 32 × 32 · 32 × 80), 1 thread:
+    // `gemm_packed_batched` on operands already in panel layout against `sgemm_batched` on
+    // row-major operands (the driver packs them).
+    {
+        let (name, m, n, k, count) = PACKED_SHAPE;
+        let g = core_blas::Gemm::global().expect("global context");
+        let flops = 2.0 * (m * n * k * count) as f64;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .expect("pool");
+        let peak = core_blas::peak::fma_peak_gflops(isa, 1, peak_time).expect("peak");
+        let a = data(count * m * k, 1);
+        let b = data(count * k * n, 2);
+        let (al, bl) = (g.packed_a_len(m, k), g.packed_b_len(k, n));
+        let mut ap = vec![0.0f32; count * al];
+        let mut bp = vec![0.0f32; count * bl];
+        for p in 0..count {
+            for i in 0..m {
+                for t in 0..k {
+                    ap[p * al + g.packed_a_index(k, i, t)] = a[p * m * k + i * k + t];
+                }
+            }
+            for t in 0..k {
+                for j in 0..n {
+                    bp[p * bl + g.packed_b_index(k, t, j)] = b[p * k * n + t * n + j];
+                }
+            }
+        }
+        let mut c = vec![0.0f32; count * m * n];
+        let mut group = criterion.benchmark_group(flop_group("gemm-batched-t1"));
+        group
+            .sample_size(10)
+            .warm_up_time(Duration::from_millis(200))
+            .throughput(Throughput::Elements(flops as u64))
+            .measurement_time(Duration::from_secs_f64(if quick { 0.5 } else { 2.0 }));
+        for variant in ["packed", "sgemm_batched"] {
+            let id = format!("gemm-batched-t1@flop/{variant}/{name}");
+            if filter().is_some_and(|f| !id.contains(&f)) {
+                continue;
+            }
+            let run = |c: &mut [f32]| {
+                if variant == "packed" {
+                    g.gemm_packed_batched(m, n, k, &ap, al, &bp, bl, 0.0, c, n, m * n, count)
+                } else {
+                    g.sgemm_batched(
+                        false,
+                        false,
+                        m,
+                        n,
+                        k,
+                        1.0,
+                        &a,
+                        k,
+                        m * k,
+                        &b,
+                        n,
+                        k * n,
+                        0.0,
+                        c,
+                        n,
+                        m * n,
+                        count,
+                    )
+                }
+                .expect("batched gemm")
+            };
+            group.bench_function(BenchmarkId::new(variant, name), |bch| {
+                pool.install(|| bch.iter(|| run(&mut c)))
+            });
+            let gf = flops / pool.install(|| median_secs(summary_budget, || run(&mut c))) / 1e9;
+            let case = format!("batched-{variant}-{name}-t1");
+            record(&case, "gflops", gf, "GFLOP/s");
+            record(&case, "pct_of_peak", 100.0 * gf / peak, "%");
+            summary.push((format!("batched-{variant} {name}"), 1, gf, None, peak));
         }
         group.finish();
     }
