@@ -11,7 +11,9 @@ use conv_ops::ConvGeometry;
 use rayon::prelude::*;
 
 use crate::error::Result;
-use crate::ntransform::{TileTransforms, multi_mode_product_unchecked, transform_into_rows};
+use crate::ntransform::{
+    RowsDest, TileTransforms, multi_mode_product_unchecked, transform_into_rows,
+};
 use crate::tiled::{Segment, channel_group, gather_apply, gather_segments, tiles_per_dim};
 
 /// Buffers of backward-filter kept by the plan across calls: per thread the accumulator M
@@ -123,8 +125,9 @@ pub(crate) fn backward_filter(
                     &mats,
                     scratch,
                     tmp,
-                    &mut dst[c0 * tb..],
+                    dst,
                     channels * tb,
+                    RowsDest::Rows { at: c0 * tb },
                 );
                 c0 += cn;
             }

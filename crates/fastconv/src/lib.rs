@@ -58,3 +58,4 @@ pub use ntransform::{SparseTransform, TileTransforms, mode_n_product, multi_mode
 pub use plan::WinogradPlan;
 pub use rational::Point;
 pub use synthesis::{DenseMatrix, WinogradTransform};
+pub use tiled::GemmPath;

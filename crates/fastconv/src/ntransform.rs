@@ -548,6 +548,11 @@ pub(crate) fn strided_product<T: Real>(
 /// `y[r * ldy..][..inner]`. The first N − 1 modes run on `x` into `tmp` (with `scratch`), the last
 /// one writes straight into `y`, so a block of channels can land in its place in a larger
 /// (ξ, channels, tiles) tensor.
+///
+/// With [`RowsDest::Panels`] the rows are instead cut into pieces of `nr` values laid out as a
+/// GEMM's B micro-panels (see there); the last mode's product then runs into `tmp` a group of
+/// rows at a time and is copied from L1 into place.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn transform_into_rows<T: Real>(
     x: &[T],
     dims: &[usize],
@@ -556,6 +561,7 @@ pub(crate) fn transform_into_rows<T: Real>(
     tmp: &mut Vec<T>,
     y: &mut [T],
     ldy: usize,
+    dest: RowsDest,
 ) {
     let nm = mats.len();
     debug_assert_eq!(dims.len(), nm + 1);
@@ -571,16 +577,97 @@ pub(crate) fn transform_into_rows<T: Real>(
     };
     let outer: usize = first.iter().map(|u| u.rows()).product();
     let a_last = dims[nm - 1];
-    for o in 0..outer {
-        strided_product(
-            last,
-            inner,
-            &src[o * a_last * inner..],
-            inner,
-            &mut y[o * last.rows() * ldy..],
-            ldy,
-        );
+    let rows = last.rows();
+    match dest {
+        RowsDest::Rows { at } => {
+            for o in 0..outer {
+                strided_product(
+                    last,
+                    inner,
+                    &src[o * a_last * inner..],
+                    inner,
+                    &mut y[at + o * rows * ldy..],
+                    ldy,
+                );
+            }
+        }
+        RowsDest::Panels {
+            at,
+            seg,
+            nr,
+            panel_stride,
+        } => {
+            debug_assert!(seg.is_multiple_of(nr) && inner.is_multiple_of(seg));
+            // The product of one `o` (rows × inner, L1-sized) in `scratch`, then its pieces.
+            scratch.resize(rows * inner, T::zero());
+            for o in 0..outer {
+                strided_product(
+                    last,
+                    inner,
+                    &src[o * a_last * inner..],
+                    inner,
+                    scratch,
+                    inner,
+                );
+                for r in 0..rows {
+                    let yr = &mut y[at + (o * rows + r) * ldy..];
+                    let sr = &scratch[r * inner..][..inner];
+                    match nr {
+                        16 => copy_pieces::<T, 16>(sr, seg, yr, panel_stride),
+                        8 => copy_pieces::<T, 8>(sr, seg, yr, panel_stride),
+                        _ => {
+                            for (c, sc) in sr.chunks_exact(seg).enumerate() {
+                                for (p, piece) in sc.chunks_exact(nr).enumerate() {
+                                    yr[c * nr + p * panel_stride..][..nr].copy_from_slice(piece);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
+}
+
+/// The pieces of one row for [`RowsDest::Panels`] with `nr = N` known at compile time (each
+/// piece a few vector moves instead of a `memcpy` call).
+#[inline(always)]
+fn copy_pieces<T: Real, const N: usize>(sr: &[T], seg: usize, yr: &mut [T], panel_stride: usize) {
+    for (c, sc) in sr.chunks_exact(seg).enumerate() {
+        for (p, piece) in sc.chunks_exact(N).enumerate() {
+            let dst: &mut [T; N] = (&mut yr[c * N + p * panel_stride..][..N])
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("a slice of N values"));
+            let src: &[T; N] = piece
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("chunks_exact(N)"));
+            *dst = *src;
+        }
+    }
+}
+
+/// Where [`transform_into_rows`] writes row `r` (the flat index over the transformed modes) of
+/// its result, `inner` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RowsDest {
+    /// Contiguous at `y[at + r · ldy..]`.
+    Rows {
+        /// Offset of row 0.
+        at: usize,
+    },
+    /// `inner` = segments of `seg` values (a channel's tiles), each cut into pieces of `nr`:
+    /// piece `p` of segment `c` at `y[at + r · ldy + c · nr + p · panel_stride..][..nr]` (the
+    /// NR-wide panels of a (panels, channels, NR) B operand; `seg` a multiple of `nr`).
+    Panels {
+        /// Offset of row 0's first piece.
+        at: usize,
+        /// Values per segment.
+        seg: usize,
+        /// Values per piece.
+        nr: usize,
+        /// Distance between consecutive pieces of a segment.
+        panel_stride: usize,
+    },
 }
 
 /// The reverse of [`transform_into_rows`]: row `r` (flat over the N modes of shape `alpha`) of the

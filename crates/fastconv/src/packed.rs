@@ -47,6 +47,20 @@ impl PackedKernels {
         }
     }
 
+    /// Panel height.
+    pub(crate) fn mr(&self) -> usize {
+        self.mr
+    }
+
+    /// All matrices' panels and the distance between consecutive matrices (the A operand of
+    /// `core_blas::Gemm::gemm_packed_batched`).
+    pub(crate) fn panels(&self) -> (&[f32], usize) {
+        (
+            &self.data,
+            self.rows.div_ceil(self.mr) * self.mr * self.cols,
+        )
+    }
+
     /// The packed `U_ξᵀ` of one ξ as a core-blas A source.
     pub(crate) fn matrix(&self, xi: usize) -> PackedMatrix<'_> {
         debug_assert!(xi < self.count);

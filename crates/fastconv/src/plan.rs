@@ -22,7 +22,7 @@ use crate::filter_grad::FilterWorkspace;
 use crate::ntransform::TileTransforms;
 use crate::packed::PackedKernels;
 use crate::points::transform_for;
-use crate::tiled::{Correlation, correlate};
+use crate::tiled::{Correlation, GemmPath, correlate};
 
 /// Transformed kernels, packed for the GEMMs, and the weights they were computed from.
 #[derive(Debug, Clone)]
@@ -58,6 +58,7 @@ pub struct WinogradPlan {
     fwd: TileTransforms,
     bwd_filter: TileTransforms,
     block_tiles: Option<usize>,
+    gemm_path: GemmPath,
     cache_fwd: Option<KernelCache>,
     cache_bwd: Option<KernelCache>,
     filter_ws: FilterWorkspace,
@@ -162,6 +163,7 @@ impl WinogradPlan {
             fwd: TileTransforms::new(&fwd)?,
             bwd_filter: TileTransforms::new(&bf)?,
             block_tiles: None,
+            gemm_path: GemmPath::default(),
             cache_fwd: None,
             cache_bwd: None,
             filter_ws: FilterWorkspace::default(),
@@ -190,6 +192,12 @@ impl WinogradPlan {
         }
         self.block_tiles = Some(tiles);
         Ok(())
+    }
+
+    /// Chooses how forward and backward-data run their transformed-domain products (default
+    /// [`GemmPath::Panels`]); both give the same results up to rounding.
+    pub fn set_gemm_path(&mut self, path: GemmPath) {
+        self.gemm_path = path;
     }
 
     /// Tiles per block: the explicit setting, or the default capped so that every thread of the
@@ -275,7 +283,7 @@ impl WinogradPlan {
             .as_ref()
             .map(|c| &c.u)
             .ok_or(FastconvError::Zero { arg: "w" })?;
-        correlate(&job, &self.fwd, u, x, y, block)
+        correlate(&job, &self.fwd, u, x, y, block, self.gemm_path)
     }
 
     /// Backward-data pass `dx = ∂⟨y, dy⟩/∂x`: dy N×K×output, w K×C×kernel, dx N×C×input.
@@ -320,7 +328,7 @@ impl WinogradPlan {
             .as_ref()
             .map(|c| &c.u)
             .ok_or(FastconvError::Zero { arg: "w" })?;
-        correlate(&job, &self.fwd, u, dy, dx, block)
+        correlate(&job, &self.fwd, u, dy, dx, block, self.gemm_path)
     }
 
     /// Backward-filter pass `dw = ∂⟨y, dy⟩/∂w`: x N×C×input, dy N×K×output, dw K×C×kernel

@@ -5,7 +5,7 @@
 use conv_ops::ConvGeometry;
 use conv_ops::reference;
 use conv_ops::testing::{dot, max_rel_error, uniform};
-use fastconv::{CostModel, FastconvError, WinogradPlan, choose_tile};
+use fastconv::{CostModel, FastconvError, GemmPath, WinogradPlan, choose_tile};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -318,5 +318,43 @@ fn reused_buffers_across_plans() {
             max_rel_error(&dx, &f64s(&dx_ref)) <= TOL,
             "backward-data, round {round}"
         );
+    }
+}
+
+/// Both GEMM paths of forward and backward-data (V in core-blas's NR panels read in place, and
+/// V row-major through the blocked driver) against the reference, with blocks that end inside
+/// a panel (5, 37 tiles), span several panels (48) and the default, and enough channels that
+/// the input side runs in several channel groups (each group's rows landing in every panel).
+#[test]
+fn gemm_paths_match_reference() {
+    let g = ConvGeometry::new(2, 40, 19, &[29, 31], &[3, 3])
+        .unwrap()
+        .with_padding_per_side(&[1, 0], &[2, 1])
+        .unwrap();
+    let (x, w, dy) = (
+        uniform(5, g.x_len()),
+        uniform(6, g.w_len()),
+        uniform(7, g.y_len()),
+    );
+    let mut y_ref = vec![0.0; g.y_len()];
+    reference::forward(&g, &x, &w, None, &mut y_ref).unwrap();
+    let mut dx_ref = vec![0.0; g.x_len()];
+    reference::backward_data(&g, &dy, &w, &mut dx_ref).unwrap();
+    for path in [GemmPath::Panels, GemmPath::Driver] {
+        for block in [None, Some(5), Some(37), Some(48)] {
+            let mut plan = WinogradPlan::new(&g, Some(&[6, 5])).unwrap();
+            plan.set_gemm_path(path);
+            if let Some(b) = block {
+                plan.set_block_tiles(b).unwrap();
+            }
+            let (mut y, mut dx) = (vec![f32::NAN; g.y_len()], vec![f32::NAN; g.x_len()]);
+            plan.forward(&x, &w, &mut y).unwrap();
+            plan.backward_data(&dy, &w, &mut dx).unwrap();
+            let ctx = format!("{path:?}, block {block:?}");
+            let e = max_rel_error(&y, &f64s(&y_ref));
+            assert!(e <= TOL, "forward {e:.2e} {ctx}");
+            let e = max_rel_error(&dx, &f64s(&dx_ref));
+            assert!(e <= TOL, "backward-data {e:.2e} {ctx}");
+        }
     }
 }
