@@ -56,10 +56,16 @@ pub type GradReady<'a> = dyn FnMut(&str, &Parameter) + 'a;
 pub trait AsAny: Any {
     /// `self` as [`Any`].
     fn as_any(&self) -> &dyn Any;
+    /// A boxed `self` as a boxed [`Any`], to take a layer of a known type out of a model.
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
 }
 
 impl<T: Any> AsAny for T {
     fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
         self
     }
 }

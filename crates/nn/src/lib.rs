@@ -54,7 +54,7 @@ pub use error::{NnError, Result};
 pub use layer::{AsAny, GradReady, Layer, Parameter};
 pub use layers::{
     AdaptiveAvgPool, BasicBlock, BatchNorm, Conv, ConvAlgo, ConvConfig, Dropout, Flatten,
-    GlobalAvgPool, Linear, MaxPool, Relu, Residual,
+    GlobalAvgPool, Linear, MaxPool, Relu, Residual, StatsReduce,
 };
 pub use loss::cross_entropy;
 pub use model::{MODELS, ModelOptions, Sequential, build, build_with};

@@ -21,6 +21,11 @@ fn lanes(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f64 {
     acc.iter().map(|&v| v as f64).sum::<f64>() + tail
 }
 
+/// The per-channel statistics hook of [`BatchNorm::forward_reduced`] and
+/// [`BatchNorm::backward_reduced`]: replaces the buffer by its element-wise sum over the
+/// processes that hold parts of the batch.
+pub type StatsReduce<'a> = dyn FnMut(&mut [f64]) -> Result<()> + 'a;
+
 /// What backward needs: the normalised input and 1/σ per channel.
 #[derive(Debug)]
 struct Saved {
@@ -71,38 +76,58 @@ impl BatchNorm {
         }
         Ok((shape[0], shape[2..].iter().product()))
     }
-}
 
-impl Layer for BatchNorm {
-    fn describe(&self) -> String {
-        format!("BatchNorm({})", self.channels)
-    }
-
-    fn forward(&mut self, mut x: Tensor, train: bool) -> Result<Tensor> {
+    /// [`Layer::forward`] for a batch split over processes by rows (spatial parallelism): in
+    /// training, `reduce` receives per-channel partial statistics of this process's part and
+    /// must replace them by their sum over the processes holding the other parts (once for the
+    /// sums and counts, once for the squared deviations from the mean), so each part is
+    /// normalised with the whole batch's mean and variance. With an identity `reduce` this is
+    /// [`Layer::forward`].
+    ///
+    /// Errors: as [`Layer::forward`], and the first error of `reduce`.
+    pub fn forward_reduced(
+        &mut self,
+        mut x: Tensor,
+        train: bool,
+        reduce: &mut StatsReduce,
+    ) -> Result<Tensor> {
         let shape = x.shape().to_vec();
         let (n, plane) = self.dims(&shape)?;
         let c = self.channels;
-        let count = n * plane;
-        if train && count < 2 {
-            let detail = "training needs more than one value per channel (PyTorch refuses too)";
-            return Err(NnError::shape(self.describe(), "x", &shape, detail));
-        }
-        let (mean, var): (Vec<f64>, Vec<f64>) = if train {
-            (0..c)
+        let local = n * plane;
+        let (mean, var, count): (Vec<f64>, Vec<f64>, usize) = if train {
+            let data = x.data();
+            let planes = |ch: usize| (0..n).map(move |i| &data[(i * c + ch) * plane..][..plane]);
+            // Σ x per channel, and the number of values, summed over the parts.
+            let mut sums: Vec<f64> = (0..c)
+                .into_par_iter()
+                .map(|ch| planes(ch).map(|p| lanes(p, p, |v, _| v)).sum())
+                .collect();
+            sums.push(local as f64);
+            reduce(&mut sums)?;
+            let count = sums.pop().unwrap_or(0.0).round() as usize;
+            if count < 2 {
+                let detail = "training needs more than one value per channel (PyTorch refuses too)";
+                return Err(NnError::shape(self.describe(), "x", &shape, detail));
+            }
+            let mean: Vec<f64> = sums.iter().map(|s| s / count as f64).collect();
+            // Σ (x − mean)² per channel (two passes, as one process computes it).
+            let mut ss: Vec<f64> = (0..c)
                 .into_par_iter()
                 .map(|ch| {
-                    let planes = (0..n).map(|i| &x.data()[(i * c + ch) * plane..][..plane]);
-                    let sum: f64 = planes.clone().map(|p| lanes(p, p, |v, _| v)).sum();
-                    let mean = sum / count as f64;
-                    let m = mean as f32;
-                    let ss: f64 = planes.map(|p| lanes(p, p, |v, _| (v - m) * (v - m))).sum();
-                    (mean, ss / count as f64)
+                    let m = mean[ch] as f32;
+                    planes(ch)
+                        .map(|p| lanes(p, p, |v, _| (v - m) * (v - m)))
+                        .sum()
                 })
-                .unzip()
+                .collect();
+            reduce(&mut ss)?;
+            let var = ss.iter().map(|s| s / count as f64).collect();
+            (mean, var, count)
         } else {
             let m = self.running_mean.data().iter().map(|&v| v as f64).collect();
             let v = self.running_var.data().iter().map(|&v| v as f64).collect();
-            (m, v)
+            (m, v, local)
         };
         let inv_std: Vec<f32> = var
             .iter()
@@ -151,7 +176,19 @@ impl Layer for BatchNorm {
         Ok(x)
     }
 
-    fn backward(&mut self, mut dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+    /// [`Layer::backward`] for a batch split over processes by rows: `reduce` must replace the
+    /// per-channel sums of `dy` and `dy·x̂` (and this part's value count) by their sums over the
+    /// parts, so the parameter gradients are the whole batch's on every process and `dx` is
+    /// this part's rows of the whole batch's. Pair it with
+    /// [`forward_reduced`](BatchNorm::forward_reduced).
+    ///
+    /// Errors: as [`Layer::backward`], and the first error of `reduce`.
+    pub fn backward_reduced(
+        &mut self,
+        mut dy: Tensor,
+        need_dx: bool,
+        reduce: &mut StatsReduce,
+    ) -> Result<Option<Tensor>> {
         let Saved {
             shape,
             xhat,
@@ -169,9 +206,8 @@ impl Layer for BatchNorm {
         }
         let (n, plane) = self.dims(&shape)?;
         let c = self.channels;
-        let count = (n * plane) as f64;
-        // Per channel: Σ dy and Σ dy·x̂.
-        let sums: Vec<(f64, f64)> = (0..c)
+        // Per channel: Σ dy and Σ dy·x̂, then the value count, summed over the parts.
+        let mut flat: Vec<f64> = (0..c)
             .into_par_iter()
             .map(|ch| {
                 let (mut s, mut sx) = (0f64, 0f64);
@@ -181,9 +217,14 @@ impl Layer for BatchNorm {
                     s += lanes(d, d, |v, _| v);
                     sx += lanes(d, h, |a, b| a * b);
                 }
-                (s, sx)
+                [s, sx]
             })
+            .flatten_iter()
             .collect();
+        flat.push((n * plane) as f64);
+        reduce(&mut flat)?;
+        let count = flat.pop().unwrap_or(0.0);
+        let sums: Vec<(f64, f64)> = flat.chunks_exact(2).map(|p| (p[0], p[1])).collect();
         for (ch, &(s, sx)) in sums.iter().enumerate() {
             self.bias.grad.data_mut()[ch] = s as f32;
             self.weight.grad.data_mut()[ch] = sx as f32;
@@ -205,6 +246,20 @@ impl Layer for BatchNorm {
             }
         }
         Ok(Some(dy))
+    }
+}
+
+impl Layer for BatchNorm {
+    fn describe(&self) -> String {
+        format!("BatchNorm({})", self.channels)
+    }
+
+    fn forward(&mut self, x: Tensor, train: bool) -> Result<Tensor> {
+        self.forward_reduced(x, train, &mut |_| Ok(()))
+    }
+
+    fn backward(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        self.backward_reduced(dy, need_dx, &mut |_| Ok(()))
     }
 
     fn params(&self) -> Vec<(String, &Parameter)> {

@@ -98,6 +98,36 @@ impl Residual {
         }
     }
 
+    /// The block taken apart: its body, its shortcut (name, layers) and its description, e.g.
+    /// for a model transform that replaces layers inside it (`dist`'s spatial parallelism).
+    pub fn into_parts(self) -> (Sequential, Option<(String, Sequential)>, String) {
+        (self.body, self.shortcut, self.desc)
+    }
+
+    /// The main path.
+    pub fn body(&self) -> &Sequential {
+        &self.body
+    }
+
+    /// The shortcut's name and layers; `None` for the identity.
+    pub fn shortcut(&self) -> Option<(&str, &Sequential)> {
+        self.shortcut.as_ref().map(|(n, s)| (n.as_str(), s))
+    }
+
+    /// A block from [`into_parts`](Residual::into_parts)' pieces.
+    pub fn from_parts(
+        body: Sequential,
+        shortcut: Option<(String, Sequential)>,
+        description: String,
+    ) -> Self {
+        Residual {
+            body,
+            shortcut,
+            out: Relu::new(),
+            desc: description,
+        }
+    }
+
     /// The anchors' CIFAR block: `relu(b2(c2(relu(b1(c1(x))))) + short(x))` with 3×3
     /// convolutions (the first with `stride`), no convolution bias, and a 1×1 convolution +
     /// batch norm as the shortcut when the stride or the channel count changes. Parameter names
