@@ -115,6 +115,14 @@ pub trait DistLayer: Send + 'static {
     fn params_mut(&mut self) -> Vec<(String, &mut Parameter)>;
     /// This rank's output sample shape for this rank's input sample shape (no batch axis).
     fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>>;
+    /// Non-trained state (batch norm's running statistics), with PyTorch's names.
+    fn buffers(&self) -> Vec<(String, &Tensor)> {
+        Vec::new()
+    }
+    /// The same, mutable.
+    fn buffers_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        Vec::new()
+    }
 }
 
 /// A [`DistLayer`] bound to a registered communicator: an [`nn::Layer`] that can sit in a
@@ -172,6 +180,14 @@ impl<L: DistLayer> Layer for Bound<L> {
 
     fn params_mut(&mut self) -> Vec<(String, &mut Parameter)> {
         self.layer.params_mut()
+    }
+
+    fn buffers(&self) -> Vec<(String, &Tensor)> {
+        self.layer.buffers()
+    }
+
+    fn buffers_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        self.layer.buffers_mut()
     }
 
     fn output_shape(&self, input: &[usize]) -> nn::Result<Vec<usize>> {

@@ -12,7 +12,9 @@
 
 use std::ops::Range;
 
-use nn::{Conv, ConvConfig, Layer, MaxPool, Parameter, Relu, Sequential, Tensor};
+use nn::{
+    BatchNorm, Conv, ConvConfig, Layer, MaxPool, Parameter, Relu, Residual, Sequential, Tensor,
+};
 
 use crate::channel_conv::check_comm;
 use crate::comm::Communicator;
@@ -478,6 +480,87 @@ impl DistLayer for SpatialParallel {
     }
 }
 
+/// Batch normalisation of a tensor split by rows over the ranks of a communicator: in training
+/// the per-channel statistics (sums, then squared deviations; in backward the sums of `dy` and
+/// `dy·x̂`) are summed over the ranks, so every block is normalised with the whole batch's mean
+/// and variance and the parameter gradients and running statistics are the whole layer's on
+/// every rank. Evaluation (running statistics) is local.
+pub struct SpatialBatchNorm {
+    bn: BatchNorm,
+    parts: usize,
+    part: usize,
+}
+
+impl SpatialBatchNorm {
+    /// Block `part` of `parts` of `bn` (its parameters and running statistics move in).
+    ///
+    /// Errors: [`DistError::Training`] when `part >= parts`.
+    pub fn new(bn: BatchNorm, parts: usize, part: usize) -> Result<Self> {
+        check_block(parts, part)?;
+        Ok(SpatialBatchNorm { bn, parts, part })
+    }
+}
+
+/// Sums `buf` over `comm` in f32 (the partial sums are f64; their f32 rounding is far below
+/// the statistics' own rounding).
+fn sum_over(comm: &World, buf: &mut [f64]) -> nn::Result<()> {
+    let mut v: Vec<f32> = buf.iter().map(|&x| x as f32).collect();
+    comm.allreduce_sum(&mut v).map_err(|e| nn::NnError::Layer {
+        layer: "SpatialBatchNorm".into(),
+        source: Box::new(e),
+    })?;
+    buf.iter_mut().zip(v).for_each(|(b, x)| *b = x as f64);
+    Ok(())
+}
+
+impl DistLayer for SpatialBatchNorm {
+    fn describe(&self) -> String {
+        format!(
+            "SpatialParallel({}, block {} of {})",
+            self.bn.describe(),
+            self.part + 1,
+            self.parts
+        )
+    }
+
+    fn forward(&mut self, comm: &World, x: Tensor, train: bool) -> Result<Tensor> {
+        check_comm(comm, self.parts, self.part)?;
+        if !train {
+            return Ok(self.bn.forward(x, false)?);
+        }
+        Ok(self
+            .bn
+            .forward_reduced(x, true, &mut |b| sum_over(comm, b))?)
+    }
+
+    fn backward(&mut self, comm: &World, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        check_comm(comm, self.parts, self.part)?;
+        Ok(self
+            .bn
+            .backward_reduced(dy, need_dx, &mut |b| sum_over(comm, b))?)
+    }
+
+    fn params(&self) -> Vec<(String, &Parameter)> {
+        self.bn.params()
+    }
+
+    fn params_mut(&mut self) -> Vec<(String, &mut Parameter)> {
+        self.bn.params_mut()
+    }
+
+    fn buffers(&self) -> Vec<(String, &Tensor)> {
+        self.bn.buffers()
+    }
+
+    fn buffers_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        self.bn.buffers_mut()
+    }
+
+    fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>> {
+        Ok(self.bn.output_shape(input)?)
+    }
+}
+
 /// [`Communicator::exchange`] of owned buffers.
 fn exchange(
     comm: &World,
@@ -694,23 +777,163 @@ impl DistLayer for SpatialGather {
 /// How [`spatial_parallel`] distributed a model.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SpatialPlan {
-    /// Names of the convolutions and max-pools run on blocks of rows.
+    /// Names (dotted paths) of the convolutions and max-pools run on blocks of rows.
     pub split: Vec<String>,
     /// Names of the convolutions and max-pools left whole (an axis shorter than the rank
-    /// count, or after a layer that needs the whole tensor).
+    /// count, or inside a layer that needs the whole tensor).
     pub whole: Vec<String>,
 }
 
-/// `model` (a flat [`Sequential`]: LeNet, VGG, C3D) as block `part` of `parts` of a spatially
-/// parallel model over the communicator of `comm` (a [`crate::ProcessorGrid`] row), every rank
-/// of it passing the same model (same seed) and, in training, the same samples.
+/// What the transform needs to know: the blocks, and the communicator the split layers use.
+struct Splitter {
+    comm: CommHandle,
+    parts: usize,
+    part: usize,
+}
+
+impl Splitter {
+    /// Whether `layer` can run on blocks of rows of an input of whole sample shape `shape`
+    /// (`C × rows × …`): convolutions and max-pools whose input and output have at least
+    /// `parts` rows, batch norm and ReLU, and residual blocks and nested [`Sequential`]s made
+    /// only of those.
+    fn can_split(&self, layer: &dyn Layer, shape: &[usize]) -> bool {
+        let rows_ok = |s: &[usize]| s.len() >= 2 && s[1] >= self.parts;
+        if !rows_ok(shape) {
+            return false;
+        }
+        if layer.downcast_ref::<Conv>().is_some() || layer.downcast_ref::<MaxPool>().is_some() {
+            return layer.output_shape(shape).is_ok_and(|o| rows_ok(&o));
+        }
+        if layer.downcast_ref::<BatchNorm>().is_some() || layer.downcast_ref::<Relu>().is_some() {
+            return true;
+        }
+        let chain = |s: &Sequential| {
+            let mut shape = shape.to_vec();
+            s.layers().iter().all(|l| {
+                let ok = self.can_split(l.as_ref(), &shape);
+                shape = l.output_shape(&shape).unwrap_or_default();
+                ok
+            })
+        };
+        if let Some(seq) = layer.downcast_ref::<Sequential>() {
+            return chain(seq);
+        }
+        if let Some(block) = layer.downcast_ref::<Residual>() {
+            return chain(block.body()) && block.shortcut().is_none_or(|(_, s)| chain(s));
+        }
+        false
+    }
+
+    /// `layer` (for which [`Splitter::can_split`] holds) as its block-of-rows form; `path` is
+    /// its dotted name, for the plan.
+    fn split(
+        &self,
+        path: &str,
+        layer: Box<dyn Layer>,
+        shape: &[usize],
+        plan: &mut SpatialPlan,
+    ) -> Result<Box<dyn Layer>> {
+        let (comm, parts, part) = (self.comm, self.parts, self.part);
+        if let Some(conv) = layer.downcast_ref::<Conv>() {
+            plan.split.push(path.to_string());
+            let l = SpatialParallel::conv(conv, shape[1], parts, part)?;
+            return Ok(Box::new(Bound::new(l, comm)));
+        }
+        if let Some(pool) = layer.downcast_ref::<MaxPool>() {
+            plan.split.push(path.to_string());
+            let l = SpatialParallel::max_pool(pool, shape[1], parts, part)?;
+            return Ok(Box::new(Bound::new(l, comm)));
+        }
+        if layer.downcast_ref::<Relu>().is_some() {
+            return Ok(layer);
+        }
+        let any: Box<dyn std::any::Any> = layer.into_any();
+        let any = match any.downcast::<BatchNorm>() {
+            Ok(bn) => {
+                let l = SpatialBatchNorm::new(*bn, parts, part)?;
+                return Ok(Box::new(Bound::new(l, comm)));
+            }
+            Err(other) => other,
+        };
+        let any = match any.downcast::<Sequential>() {
+            Ok(seq) => return Ok(Box::new(self.split_seq(path, *seq, shape, plan)?)),
+            Err(other) => other,
+        };
+        match any.downcast::<Residual>() {
+            Ok(block) => {
+                let (body, shortcut, desc) = block.into_parts();
+                let body = self.split_seq(path, body, shape, plan)?;
+                let shortcut = match shortcut {
+                    Some((name, s)) => {
+                        let p = format!("{path}.{name}");
+                        Some((name, self.split_seq(&p, s, shape, plan)?))
+                    }
+                    None => None,
+                };
+                Ok(Box::new(Residual::from_parts(body, shortcut, desc)))
+            }
+            Err(_) => Err(DistError::Training(format!(
+                "{path}: no block-of-rows form for this layer"
+            ))),
+        }
+    }
+
+    /// A nested block (no input shape) with every layer split.
+    fn split_seq(
+        &self,
+        path: &str,
+        seq: Sequential,
+        shape: &[usize],
+        plan: &mut SpatialPlan,
+    ) -> Result<Sequential> {
+        let mut out = Sequential::block();
+        let mut shape = shape.to_vec();
+        for (name, layer) in seq.into_layers() {
+            let next = layer.output_shape(&shape)?;
+            let p = join(path, &name);
+            out = out.push_boxed(&name, self.split(&p, layer, &shape, plan)?)?;
+            shape = next;
+        }
+        Ok(out)
+    }
+}
+
+fn join(path: &str, name: &str) -> String {
+    if path.is_empty() {
+        name.to_string()
+    } else {
+        format!("{path}.{name}")
+    }
+}
+
+/// The convolutions and max-pools of `layer` (dotted names), for the plan's `whole` list.
+fn windowed(path: &str, layer: &dyn Layer, out: &mut Vec<String>) {
+    if layer.downcast_ref::<Conv>().is_some() || layer.downcast_ref::<MaxPool>().is_some() {
+        out.push(path.to_string());
+    } else if let Some(seq) = layer.downcast_ref::<Sequential>() {
+        for (name, l) in seq.names().iter().zip(seq.layers()) {
+            windowed(&join(path, name), l.as_ref(), out);
+        }
+    } else if let Some(block) = layer.downcast_ref::<Residual>() {
+        windowed(path, block.body(), out);
+        if let Some((name, s)) = block.shortcut() {
+            windowed(&join(path, name), s, out);
+        }
+    }
+}
+
+/// `model` as block `part` of `parts` of a spatially parallel model over the communicator of
+/// `comm` (a [`crate::ProcessorGrid`] row), every rank of it passing the same model (same seed)
+/// and, in training, the same samples.
 ///
-/// Runs of top-level convolutions and max-pools whose input and output have at least `parts`
-/// rows along the first spatial axis, with the ReLUs between them, run on blocks of rows
-/// ([`SpatialParallel`]): a [`SpatialScatter`] before the run, a [`SpatialGather`] after it.
-/// Every other layer (batch norm, residual blocks, the classifier) runs whole and identically on
-/// every rank. Parameters keep their names and are whole on every rank. The activations of the
-/// split layers, the bulk of a CNN's memory at high resolution, are divided among the ranks.
+/// The layers that can run on blocks of rows of the first spatial axis do
+/// ([`SpatialParallel`] convolutions and max-pools whose input and output have at least `parts`
+/// rows, [`SpatialBatchNorm`], ReLU, and residual blocks and nested sequences made only of
+/// those, so LeNet, VGG, C3D and the ResNets' stems and stages), with a [`SpatialScatter`]
+/// before each run and a [`SpatialGather`] after it. Every other layer (global and adaptive
+/// pooling, the classifier) runs whole and identically on every rank. Parameters keep their
+/// names and are whole on every rank. The activations of the split layers, the bulk of a CNN's
+/// memory at high resolution, are divided among the ranks.
 ///
 /// Errors: [`DistError::Training`] when `part >= parts` or `model` is a block without an input
 /// shape; [`DistError::Nn`] when the rebuilt model does not accept the shapes.
@@ -727,6 +950,7 @@ pub fn spatial_parallel(
             "spatial_parallel takes a model with an input shape C × spatial, not a block".into(),
         ));
     }
+    let splitter = Splitter { comm, parts, part };
     let mut out = Sequential::new(&input);
     let mut plan = SpatialPlan::default();
     // The whole sample shape before the current layer, and whether it is split.
@@ -734,46 +958,33 @@ pub fn spatial_parallel(
     let mut split = false;
     for (name, layer) in model.into_layers() {
         let next = layer.output_shape(&shape)?;
-        let fits = |s: &[usize]| s.len() >= 2 && s[1] >= parts;
-        let splittable = parts > 1 && fits(&shape) && fits(&next);
-        let windowed = if let Some(conv) = layer.downcast_ref::<Conv>() {
-            Some(splittable.then(|| SpatialParallel::conv(conv, shape[1], parts, part)))
+        let elementwise =
+            layer.downcast_ref::<Relu>().is_some() || layer.downcast_ref::<BatchNorm>().is_some();
+        // A run starts at a layer with a window; ReLU and batch norm only continue one.
+        let splittable =
+            parts > 1 && (split || !elementwise) && splitter.can_split(layer.as_ref(), &shape);
+        if splittable {
+            if !split {
+                let scatter = SpatialScatter::new(shape[1], parts, part)?;
+                out = out.push_boxed(
+                    &format!("{name}_scatter"),
+                    Box::new(Bound::new(scatter, comm)),
+                )?;
+                split = true;
+            }
+            out = out.push_boxed(&name, splitter.split(&name, layer, &shape, &mut plan)?)?;
         } else {
-            layer.downcast_ref::<MaxPool>().map(|pool| {
-                splittable.then(|| SpatialParallel::max_pool(pool, shape[1], parts, part))
-            })
-        };
-        let boxed: Box<dyn Layer> = match windowed {
-            Some(Some(sp)) => {
-                if !split {
-                    out = out.push_boxed(
-                        &format!("{name}_scatter"),
-                        Box::new(Bound::new(
-                            SpatialScatter::new(shape[1], parts, part)?,
-                            comm,
-                        )),
-                    )?;
-                    split = true;
-                }
-                plan.split.push(name.clone());
-                Box::new(Bound::new(sp?, comm))
+            if split {
+                let gather = SpatialGather::new(shape[1], parts, part)?;
+                out = out.push_boxed(
+                    &format!("{name}_gather"),
+                    Box::new(Bound::new(gather, comm)),
+                )?;
+                split = false;
             }
-            other => {
-                if other.is_some() {
-                    plan.whole.push(name.clone());
-                }
-                let elementwise = layer.downcast_ref::<Relu>().is_some();
-                if split && !elementwise {
-                    out = out.push_boxed(
-                        &format!("{name}_gather"),
-                        Box::new(Bound::new(SpatialGather::new(shape[1], parts, part)?, comm)),
-                    )?;
-                    split = false;
-                }
-                layer
-            }
-        };
-        out = out.push_boxed(&name, boxed)?;
+            windowed(&name, layer.as_ref(), &mut plan.whole);
+            out = out.push_boxed(&name, layer)?;
+        }
         shape = next;
     }
     if split {

@@ -4,14 +4,17 @@
 //! the grid row, halo exchanges between blocks) and trained with `DataParallel` (over the grid
 //! column) take the same steps as the whole model trained on one process: equal losses at every
 //! step, equal parameters and logits afterwards. Odd sizes, strides, padding, a padded max-pool
-//! and unequal blocks are on purpose. One PASS line per rank; the first failed check aborts.
+//! and unequal blocks are on purpose; a third model with batch norm and residual blocks (nested
+//! in a stage, one with a projection shortcut) runs on the grids of one sample block.
+//! One PASS line per rank; the first failed check aborts.
 
 use dist::{
     Communicator, DataParallel, ProcessorGrid, Runtime, SpatialPlan, World, register,
     spatial_parallel,
 };
 use nn::{
-    Conv, ConvAlgo, ConvConfig, Flatten, Linear, MaxPool, Relu, Sequential, Sgd, Tensor, local_step,
+    BatchNorm, Conv, ConvAlgo, ConvConfig, Flatten, GlobalAvgPool, Linear, MaxPool, Relu, Residual,
+    Sequential, Sgd, Tensor, local_step,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -59,6 +62,28 @@ fn model3d(algo: ConvAlgo, seed: u64) -> nn::Result<Sequential> {
         .push(Relu::new())?
         .push(Flatten::new())?
         .push(Linear::new(4 * 4 * 3 * 2, 5, rng)?)
+}
+
+/// 3×11×10 samples: a stem with batch norm, then a nested stage of two residual blocks (the
+/// second with stride 2 and a 1×1 projection shortcut: 11 → 6 rows), global pooling and the
+/// classifier, the shape of torchvision's ResNets.
+fn resnet(algo: ConvAlgo, seed: u64) -> nn::Result<Sequential> {
+    let rng = &mut SmallRng::seed_from_u64(seed);
+    let stage = Sequential::block()
+        .push(Residual::basic_block(8, 8, 1, algo, rng)?)?
+        .push(Residual::basic_block(8, 12, 2, algo, rng)?)?;
+    Sequential::new(&[3, 11, 10])
+        .push(Conv::new(
+            ConvConfig::conv2d(3, 8, 3).padding(1).no_bias(),
+            algo,
+            rng,
+        )?)?
+        .push(BatchNorm::new(8)?)?
+        .push(Relu::new())?
+        .push_named("layer1", stage)?
+        .push(GlobalAvgPool::new())?
+        .push(Flatten::new())?
+        .push(Linear::new(12, 5, rng)?)
 }
 
 fn batch(n: usize, sample: &[usize], seed: u64) -> (Tensor, Vec<usize>) {
@@ -181,10 +206,29 @@ fn main() {
             1 => plan(&[], &["0", "2", "3"]),
             _ => plan(&["0", "2", "3"], &[]),
         };
-        for (what, build, want) in [
+        // Batch norm normalises over a replica's samples, so with sample blocks the replicas
+        // differ from one process by design (no synchronised batch norm across samples): the
+        // residual model runs on grids of one sample block.
+        let convs = [
+            "0",
+            "layer1.0.c1",
+            "layer1.0.c2",
+            "layer1.1.c1",
+            "layer1.1.c2",
+            "layer1.1.short.0",
+        ];
+        let plan_res = match blocks {
+            1 => plan(&[], &convs),
+            _ => plan(&convs, &[]),
+        };
+        let mut models = vec![
             ("2D", model2d as Build, plan2d),
             ("3D", model3d as Build, plan3d),
-        ] {
+        ];
+        if blocks == size {
+            models.push(("residual", resnet as Build, plan_res));
+        }
+        for (what, build, want) in models {
             match run(&world, build, size / blocks, blocks, &want) {
                 Ok(n) => checks += n,
                 Err(msg) => {
