@@ -147,11 +147,12 @@ impl Preset {
 /// Whether the direct convolution is the faster lean algorithm for `g` (forward, and the
 /// flipped backward-data of stride-1 layers): a kernel larger than 1×1 (a 1×1 kernel has too
 /// few multiply-adds per input value to pay for the padded copy: ResNet-20's 1×1 stride-2
-/// projections run 2.2-2.8× slower direct) and at most 128 input and output channels per
-/// group (with 256 and 512 channels convgemm's blocked GEMM is 7-20% faster: ResNet-50's
-/// 256@14² and 512@7²).
+/// projections run 1.3-1.8× slower direct) and at most 64 input and output channels per group
+/// (from 128 channels on, convgemm's blocked GEMM is as fast or faster: ResNet-50's 128@28²
+/// 1.01×, its stride-2 128@56² 1.12×, 256@14² 1.18×, 512@7² 1.26× slower direct; measured
+/// 2026-11-21 23:30 UTC, docs/PERFORMANCE.md).
 pub fn direct_applies(g: &ConvGeometry) -> bool {
-    g.kernel_len() > 1 && g.in_channels_per_group() <= 128 && g.out_channels_per_group() <= 128
+    g.kernel_len() > 1 && g.in_channels_per_group() <= 64 && g.out_channels_per_group() <= 64
 }
 
 impl FromStr for Preset {

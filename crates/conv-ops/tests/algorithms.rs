@@ -376,7 +376,7 @@ fn lean_preset_per_geometry() {
         .with_stride(&[2])
         .unwrap();
     assert_eq!(Preset::lean_for(&proj).forward, ForwardAlgo::Convgemm);
-    let wide = ConvGeometry::new(1, 256, 256, &[7, 7], &[3, 3])
+    let wide = ConvGeometry::new(1, 128, 128, &[7, 7], &[3, 3])
         .unwrap()
         .with_padding(&[1])
         .unwrap();
