@@ -115,13 +115,20 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
 
 /// The shared micro-kernel body: `MR` rows × `NV` vectors of `S::LANES` columns, reading A
 /// micro-panels of `AS >= MR` values per step (`AS > MR`: the first `MR` rows of a wider panel,
-/// the edge kernels of a family).
+/// the edge kernels of a family) and B micro-panels of `BS >= NV · LANES` values per step
+/// (`BS` larger: the first columns of a wider panel, the narrow edge kernels).
 ///
 /// # Safety
-/// As [`Kernel::run`] with `NR = NV * S::LANES` and `k * AS` values behind `a`, and the caller
-/// is compiled with `S`'s features.
+/// As [`Kernel::run`] with `NR = NV * S::LANES`, `k * AS` values behind `a` and `k * BS` behind
+/// `b`, and the caller is compiled with `S`'s features.
 #[inline(always)]
-pub(crate) unsafe fn ukr<S: Simd, const MR: usize, const NV: usize, const AS: usize>(
+pub(crate) unsafe fn ukr<
+    S: Simd,
+    const MR: usize,
+    const NV: usize,
+    const AS: usize,
+    const BS: usize,
+>(
     k: usize,
     alpha: f32,
     a: *const f32,
@@ -134,20 +141,20 @@ pub(crate) unsafe fn ukr<S: Simd, const MR: usize, const NV: usize, const AS: us
     n: usize,
 ) {
     let nr = NV * S::LANES;
-    debug_assert!(m <= MR && n <= nr && AS >= MR);
+    debug_assert!(m <= MR && n <= nr && AS >= MR && BS >= nr);
     // SAFETY: the caller guarantees the target features of `S`, `k * AS` values behind `a`,
-    // `k * nr` values behind `b`, and an exclusive `m × n` window of C at (rs_c, cs_c).
+    // `k * BS` values behind `b`, and an exclusive `m × n` window of C at (rs_c, cs_c).
     unsafe {
         let mut acc = [[S::zero(); NV]; MR];
         if cs_c == 1 {
             prefetch_tile::<S>(c, rs_c, m, n);
         }
         let (mut a, mut b) = (a, b);
-        steps4::<S, MR, NV, AS>(&mut acc, &mut a, &mut b, k / 4);
+        steps4::<S, MR, NV, AS, BS>(&mut acc, &mut a, &mut b, k / 4);
         for _ in 0..k % 4 {
             step::<S, MR, NV>(&mut acc, a, b);
             a = a.add(AS);
-            b = b.add(nr);
+            b = b.add(BS);
         }
 
         let va = S::splat(alpha);
@@ -251,16 +258,16 @@ unsafe fn prefetch_tile<S: Simd>(c: *mut f32, rs_c: usize, m: usize, n: usize) {
 /// `count` rounds of 4 rank-1 updates, advancing the panel pointers.
 ///
 /// # Safety
-/// `*a` / `*b` hold `4 · count` more steps of the packed micro-panels (`AS` / `NV · LANES`
-/// values per step); `S`'s features.
+/// `*a` / `*b` hold `4 · count` more steps of the packed micro-panels (`AS` / `BS` values per
+/// step); `S`'s features.
 #[inline(always)]
-unsafe fn steps4<S: Simd, const MR: usize, const NV: usize, const AS: usize>(
+unsafe fn steps4<S: Simd, const MR: usize, const NV: usize, const AS: usize, const BS: usize>(
     acc: &mut [[S::V; NV]; MR],
     a: &mut *const f32,
     b: &mut *const f32,
     count: usize,
 ) {
-    let nr = NV * S::LANES;
+    let nr = BS;
     let (mut ap, mut bp) = (*a, *b);
     // SAFETY: the caller's contract covers the 4 · count steps read here; prefetch never faults.
     unsafe {

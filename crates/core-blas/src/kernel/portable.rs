@@ -74,6 +74,6 @@ impl Kernel for Scalar {
         n: usize,
     ) {
         // SAFETY: forwarded contract of `Kernel::run`; `Lanes8` needs no target feature.
-        unsafe { ukr::<Lanes8, 4, 2, 4>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
+        unsafe { ukr::<Lanes8, 4, 2, 4, 16>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
     }
 }

@@ -28,7 +28,7 @@ unsafe fn avx2_six_rows(
     n: usize,
 ) {
     // SAFETY: compiled with avx2+fma; the memory contract is the caller's.
-    unsafe { ukr::<V256, 6, 2, 6>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
+    unsafe { ukr::<V256, 6, 2, 6, 16>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
 }
 
 fn cpu_secs() -> f64 {

@@ -156,7 +156,7 @@ unsafe fn avx2_ukr(
     n: usize,
 ) {
     // SAFETY: compiled with avx2+fma; the memory contract is the caller's.
-    unsafe { ukr::<V256, AVX2_MR, AVX2_NV, AVX2_MR>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
+    unsafe { ukr::<V256, AVX2_MR, AVX2_NV, AVX2_MR, 16>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
 }
 
 /// The edge kernels of `avx2-f32-6x16`: the first `R < 6` rows of a 6-row A micro-panel, so an
@@ -176,7 +176,27 @@ unsafe fn avx2_edge<const R: usize>(
     n: usize,
 ) {
     // SAFETY: compiled with avx2+fma; `m <= R` and the memory contract are the caller's.
-    unsafe { ukr::<V256, R, AVX2_NV, AVX2_MR>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
+    unsafe { ukr::<V256, R, AVX2_NV, AVX2_MR, 16>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
+}
+
+/// The narrow edge kernels of `avx2-f32-6x16`: the first `R <= 6` rows and the first 8 columns
+/// of the 6 × 16 panels, for tiles of at most 8 columns (a partial last B panel: half the FMAs
+/// of the full-width kernel, which computes all 16 columns).
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2_narrow<const R: usize>(
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    b: *const f32,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+    cs_c: usize,
+    m: usize,
+    n: usize,
+) {
+    // SAFETY: compiled with avx2+fma; `m <= R`, `n <= 8` and the memory contract are the caller's.
+    unsafe { ukr::<V256, R, 1, AVX2_MR, 16>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
 }
 
 impl Kernel for Avx2 {
@@ -212,8 +232,20 @@ impl Kernel for Avx2 {
             }
         }
         // SAFETY: holding `Avx2` proves avx2+fma (only `new` constructs it); memory per contract
-        // (each edge kernel reads the first `R >= m` rows of the 6-row panel).
+        // (each edge kernel reads the first `R >= m` rows of the 6-row panel; the narrow ones
+        // also only the first 8 of the 16 columns of each B panel row, for `n <= 8`).
         unsafe {
+            if n <= 8 {
+                match m {
+                    1 => avx2_narrow::<1>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n),
+                    2 => avx2_narrow::<2>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n),
+                    3 => avx2_narrow::<3>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n),
+                    4 => avx2_narrow::<4>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n),
+                    5 => avx2_narrow::<5>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n),
+                    _ => avx2_narrow::<6>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n),
+                }
+                return;
+            }
             match m {
                 1 => avx2_edge::<1>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n),
                 2 => avx2_edge::<2>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n),
@@ -249,7 +281,7 @@ unsafe fn avx512_ukr(
 ) {
     // SAFETY: compiled with avx512f; the memory contract is the caller's.
     unsafe {
-        ukr::<V512, AVX512_MR, AVX512_NV, AVX512_MR>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n)
+        ukr::<V512, AVX512_MR, AVX512_NV, AVX512_MR, 32>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n)
     }
 }
 
