@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use nn::{Sequential, Sgd, Tensor, cross_entropy};
+use nn::{Sequential, Sgd, StepResult, Tensor, correct, cross_entropy, local_step};
 
 use crate::comm::Communicator;
 use crate::error::{DistError, Result};
@@ -171,6 +171,18 @@ impl<'c, C: Communicator> DataParallel<'c, C> {
         x: &Tensor,
         labels: &[usize],
     ) -> Result<f32> {
+        Ok(self.step_result(model, opt, x, labels)?.loss)
+    }
+
+    /// [`DataParallel::step`], also counting the samples of the whole mini-batch classified
+    /// right (summed over the ranks with the loss, in the same allreduce).
+    pub fn step_result(
+        &mut self,
+        model: &mut Sequential,
+        opt: &mut Sgd,
+        x: &Tensor,
+        labels: &[usize],
+    ) -> Result<StepResult> {
         let n = labels.len();
         if x.shape().first() != Some(&n) {
             return Err(DistError::Training(format!(
@@ -183,16 +195,12 @@ impl<'c, C: Communicator> DataParallel<'c, C> {
             // of every gradient), e.g. over the sample column of a 1 × P channel or spatial grid.
             self.flat = Vec::new();
             self.stage = Vec::new();
-            let logits = model.forward(x.clone(), true)?;
-            let (loss, dl) = cross_entropy(&logits, labels)?;
-            drop(logits);
-            model.backward(dl)?;
-            opt.step(model.params_mut().into_iter().map(|(_, p)| p))?;
-            return Ok(loss);
+            return Ok(local_step(model, opt, x.clone(), labels)?);
         }
         let rows = self.shard(n);
         let local = rows.len();
-        let mut loss = [0.0f32];
+        // The loss and the number of right answers, summed over the ranks at the end.
+        let mut loss = [0.0f32, 0.0];
         let layout = Layout::of(model, self.chunk);
         let total: usize = layout.chunks.iter().sum();
         self.flat.clear();
@@ -206,8 +214,9 @@ impl<'c, C: Communicator> DataParallel<'c, C> {
             shape[0] = local;
             let xs = Tensor::new(&shape, x.data()[rows.start * per..rows.end * per].to_vec())?;
             let logits = model.forward(xs, true)?;
-            let (l, d) = cross_entropy(&logits, &labels[rows])?;
+            let (l, d) = cross_entropy(&logits, &labels[rows.clone()])?;
             loss[0] = l * local as f32 / n as f32;
+            loss[1] = correct(&logits, &labels[rows]) as f32;
             dl = Some(d);
         }
         // Backpropagate, posting each chunk's sum as soon as its last gradient is final and every
@@ -268,7 +277,11 @@ impl<'c, C: Communicator> DataParallel<'c, C> {
         }
         opt.step(model.params_mut().into_iter().map(|(_, p)| p))?;
         self.comm.allreduce_sum(&mut loss)?;
-        Ok(loss[0])
+        Ok(StepResult {
+            loss: loss[0],
+            // A count below 2^24, exact in f32.
+            correct: Some(loss[1].round() as usize),
+        })
     }
 }
 

@@ -45,10 +45,18 @@ fn run(world: &World, chunk: usize) -> Result<usize, String> {
     dp.broadcast_model(&mut model).map_err(|x| e(&x))?;
     let mut checks = 0;
     for (step, (x, labels)) in data.batches(BATCH, None).map_err(|x| e(&x))?.enumerate() {
-        let loss = dp
-            .step(&mut model, &mut opt, &x, &labels)
+        let got = dp
+            .step_result(&mut model, &mut opt, &x, &labels)
             .map_err(|x| e(&x))?;
+        let loss = got.loss;
         let logits = reference.forward(x, true).map_err(|x| e(&x))?;
+        let right = nn::correct(&logits, &labels);
+        if got.correct != Some(right) {
+            return Err(format!(
+                "step {step}: {:?} right over the ranks, {right} on one process",
+                got.correct
+            ));
+        }
         let (rloss, dl) = cross_entropy(&logits, &labels).map_err(|x| e(&x))?;
         reference.backward(dl).map_err(|x| e(&x))?;
         ropt.step(reference.params_mut().into_iter().map(|(_, p)| p))

@@ -56,7 +56,7 @@ pub use layers::{
     AdaptiveAvgPool, BasicBlock, BatchNorm, Conv, ConvAlgo, ConvConfig, Dropout, Flatten,
     GlobalAvgPool, Linear, MaxPool, Relu, Residual, StatsReduce,
 };
-pub use loss::cross_entropy;
+pub use loss::{correct, cross_entropy};
 pub use model::{MODELS, ModelOptions, Sequential, build, build_with};
 pub use optim::Sgd;
 pub use tensor::Tensor;

@@ -26,8 +26,8 @@ use dist::{
 };
 use examples::peak_rss_bytes;
 use nn::{
-    ConvAlgo, Dataset, EpochReport, ModelOptions, Sequential, Sgd, StepResult, TrainConfig,
-    TrainState, build, build_with, checkpoint, fit, fit_with,
+    ConvAlgo, Dataset, EpochReport, ModelOptions, Sequential, Sgd, TrainConfig, TrainState, build,
+    build_with, checkpoint, fit, fit_with,
 };
 
 /// The data sets this binary can load.
@@ -355,13 +355,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             test.as_ref(),
             &cfg,
             state,
-            |m, o, x, l| {
-                let loss = dp.step(m, o, &x, l)?;
-                Ok::<_, DistError>(StepResult {
-                    loss,
-                    correct: None,
-                })
-            },
+            |m, o, x, l| dp.step_result(m, o, &x, l),
             |e, m, o, s| on_epoch(e, m, o, s).map_err(DistError::from),
         )?
     } else {
