@@ -112,11 +112,15 @@ fn bad_arguments_are_clear_errors() {
         ),
         (
             &["--parallel", "model"][..],
-            "unknown --parallel `model` (available: data, channel, SxC)",
+            "unknown --parallel `model` (available: data, channel, spatial, SxC, SxCs)",
         ),
         (
             &["--parallel", "2x2"][..],
             "a 2×2 grid needs 4 ranks, launched on 1",
+        ),
+        (
+            &["--parallel", "1x2s"][..],
+            "a 1×2 grid needs 2 ranks, launched on 1",
         ),
     ] {
         let out = train(args);
@@ -127,26 +131,22 @@ fn bad_arguments_are_clear_errors() {
 }
 
 #[test]
-fn data_parallel_on_one_process_trains() {
-    // Without mpirun the world is this process: the data-parallel path runs unchanged.
-    let out = train(&[
-        "--parallel",
-        "data",
-        "--steps",
-        "3",
-        "--batch-size",
-        "8",
-        "--json",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
-    assert_eq!(v["world_size"], 1);
-    assert_eq!(v["steps"], 3);
+fn every_layout_on_one_process_trains() {
+    // Without mpirun the world is this process: the distributed paths run unchanged (one block).
+    for layout in ["data", "channel", "spatial"] {
+        let out = train(&["--parallel", layout, "--epochs", "1", "--json"]);
+        assert!(
+            out.status.success(),
+            "{layout}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        // The epoch line reports the training accuracy summed over the ranks.
+        assert!(stdout.contains("train acc"), "{layout}: {stdout}");
+        let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        assert_eq!(v["world_size"], 1, "{layout}");
+        assert_eq!(v["epochs"], 1, "{layout}");
+    }
 }
 
 #[test]
