@@ -7,9 +7,7 @@ use std::str::FromStr;
 use std::sync::{LazyLock, Mutex};
 use std::time::Instant;
 
-use conv_ops::{
-    BackwardDataAlgo, BackwardFilterAlgo, ConvGeometry, ForwardAlgo, Preset, Workspace,
-};
+use conv_ops::{BackwardDataAlgo, ConvGeometry, Preset, Workspace};
 use fastconv::WinogradPlan;
 use rand::rngs::SmallRng;
 
@@ -355,7 +353,9 @@ impl Conv {
             )?)
         })?;
         let mut t_data = f64::INFINITY;
-        let candidates: &[BackwardDataAlgo] = if flipped_applies(&g) {
+        // conv-ops' choice for this geometry first, then the other fused algorithms that apply.
+        let mut candidates = vec![preset.backward_data];
+        let others: &[BackwardDataAlgo] = if flipped_applies(&g) {
             &[
                 BackwardDataAlgo::FlippedConvgemm,
                 BackwardDataAlgo::Deconvgemm,
@@ -363,7 +363,8 @@ impl Conv {
         } else {
             &[BackwardDataAlgo::Deconvgemm]
         };
-        for &algo in candidates {
+        candidates.extend(others.iter().filter(|&&a| a != preset.backward_data));
+        for algo in candidates {
             let t =
                 timed(&mut |w| Ok(conv_ops::backward_data(&g, &y, w, &mut dx, algo, &mut ws)?))?;
             if t < t_data {
@@ -483,22 +484,17 @@ fn flipped_applies(geom: &ConvGeometry) -> bool {
     conv_ops::transposed_geometry(geom).is_ok()
 }
 
-/// The memory-lean conv-ops algorithms without measuring: convgemm forward, transposed convgemm
-/// for the weight gradient; for the data gradient the flipped-kernel convgemm where it applies and
-/// the output is at least as large as the input ("same" padding), deconvgemm otherwise. A
-/// shrinking ("valid") convolution's flipped form pads dy by `k − 1 − p` and spends its work on
-/// those zeros: on LeNet's 6→16 5×5 layer (14² → 10²) it is 3.8× slower than deconvgemm.
+/// The memory-lean conv-ops algorithms without measuring ([`Preset::lean_for`], with persistent
+/// workspaces): the direct convolution forward for few-channel layers, convgemm otherwise; the
+/// transposed convgemm for the weight gradient; for the data gradient the flipped direct
+/// convolution where it applies, else the flipped-kernel convgemm for "same" convolutions and
+/// deconvgemm otherwise. A shrinking ("valid") convolution's flipped convgemm pads dy by
+/// `k − 1 − p` and spends its work on those zeros: on LeNet's 6→16 5×5 layer (14² → 10²) it is
+/// 3.8× slower than deconvgemm.
 fn convgemm_preset(geom: &ConvGeometry) -> Preset {
-    let same = geom.output_spatial_len() >= geom.input().iter().product::<usize>();
     Preset {
-        forward: ForwardAlgo::Convgemm,
-        backward_data: if same && flipped_applies(geom) {
-            BackwardDataAlgo::FlippedConvgemm
-        } else {
-            BackwardDataAlgo::Deconvgemm
-        },
-        backward_filter: BackwardFilterAlgo::ConvgemmTrans,
         persistent: true,
+        ..Preset::lean_for(geom)
     }
 }
 
