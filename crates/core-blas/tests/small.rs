@@ -233,7 +233,7 @@ fn prepared_small_a_matches_naive_with_row_pairs() {
             let (p, q) = (*p, *q);
             let prepared = SmallA::new(a, p, q).unwrap();
             assert_eq!((prepared.rows(), prepared.cols()), (p, q));
-            for n in [1, 5, 8, 13, 32, 37, 48, 80, 96, 101] {
+            for n in [1, 5, 8, 13, 32, 37, 48, 80, 96, 101, 128, 203] {
                 seed += 1;
                 let what = format!("{} prepared {p}x{q} n={n}", g.kernel_name());
                 let (ldx, ldy) = (n + 2, n + 3);
