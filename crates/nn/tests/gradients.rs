@@ -182,25 +182,42 @@ fn auto_measures_only_where_there_is_a_choice() {
         run(pointwise, ConvAlgo::Auto, &[2, 16, 9, 9], rng),
         ConvAlgo::Convgemm
     );
-    // The data gradient: the flipped convgemm for "same" convolutions, deconvgemm for shrinking
-    // ones (where the flipped form would compute on a zero border) and strided ones; `Auto`
-    // times both where both apply.
-    let data_algo = |cfg: ConvConfig, algo: ConvAlgo, shape: &[usize], rng: &mut SmallRng| {
+    // conv-ops' lean preset per geometry: for few channels (at most 64) the direct convolution
+    // forward and its flipped form for the data gradient; otherwise the flipped convgemm for
+    // "same" convolutions, deconvgemm for shrinking ones (where the flipped form would compute
+    // on a zero border) and strided ones; `Auto` times the candidates that apply.
+    let preset = |cfg: ConvConfig, algo: ConvAlgo, shape: &[usize], rng: &mut SmallRng| {
         let mut conv = Conv::new(cfg, algo, rng).unwrap();
         assert_eq!(conv.preset_in_use(), None);
         conv.forward(random(shape, rng), false).unwrap();
-        conv.preset_in_use().map(|p| p.backward_data)
+        conv.preset_in_use()
+    };
+    let data_algo = |cfg: ConvConfig, algo: ConvAlgo, shape: &[usize], rng: &mut SmallRng| {
+        preset(cfg, algo, shape, rng).map(|p| p.backward_data)
     };
     let valid5 = ConvConfig::conv2d(6, 16, 5);
     let same3 = ConvConfig::conv2d(16, 16, 3).padding(1);
-    use conv_ops::BackwardDataAlgo::{Deconvgemm, FlippedConvgemm};
+    use conv_ops::BackwardDataAlgo::{Deconvgemm, FlippedConvgemm, FlippedDirect};
+    use conv_ops::ForwardAlgo;
     let shape = &[2, 16, 9, 9];
     assert_eq!(
         data_algo(valid5.clone(), ConvAlgo::Convgemm, &[2, 6, 14, 14], rng),
-        Some(Deconvgemm)
+        Some(FlippedDirect)
+    );
+    let few = preset(same3.clone(), ConvAlgo::Convgemm, shape, rng).unwrap();
+    assert_eq!(
+        (few.forward, few.backward_data),
+        (ForwardAlgo::Direct, FlippedDirect)
+    );
+    let wide_valid = ConvConfig::conv2d(96, 96, 5);
+    let wide_same = ConvConfig::conv2d(96, 96, 3).padding(1);
+    let wide = preset(wide_valid, ConvAlgo::Convgemm, &[1, 96, 9, 9], rng).unwrap();
+    assert_eq!(
+        (wide.forward, wide.backward_data),
+        (ForwardAlgo::Convgemm, Deconvgemm)
     );
     assert_eq!(
-        data_algo(same3.clone(), ConvAlgo::Convgemm, shape, rng),
+        data_algo(wide_same, ConvAlgo::Convgemm, &[1, 96, 9, 9], rng),
         Some(FlippedConvgemm)
     );
     let strided = ConvConfig::conv2d(16, 16, 3).stride(2).padding(1);
@@ -211,7 +228,10 @@ fn auto_measures_only_where_there_is_a_choice() {
     assert_eq!(data_algo(same3, ConvAlgo::Winograd, shape, rng), None);
     let auto = data_algo(valid5, ConvAlgo::Auto, &[2, 6, 14, 14], rng);
     assert!(
-        matches!(auto, Some(Deconvgemm | FlippedConvgemm) | None),
+        matches!(
+            auto,
+            Some(Deconvgemm | FlippedConvgemm | FlippedDirect) | None
+        ),
         "{auto:?}"
     );
     let c3 = ConvConfig::conv2d(16, 16, 3).padding(1);
