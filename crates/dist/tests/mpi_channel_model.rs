@@ -12,8 +12,18 @@ use dist::{
 use nn::{
     Conv, ConvAlgo, ConvConfig, Flatten, Linear, MaxPool, Relu, Sequential, Sgd, Tensor, local_step,
 };
+use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+
+mod common;
+use common::close;
+
+/// The model's sample shape.
+const SAMPLE: [usize; 3] = [3, 10, 9];
+
+fn batch(n: usize, seed: u64) -> (Tensor, Vec<usize>) {
+    common::batch(n, &SAMPLE, seed)
+}
 
 /// 3×10×9 samples, 5 classes: a whole stem (3 channels), a split run of three convolutions with
 /// a max-pool inside (8 → 8 → 16 → 8 channels: stationary x, y, x), the classifier whole.
@@ -43,32 +53,6 @@ fn model(algo: ConvAlgo, seed: u64) -> nn::Result<Sequential> {
         .push(Relu::new())?
         .push(Flatten::new())?
         .push(Linear::new(8 * 3 * 2, 5, rng)?)
-}
-
-fn batch(n: usize, seed: u64) -> (Tensor, Vec<usize>) {
-    let rng = &mut SmallRng::seed_from_u64(seed);
-    let x = (0..n * 3 * 10 * 9)
-        .map(|_| rng.random_range(-1.0f32..1.0))
-        .collect();
-    let labels = (0..n).map(|_| rng.random_range(0..5)).collect();
-    (Tensor::new(&[n, 3, 10, 9], x).unwrap(), labels)
-}
-
-fn close(what: &str, got: &[f32], want: &[f32]) -> Result<(), String> {
-    let scale = want.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
-    let worst = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    if got.len() != want.len() || worst > 2e-5 * scale {
-        return Err(format!(
-            "{what}: differs by {worst} (scale {scale}, {} vs {} values)",
-            got.len(),
-            want.len()
-        ));
-    }
-    Ok(())
 }
 
 /// Trains both models for a few steps on grid `samples × channels`; the number of checks.

@@ -14,10 +14,13 @@ use dist::{
 };
 use nn::{
     BatchNorm, Conv, ConvAlgo, ConvConfig, Flatten, GlobalAvgPool, Linear, MaxPool, Relu, Residual,
-    Sequential, Sgd, Tensor, local_step,
+    Sequential, Sgd, local_step,
 };
+use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+
+mod common;
+use common::{batch, close};
 
 /// 3×13×11 samples, 5 classes: 13 rows → 13 (3×3, pad 1) → 7 (5×5, stride 2, pad 2) → 4
 /// (max-pool 3, stride 2, pad 1) → 2 (3×3, no padding), then the classifier (width 11 → 1).
@@ -84,35 +87,6 @@ fn resnet(algo: ConvAlgo, seed: u64) -> nn::Result<Sequential> {
         .push(GlobalAvgPool::new())?
         .push(Flatten::new())?
         .push(Linear::new(12, 5, rng)?)
-}
-
-fn batch(n: usize, sample: &[usize], seed: u64) -> (Tensor, Vec<usize>) {
-    let rng = &mut SmallRng::seed_from_u64(seed);
-    let len: usize = sample.iter().product();
-    let x = (0..n * len)
-        .map(|_| rng.random_range(-1.0f32..1.0))
-        .collect();
-    let labels = (0..n).map(|_| rng.random_range(0..5)).collect();
-    let mut shape = vec![n];
-    shape.extend_from_slice(sample);
-    (Tensor::new(&shape, x).unwrap(), labels)
-}
-
-fn close(what: &str, got: &[f32], want: &[f32]) -> Result<(), String> {
-    let scale = want.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
-    let worst = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    if got.len() != want.len() || worst > 2e-5 * scale {
-        return Err(format!(
-            "{what}: differs by {worst} (scale {scale}, {} vs {} values)",
-            got.len(),
-            want.len()
-        ));
-    }
-    Ok(())
 }
 
 type Build = fn(ConvAlgo, u64) -> nn::Result<Sequential>;
