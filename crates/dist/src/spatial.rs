@@ -155,21 +155,8 @@ impl Planes {
     /// Writes (or adds, with `add`) `packed` (`outer × n × inner`) into rows `at..at + n`.
     fn put(&self, data: &mut [f32], at: usize, packed: &[f32], add: bool) {
         let n = packed.len() / (self.outer * self.inner).max(1);
-        let len = n * self.inner;
-        if len == 0 {
-            return;
-        }
-        for (plane, src) in data
-            .chunks_exact_mut(self.rows * self.inner)
-            .zip(packed.chunks_exact(len))
-        {
-            let dst = &mut plane[at * self.inner..][..len];
-            if add {
-                dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
-            } else {
-                dst.copy_from_slice(src);
-            }
-        }
+        let src = Planes { rows: n, ..*self };
+        copy_rows((src, packed, 0), (*self, data, at), n, add);
     }
 }
 
