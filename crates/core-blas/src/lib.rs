@@ -22,6 +22,9 @@
 //!   into a packed block, for custom packers.
 //! - [`transpose_lanes`]: a vectorised transposing copy (lanes along k into packed panel rows)
 //!   for custom packers in crates that may not use intrinsics.
+//! - [`offset_tile`], [`offset_dot_tile`]: register tiles whose operand is read in place at a
+//!   per-step offset from each run's base (no packing): the direct-convolution kernels, for
+//!   crates that may not use intrinsics ([`mod@offset`]).
 //! - [`isa()`]: the kernel in use; [`Gemm`] builds a context for a chosen family ([`Isa`]) or block
 //!   sizes ([`BlockSizes`]); [`peak::fma_peak_gflops`] measures the FMA roofline.
 //!
@@ -82,6 +85,7 @@ mod gather;
 mod gemm;
 pub mod isa;
 mod kernel;
+pub mod offset;
 pub mod pack;
 pub mod packed;
 pub mod peak;
@@ -95,6 +99,10 @@ pub use error::Error;
 pub use gather::{Piece, gather_pieces};
 pub use gemm::Gemm;
 pub use isa::{Isa, isa};
+pub use offset::{
+    DOT_MR, DOT_NC, DotTile, OFFSET_LANES, OFFSET_MR, OFFSET_NV, OffsetTile, Offsets,
+    offset_dot_tile, offset_tile, offset_tile_vectors,
+};
 pub use pack::{PackA, PackB};
 pub use packed::gemm_packed_batched;
 pub use small::{SMALL_MAX, SmallA, small_a_rows, small_a_strided};

@@ -12,6 +12,7 @@
 //! arbitrary strides `rs_c`, `cs_c`. When `beta == 0`, `C` is never read, so NaN or
 //! uninitialised-looking garbage in the output cannot leak into the result.
 
+pub(crate) mod offset;
 pub(crate) mod portable;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod probe;
@@ -66,6 +67,20 @@ pub(crate) trait Simd: Copy {
             std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n);
             Self::load(buf.as_ptr())
         }
+    }
+    /// The lane sums of four vectors, `[Σ v[0], Σ v[1], Σ v[2], Σ v[3]]` (by default through a
+    /// buffer, lanes added in order).
+    #[inline(always)]
+    unsafe fn hsum4(v: [Self::V; 4]) -> [f32; 4] {
+        debug_assert!(Self::LANES <= 16);
+        let mut buf = [0.0f32; 16];
+        let mut out = [0.0f32; 4];
+        for (o, x) in out.iter_mut().zip(v) {
+            // SAFETY: `buf` holds LANES <= 16 values.
+            unsafe { Self::store(buf.as_mut_ptr(), x) };
+            *o = buf[..Self::LANES].iter().sum();
+        }
+        out
     }
     /// Store of the first `n < LANES` lanes only (by default through a buffer).
     #[inline(always)]

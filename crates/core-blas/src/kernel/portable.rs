@@ -77,3 +77,5 @@ impl Kernel for Scalar {
         unsafe { ukr::<Lanes8, 4, 2, 4, 16>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
     }
 }
+
+super::offset::offset_kernel!(Scalar, Lanes8, scalar_offset_tile, scalar_offset_dot);

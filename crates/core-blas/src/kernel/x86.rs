@@ -71,6 +71,20 @@ impl Simd for V256 {
         // guarantees the first `n` values are readable.
         unsafe { _mm256_maskload_ps(p, lane_mask(n)) }
     }
+    #[inline(always)]
+    unsafe fn hsum4(v: [Self::V; 4]) -> [f32; 4] {
+        // SAFETY: `avx` present. Two rounds of horizontal adds leave, per 128-bit half, the
+        // four half-sums in order; adding the halves gives the four totals.
+        unsafe {
+            let h01 = _mm256_hadd_ps(v[0], v[1]);
+            let h23 = _mm256_hadd_ps(v[2], v[3]);
+            let h = _mm256_hadd_ps(h01, h23);
+            let s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+            let mut out = [0.0f32; 4];
+            _mm_storeu_ps(out.as_mut_ptr(), s);
+            out
+        }
+    }
     // store_n: the trait's buffered default (a vector store to the stack and a copy of n
     // values); vmaskmovps stores are slow on Zen 4 (SmallA, 8 × 8, n = 37: 134 vs 146 ns/call).
 }
@@ -450,3 +464,14 @@ pub(crate) unsafe fn gather2_avx2(
         }
     }
 }
+
+// The offset-list kernels ([`crate::offset`]) on 256-bit vectors; the AVX-512 family runs the
+// same 256-bit body compiled with AVX-512F (the contract is 8 lanes wide).
+super::offset::offset_kernel!(Avx2, V256, avx2_offset_tile, avx2_offset_dot, "avx2,fma");
+super::offset::offset_kernel!(
+    Avx512,
+    V256,
+    avx512_offset_tile,
+    avx512_offset_dot,
+    "avx512f,avx2,fma"
+);

@@ -1,0 +1,273 @@
+//! The offset-list kernels, written once on the [`Simd`] vocabulary and instantiated per kernel
+//! family (contract in [`crate::offset`]):
+//! - [`tile_body`]: `M × V` accumulators of 8 lanes; per step `V` vector loads of x at
+//!   `src[v] + offset`, `M` broadcasts of the packed w values, `M · V` FMAs;
+//! - [`dot_body`]: `M × J` dot products; per run `M` vector loads of dy (kept), per column one x
+//!   vector and `M` FMAs; the lanes reduced four columns at a time at the end.
+
+use super::Simd;
+use crate::offset::{DOT_MR, DOT_NC, DotTile, OFFSET_LANES, OFFSET_MR, OFFSET_NV, OffsetTile};
+
+/// A family's instantiations of [`tile_body`] and [`dot_body`] (its `#[target_feature]`
+/// wrappers).
+pub(crate) trait OffsetKernel: Copy {
+    /// [`tile_body`] for `M` rows and `V` runs, compiled with the family's features.
+    ///
+    /// # Safety
+    /// As [`tile_body`]; holding `self` proves the family's features.
+    unsafe fn tile<const M: usize, const V: usize>(
+        self,
+        offs: &[usize],
+        w: *const f32,
+        src: &[*const f32; OFFSET_NV],
+        acc: &mut OffsetTile,
+        accumulate: bool,
+    );
+
+    /// [`dot_body`] for `M` rows and `J` columns, compiled with the family's features.
+    ///
+    /// # Safety
+    /// As [`dot_body`]; holding `self` proves the family's features.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn dot<const M: usize, const J: usize>(
+        self,
+        runs: &[usize],
+        dy: *const f32,
+        ldd: usize,
+        cols: &[*const f32; DOT_NC],
+        acc: &mut DotTile,
+        accumulate: bool,
+    );
+}
+
+/// `acc[m][v] (:= or +=) Σ_s w[s·MR + m] · x[src[v] + offs[s] .. + 8]` for `m < M`, `v < V`,
+/// steps in order (one FMA per step and lane; the portable family multiplies then adds).
+///
+/// # Safety
+/// `S::LANES == 8` and the caller is compiled with `S`'s features; `w` holds `offs.len() · MR`
+/// readable values; for every `v < V` and every offset `o` of `offs`, `src[v] + o .. + 8` is
+/// readable.
+#[inline(always)]
+pub(crate) unsafe fn tile_body<S: Simd, const M: usize, const V: usize>(
+    offs: &[usize],
+    w: *const f32,
+    src: &[*const f32; OFFSET_NV],
+    acc: &mut OffsetTile,
+    accumulate: bool,
+) {
+    debug_assert!(S::LANES == OFFSET_LANES && M <= OFFSET_MR && V <= OFFSET_NV);
+    // SAFETY: the caller's contract covers every load (the w values of each step, 8 values of x
+    // per run and step) and the target features; acc[m][v] is 8 f32 values.
+    unsafe {
+        let mut c = [[S::zero(); V]; M];
+        if accumulate {
+            for m in 0..M {
+                for v in 0..V {
+                    c[m][v] = S::load(acc[m][v].as_ptr());
+                }
+            }
+        }
+        let bs: [*const f32; V] = std::array::from_fn(|v| src[v]);
+        let mut wp = w;
+        for &off in offs {
+            let mut b = [S::zero(); V];
+            for v in 0..V {
+                b[v] = S::load(bs[v].add(off));
+            }
+            for m in 0..M {
+                let a = S::bcast(wp.add(m));
+                for v in 0..V {
+                    c[m][v] = S::fma(a, b[v], c[m][v]);
+                }
+            }
+            // The last advance points one past the steps' values, never dereferenced.
+            wp = wp.wrapping_add(OFFSET_MR);
+        }
+        for m in 0..M {
+            for v in 0..V {
+                S::store(acc[m][v].as_mut_ptr(), c[m][v]);
+            }
+        }
+    }
+}
+
+/// `acc[i][j] (:= or +=) Σ_r Σ_l dy[i·ldd + r·8 + l] · cols[j][runs[r] + l]` for `i < M`,
+/// `j < J`: per row and column, 8 lane sums accumulated over the runs in order, then the lanes
+/// added (pairwise).
+///
+/// # Safety
+/// `S::LANES == 8` and the caller is compiled with `S`'s features; `dy + i·ldd + r·8 .. + 8` is
+/// readable for `i < M`, `r < runs.len()`; `cols[j] + runs[r] .. + 8` is readable for `j < J`.
+#[inline(always)]
+pub(crate) unsafe fn dot_body<S: Simd, const M: usize, const J: usize>(
+    runs: &[usize],
+    dy: *const f32,
+    ldd: usize,
+    cols: &[*const f32; DOT_NC],
+    acc: &mut DotTile,
+    accumulate: bool,
+) {
+    debug_assert!(S::LANES == OFFSET_LANES && M <= DOT_MR && J <= DOT_NC);
+    // SAFETY: the caller's contract covers every load and the target features.
+    unsafe {
+        let mut c = [[S::zero(); J]; M];
+        let xs: [*const f32; J] = std::array::from_fn(|j| cols[j]);
+        let mut d = dy;
+        for &base in runs {
+            let mut dv = [S::zero(); M];
+            for i in 0..M {
+                dv[i] = S::load(d.add(i * ldd));
+            }
+            for j in 0..J {
+                let xv = S::load(xs[j].add(base));
+                for i in 0..M {
+                    c[i][j] = S::fma(dv[i], xv, c[i][j]);
+                }
+            }
+            // The last advance points past the runs' values, never dereferenced.
+            d = d.wrapping_add(OFFSET_LANES);
+        }
+        for i in 0..M {
+            let v: [S::V; 4] = std::array::from_fn(|j| if j < J { c[i][j] } else { S::zero() });
+            let s = S::hsum4(v);
+            for j in 0..J {
+                acc[i][j] = if accumulate { acc[i][j] + s[j] } else { s[j] };
+            }
+        }
+    }
+}
+
+/// [`OffsetKernel::tile`] for `m` (1..=MR) rows and `runs` (1..=`offset_tile_vectors(m)`), one
+/// monomorphized tile per pair.
+///
+/// # Safety
+/// As [`tile_body`] for `V = runs`; `m` and `runs` in range (checked by the caller).
+#[inline(always)]
+pub(crate) unsafe fn tile_any<K: OffsetKernel>(
+    k: K,
+    m: usize,
+    runs: usize,
+    offs: &[usize],
+    w: *const f32,
+    src: &[*const f32; OFFSET_NV],
+    acc: &mut OffsetTile,
+    accumulate: bool,
+) {
+    macro_rules! runs {
+        ($m:literal: $($v:literal)*) => {
+            match runs {
+                // SAFETY: the caller's contract, for this M <= MR and V <= the runs of M.
+                $($v => unsafe { k.tile::<$m, $v>(offs, w, src, acc, accumulate) },)*
+                _ => debug_assert!(false, "runs out of range"),
+            }
+        };
+    }
+    match m {
+        1 => runs!(1: 1 2 3 4 5 6),
+        2 => runs!(2: 1 2 3 4),
+        3 => runs!(3: 1 2 3),
+        4 => runs!(4: 1 2),
+        5 => runs!(5: 1 2),
+        6 => runs!(6: 1 2),
+        _ => debug_assert!(false, "rows out of range"),
+    }
+}
+
+/// [`OffsetKernel::dot`] for `m` (1..=DOT_MR) rows and `ncols` (1..=DOT_NC) columns.
+///
+/// # Safety
+/// As [`dot_body`] for `M = m`, `J = ncols` (both in range, checked by the caller).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn dot_any<K: OffsetKernel>(
+    k: K,
+    m: usize,
+    ncols: usize,
+    runs: &[usize],
+    dy: *const f32,
+    ldd: usize,
+    cols: &[*const f32; DOT_NC],
+    acc: &mut DotTile,
+    accumulate: bool,
+) {
+    macro_rules! cols {
+        ($m:literal: $($j:literal)*) => {
+            match ncols {
+                // SAFETY: the caller's contract, for this M <= DOT_MR and J <= DOT_NC.
+                $($j => unsafe { k.dot::<$m, $j>(runs, dy, ldd, cols, acc, accumulate) },)*
+                _ => debug_assert!(false, "columns out of range"),
+            }
+        };
+    }
+    match m {
+        1 => cols!(1: 1 2 3 4),
+        2 => cols!(2: 1 2 3 4),
+        3 => cols!(3: 1 2 3 4),
+        _ => debug_assert!(false, "rows out of range"),
+    }
+}
+
+/// The `impl OffsetKernel` of a family: `#[target_feature]` wrappers around the shared bodies
+/// (`$simd` must have 8 lanes).
+macro_rules! offset_kernel {
+    ($family:ty, $simd:ty, $tile:ident, $dot:ident $(, $features:literal)?) => {
+        $(#[target_feature(enable = $features)])?
+        unsafe fn $tile<const M: usize, const V: usize>(
+            offs: &[usize],
+            w: *const f32,
+            src: &[*const f32; $crate::offset::OFFSET_NV],
+            acc: &mut $crate::offset::OffsetTile,
+            accumulate: bool,
+        ) {
+            // SAFETY: compiled with the family's features; memory per the caller.
+            unsafe {
+                $crate::kernel::offset::tile_body::<$simd, M, V>(offs, w, src, acc, accumulate)
+            }
+        }
+
+        $(#[target_feature(enable = $features)])?
+        unsafe fn $dot<const M: usize, const J: usize>(
+            runs: &[usize],
+            dy: *const f32,
+            ldd: usize,
+            cols: &[*const f32; $crate::offset::DOT_NC],
+            acc: &mut $crate::offset::DotTile,
+            accumulate: bool,
+        ) {
+            // SAFETY: compiled with the family's features; memory per the caller.
+            unsafe {
+                $crate::kernel::offset::dot_body::<$simd, M, J>(runs, dy, ldd, cols, acc, accumulate)
+            }
+        }
+
+        impl $crate::kernel::offset::OffsetKernel for $family {
+            #[inline]
+            unsafe fn tile<const M: usize, const V: usize>(
+                self,
+                offs: &[usize],
+                w: *const f32,
+                src: &[*const f32; $crate::offset::OFFSET_NV],
+                acc: &mut $crate::offset::OffsetTile,
+                accumulate: bool,
+            ) {
+                // SAFETY: holding the family value proves its features; memory per the caller.
+                unsafe { $tile::<M, V>(offs, w, src, acc, accumulate) }
+            }
+
+            #[inline]
+            unsafe fn dot<const M: usize, const J: usize>(
+                self,
+                runs: &[usize],
+                dy: *const f32,
+                ldd: usize,
+                cols: &[*const f32; $crate::offset::DOT_NC],
+                acc: &mut $crate::offset::DotTile,
+                accumulate: bool,
+            ) {
+                // SAFETY: holding the family value proves its features; memory per the caller.
+                unsafe { $dot::<M, J>(runs, dy, ldd, cols, acc, accumulate) }
+            }
+        }
+    };
+}
+pub(crate) use offset_kernel;

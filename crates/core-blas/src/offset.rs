@@ -1,0 +1,297 @@
+//! Offset-list kernels: register tiles whose operands are read in place, each vector at
+//! `base + offset` in a flat buffer, with no packing.
+//!
+//! - [`Gemm::offset_tile`] (the forward tile of a direct convolution): for `m` rows (1..=
+//!   [`OFFSET_MR`]), runs based at `src[v]` (1..=[`offset_tile_vectors`]`(m)` of them) and the
+//!   steps `s` of a range of an [`Offsets`] list,
+//!
+//!   `acc[i][v][l] (:= or +=) Σ_s w[(s − start) · MR + i] · x[src[v] + offs[s] + l]`, `l < 8`,
+//!
+//!   summed in step order. `w` is a panel of `MR` values per step (the first `m` used; the rest
+//!   may hold anything, typically zeros).
+//! - [`Gemm::offset_dot_tile`] (the backward-filter tile): for `m` rows of `dy` (1..=[`DOT_MR`])
+//!   and columns `j` of a range of an [`Offsets`] list (1..=[`DOT_NC`] of them),
+//!
+//!   `acc[i][j] (:= or +=) Σ_r Σ_l dy[i · ldd + r · 8 + l] · x[runs[r] + offs[j] + l]`, `l < 8`:
+//!
+//!   per row and column the 8 lane sums accumulated over the runs in order, then the lanes added.
+//!
+//! The kernels know nothing of convolution: a direct convolution makes `x` a zero-padded input,
+//! a step per (input channel, tap) with its offset, and a run per 8 consecutive outputs with its
+//! base. Bounds are checked once per call against the lists' precomputed maxima, so a call costs
+//! O(runs) checks, not O(steps). Families: `scalar` (portable 8-lane arrays, multiply then add),
+//! `avx2` (256-bit FMA), `avx512` (the same 256-bit body compiled with AVX-512F: the contract is
+//! 8 lanes wide). Results of different families may differ in the last bits (FMA rounds once).
+
+use std::ops::Range;
+
+use crate::isa::Family;
+use crate::kernel::offset::{dot_any, tile_any};
+use crate::{Error, Gemm};
+
+/// Values per vector of the offset kernels (one 256-bit vector of f32, on every family).
+pub const OFFSET_LANES: usize = 8;
+/// Rows of an [`Gemm::offset_tile`] (w values broadcast per step).
+pub const OFFSET_MR: usize = 6;
+/// The most runs (vectors of 8 values) an offset tile holds (with one row; see
+/// [`offset_tile_vectors`]).
+pub const OFFSET_NV: usize = 6;
+/// Rows of an [`Gemm::offset_dot_tile`] (dy rows kept in registers).
+pub const DOT_MR: usize = 3;
+/// Columns of an [`Gemm::offset_dot_tile`] (offsets into x).
+pub const DOT_NC: usize = 4;
+
+/// The accumulators of an offset tile: `acc[i][v]` is run `v` of row `i`.
+pub type OffsetTile = [[[f32; OFFSET_LANES]; OFFSET_NV]; OFFSET_MR];
+/// The accumulators of an offset dot tile: `acc[i][j]`.
+pub type DotTile = [[f32; DOT_NC]; DOT_MR];
+
+/// Runs per offset tile for `m` rows: the `m · runs` accumulators, the loaded x vectors and one
+/// broadcast fit the 16 vector registers of AVX2 (0 | 1 → 6, 2 → 4, 3 → 3, otherwise 2).
+pub const fn offset_tile_vectors(m: usize) -> usize {
+    match m {
+        0 | 1 => 6,
+        2 => 4,
+        3 => 3,
+        _ => 2,
+    }
+}
+
+/// A list of offsets into a flat buffer, with its largest value precomputed (so that a kernel
+/// call checks its bases once against it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Offsets {
+    offs: Vec<usize>,
+    max: usize,
+}
+
+impl Offsets {
+    /// The list (in order).
+    pub fn new(offs: Vec<usize>) -> Offsets {
+        let max = offs.iter().copied().max().unwrap_or(0);
+        Offsets { offs, max }
+    }
+
+    /// The offsets.
+    pub fn as_slice(&self) -> &[usize] {
+        &self.offs
+    }
+
+    /// Number of offsets.
+    pub fn len(&self) -> usize {
+        self.offs.len()
+    }
+
+    /// No offsets.
+    pub fn is_empty(&self) -> bool {
+        self.offs.is_empty()
+    }
+
+    /// The largest offset (0 when empty).
+    pub fn max(&self) -> usize {
+        self.max
+    }
+}
+
+fn shape(arg: &'static str, expected: String, got: String) -> Error {
+    Error::ShapeMismatch { arg, expected, got }
+}
+
+/// `Ok(range)` if `range` lies within `0..len` and is not reversed.
+fn check_range(arg: &'static str, r: &Range<usize>, len: usize) -> Result<(), Error> {
+    if r.start > r.end || r.end > len {
+        return Err(shape(
+            arg,
+            format!("a range within 0..{len}"),
+            format!("{}..{}", r.start, r.end),
+        ));
+    }
+    Ok(())
+}
+
+/// `base + max + 8 <= x.len()`, or the error naming `x`.
+fn check_reach(base: usize, max: usize, x: &[f32]) -> Result<(), Error> {
+    match base
+        .checked_add(max)
+        .and_then(|v| v.checked_add(OFFSET_LANES))
+    {
+        Some(end) if end <= x.len() => Ok(()),
+        end => Err(Error::SliceTooShort {
+            arg: "x",
+            len: x.len(),
+            needed: end.unwrap_or(usize::MAX),
+        }),
+    }
+}
+
+impl Gemm {
+    /// The offset tile (module [`mod@crate::offset`]): `acc[i][v][l] (:= or +=, as
+    /// `accumulate`) Σ_{s ∈ steps} w[(s − steps.start) · MR + i] · x[src[v] + offs[s] + l]` for
+    /// `i < m`, `v < src.len()`, `l < 8`, steps in ascending order; other entries of `acc` are
+    /// left as they are. The bases are checked against `offs.max()` (the whole list).
+    ///
+    /// Errors: [`Error::ShapeMismatch`] on `m` (not in 1..=[`OFFSET_MR`]), `src` (count not in
+    /// 1..=[`offset_tile_vectors`]`(m)`) or `steps` (not within the list);
+    /// [`Error::SliceTooShort`] on `w` (fewer than `steps.len() · MR` values) or `x` (some
+    /// `src[v] + offs.max() + 8` past its end).
+    #[allow(clippy::too_many_arguments)]
+    pub fn offset_tile(
+        &self,
+        m: usize,
+        w: &[f32],
+        offs: &Offsets,
+        steps: Range<usize>,
+        x: &[f32],
+        src: &[usize],
+        acc: &mut OffsetTile,
+        accumulate: bool,
+    ) -> Result<(), Error> {
+        let runs = src.len();
+        if !(1..=OFFSET_MR).contains(&m) {
+            return Err(shape("m", format!("1..={OFFSET_MR}"), m.to_string()));
+        }
+        if !(1..=offset_tile_vectors(m)).contains(&runs) {
+            return Err(shape(
+                "src",
+                format!("1..={} runs for {m} rows", offset_tile_vectors(m)),
+                runs.to_string(),
+            ));
+        }
+        check_range("steps", &steps, offs.len())?;
+        let needed = steps.len() * OFFSET_MR;
+        if w.len() < needed {
+            return Err(Error::SliceTooShort {
+                arg: "w",
+                len: w.len(),
+                needed,
+            });
+        }
+        let mut ptrs = [x.as_ptr(); OFFSET_NV];
+        for (p, &base) in ptrs.iter_mut().zip(src) {
+            check_reach(base, offs.max, x)?;
+            // `base < x.len()` (checked above): inside the slice.
+            *p = x.as_ptr().wrapping_add(base);
+        }
+        let (o, wp) = (&offs.offs[steps], w.as_ptr());
+        // SAFETY: m and runs are in range (checked); w holds steps·MR values (checked); every
+        // run reads x[base + o .. base + o + 8] with o <= max and base + max + 8 <= x.len()
+        // (checked); holding the family value proves its target features.
+        unsafe {
+            match self.family {
+                Family::Scalar(k) => tile_any(k, m, runs, o, wp, &ptrs, acc, accumulate),
+                #[cfg(target_arch = "x86_64")]
+                Family::Avx2(k) => tile_any(k, m, runs, o, wp, &ptrs, acc, accumulate),
+                #[cfg(target_arch = "x86_64")]
+                Family::Avx512(k) => tile_any(k, m, runs, o, wp, &ptrs, acc, accumulate),
+            }
+        }
+        Ok(())
+    }
+
+    /// The offset dot tile (module [`mod@crate::offset`]): `acc[i][j] (:= or +=, as
+    /// `accumulate`) Σ_r Σ_l dy[i · ldd + r · 8 + l] · x[runs[r] + offs[cols.start + j] + l]`
+    /// for `i < m`, `j < cols.len()`, `r < runs.len()`, `l < 8`; other entries of `acc` are left
+    /// as they are. x is checked against `runs.max() + offs.max()` (the whole lists).
+    ///
+    /// Errors: [`Error::ShapeMismatch`] on `m` (not in 1..=[`DOT_MR`]) or `cols` (length not in
+    /// 1..=[`DOT_NC`], or not within the list); [`Error::LeadingDimension`] on `ldd` (below
+    /// `runs.len() · 8` when `m > 1`); [`Error::SliceTooShort`] on `dy` (fewer than
+    /// `(m − 1) · ldd + runs.len() · 8` values) or `x` (`runs.max() + offs.max() + 8` past its
+    /// end, when there are runs).
+    #[allow(clippy::too_many_arguments)]
+    pub fn offset_dot_tile(
+        &self,
+        m: usize,
+        dy: &[f32],
+        ldd: usize,
+        runs: &Offsets,
+        offs: &Offsets,
+        cols: Range<usize>,
+        x: &[f32],
+        acc: &mut DotTile,
+        accumulate: bool,
+    ) -> Result<(), Error> {
+        if !(1..=DOT_MR).contains(&m) {
+            return Err(shape("m", format!("1..={DOT_MR}"), m.to_string()));
+        }
+        check_range("cols", &cols, offs.len())?;
+        let ncols = cols.len();
+        if !(1..=DOT_NC).contains(&ncols) {
+            return Err(shape(
+                "cols",
+                format!("1..={DOT_NC} columns"),
+                ncols.to_string(),
+            ));
+        }
+        let row = runs.len() * OFFSET_LANES;
+        if m > 1 && ldd < row {
+            return Err(Error::LeadingDimension {
+                arg: "ldd",
+                value: ldd,
+                min: row,
+            });
+        }
+        let needed = if row == 0 { 0 } else { (m - 1) * ldd + row };
+        if dy.len() < needed {
+            return Err(Error::SliceTooShort {
+                arg: "dy",
+                len: dy.len(),
+                needed,
+            });
+        }
+        let mut ptrs = [x.as_ptr(); DOT_NC];
+        if !runs.is_empty() {
+            check_reach(runs.max, offs.max, x)?;
+            for (p, &o) in ptrs.iter_mut().zip(&offs.offs[cols]) {
+                // `o <= offs.max < x.len()` (checked above): inside the slice.
+                *p = x.as_ptr().wrapping_add(o);
+            }
+        }
+        let (r, dp) = (runs.as_slice(), dy.as_ptr());
+        // SAFETY: m and ncols are in range (checked); dy row i, run r reads
+        // dy[i·ldd + r·8 .. + 8] inside `needed` (checked); column j, run r reads
+        // x[o_j + runs[r] .. + 8] with o_j + runs[r] + 8 <= offs.max + runs.max + 8 <= x.len()
+        // (checked); no runs: nothing is read. Holding the family value proves its features.
+        unsafe {
+            match self.family {
+                Family::Scalar(k) => dot_any(k, m, ncols, r, dp, ldd, &ptrs, acc, accumulate),
+                #[cfg(target_arch = "x86_64")]
+                Family::Avx2(k) => dot_any(k, m, ncols, r, dp, ldd, &ptrs, acc, accumulate),
+                #[cfg(target_arch = "x86_64")]
+                Family::Avx512(k) => dot_any(k, m, ncols, r, dp, ldd, &ptrs, acc, accumulate),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// [`Gemm::offset_tile`] with the process-wide kernel family.
+#[allow(clippy::too_many_arguments)]
+pub fn offset_tile(
+    m: usize,
+    w: &[f32],
+    offs: &Offsets,
+    steps: Range<usize>,
+    x: &[f32],
+    src: &[usize],
+    acc: &mut OffsetTile,
+    accumulate: bool,
+) -> Result<(), Error> {
+    Gemm::global()?.offset_tile(m, w, offs, steps, x, src, acc, accumulate)
+}
+
+/// [`Gemm::offset_dot_tile`] with the process-wide kernel family.
+#[allow(clippy::too_many_arguments)]
+pub fn offset_dot_tile(
+    m: usize,
+    dy: &[f32],
+    ldd: usize,
+    runs: &Offsets,
+    offs: &Offsets,
+    cols: Range<usize>,
+    x: &[f32],
+    acc: &mut DotTile,
+    accumulate: bool,
+) -> Result<(), Error> {
+    Gemm::global()?.offset_dot_tile(m, dy, ldd, runs, offs, cols, x, acc, accumulate)
+}

@@ -1,0 +1,317 @@
+//! The offset-list kernels against a naive f64 reference, for every kernel family the host has:
+//! every row × run (or column) count, step and column sub-ranges, := and +=, odd and repeated
+//! offsets, bases at the very end of x, untouched accumulators outside the tile, and the
+//! argument errors.
+
+mod common;
+
+use common::random;
+use core_blas::{
+    DOT_MR, DOT_NC, DotTile, Error, Gemm, OFFSET_LANES as LANES, OFFSET_MR as MR, OFFSET_NV,
+    OffsetTile, Offsets, offset_tile_vectors,
+};
+
+/// `(s, Σ|terms|)` in f64 → the bound of `terms + 2` roundings (the accumulated value counts as
+/// one more term).
+fn bound(n: usize, sabs: f64) -> f64 {
+    (n as f64 + 2.0) * f32::EPSILON as f64 * sabs + 1e-30
+}
+
+/// Offsets of a 3×3 stencil over a 13-wide plane, channels 200 apart, plus odd extras (repeated
+/// and non-monotonic).
+fn stencil(n: usize) -> Vec<usize> {
+    (0..n)
+        .map(|s| (s / 9) * 200 + (s % 9 / 3) * 13 + s % 3 + (s * 7) % 5)
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_tile(
+    what: &str,
+    m: usize,
+    w: &[f32],
+    offs: &[usize],
+    x: &[f32],
+    src: &[usize],
+    acc: &OffsetTile,
+    before: &OffsetTile,
+    accumulate: bool,
+) {
+    for i in 0..MR {
+        for v in 0..OFFSET_NV {
+            for l in 0..LANES {
+                let got = acc[i][v][l];
+                if i >= m || v >= src.len() {
+                    assert!(
+                        got.to_bits() == before[i][v][l].to_bits(),
+                        "{what}: acc[{i}][{v}][{l}] = {got} was written (outside the tile)"
+                    );
+                    continue;
+                }
+                let init = if accumulate {
+                    before[i][v][l] as f64
+                } else {
+                    0.0
+                };
+                let (mut s, mut sabs) = (init, init.abs());
+                for (t, &o) in offs.iter().enumerate() {
+                    let p = w[t * MR + i] as f64 * x[src[v] + o + l] as f64;
+                    s += p;
+                    sabs += p.abs();
+                }
+                let b = bound(offs.len(), sabs);
+                assert!(
+                    (got as f64 - s).abs() <= b,
+                    "{what}: acc[{i}][{v}][{l}] = {got}, expected {s} ± {b}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn offset_tile_matches_naive_for_every_rows_and_runs() {
+    for isa in common::families() {
+        let g = Gemm::new(isa).unwrap();
+        for n in [0usize, 1, 3, 4, 5, 9, 27, 64] {
+            let all = stencil(n + 3);
+            let offs = Offsets::new(all.clone());
+            let x = random(offs.max() + LANES + 97, 11 + n as u64);
+            // Steps 2..n+2 of the list (a sub-range, as for input-channel blocking).
+            let steps = 2..n + 2;
+            for m in 1..=MR {
+                // The unused rows of w hold NaN: they must never reach the tile.
+                let mut w = random(n * MR, 3 + m as u64);
+                for s in 0..n {
+                    for i in m..MR {
+                        w[s * MR + i] = f32::NAN;
+                    }
+                }
+                for runs in 1..=offset_tile_vectors(m) {
+                    // Bases odd, the last one at the largest valid position.
+                    let src: Vec<usize> = (0..runs)
+                        .map(|v| {
+                            if v + 1 == runs {
+                                x.len() - offs.max() - LANES
+                            } else {
+                                (v * 17 + 3) % 90
+                            }
+                        })
+                        .collect();
+                    for accumulate in [false, true] {
+                        let mut acc: OffsetTile = [[[-7.25; LANES]; OFFSET_NV]; MR];
+                        acc[0][0][3] = 0.5;
+                        let before = acc;
+                        g.offset_tile(m, &w, &offs, steps.clone(), &x, &src, &mut acc, accumulate)
+                            .unwrap();
+                        let what = format!("{isa} n {n} m {m} runs {runs} acc {accumulate}");
+                        let o = &all[steps.clone()];
+                        check_tile(&what, m, &w, o, &x, &src, &acc, &before, accumulate);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn offset_dot_tile_matches_naive_for_every_rows_and_columns() {
+    for isa in common::families() {
+        let g = Gemm::new(isa).unwrap();
+        for nruns in [0usize, 1, 2, 3, 8, 17] {
+            // Runs at odd, non-monotonic positions.
+            let runs = Offsets::new((0..nruns).map(|r| (r * 37 + 5) % 301).collect());
+            let all = stencil(DOT_NC + 7);
+            let offs = Offsets::new(all.clone());
+            let x = random(runs.max() + offs.max() + LANES + 5, 21 + nruns as u64);
+            let ldd = nruns * LANES + 3;
+            let dy = random(DOT_MR * ldd, 4 + nruns as u64);
+            for m in 1..=DOT_MR {
+                for ncols in 1..=DOT_NC {
+                    for start in [0, 5] {
+                        let cols = start..start + ncols;
+                        for accumulate in [false, true] {
+                            let mut acc: DotTile = [[-3.5; DOT_NC]; DOT_MR];
+                            acc[0][0] = 0.25;
+                            let before = acc;
+                            g.offset_dot_tile(
+                                m,
+                                &dy,
+                                ldd,
+                                &runs,
+                                &offs,
+                                cols.clone(),
+                                &x,
+                                &mut acc,
+                                accumulate,
+                            )
+                            .unwrap();
+                            let what =
+                                format!("{isa} runs {nruns} m {m} cols {cols:?} acc {accumulate}");
+                            for i in 0..DOT_MR {
+                                for j in 0..DOT_NC {
+                                    let got = acc[i][j];
+                                    if i >= m || j >= ncols {
+                                        assert!(
+                                            got.to_bits() == before[i][j].to_bits(),
+                                            "{what}: acc[{i}][{j}] written (outside the tile)"
+                                        );
+                                        continue;
+                                    }
+                                    let init = if accumulate { before[i][j] as f64 } else { 0.0 };
+                                    let (mut s, mut sabs) = (init, init.abs());
+                                    for (r, &base) in runs.as_slice().iter().enumerate() {
+                                        for l in 0..LANES {
+                                            let p = dy[i * ldd + r * LANES + l] as f64
+                                                * x[base + all[start + j] + l] as f64;
+                                            s += p;
+                                            sabs += p.abs();
+                                        }
+                                    }
+                                    let b = bound(nruns * LANES, sabs);
+                                    assert!(
+                                        (got as f64 - s).abs() <= b,
+                                        "{what}: acc[{i}][{j}] = {got}, expected {s} ± {b}"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn offset_free_functions_use_the_process_family() {
+    let offs = Offsets::new(vec![0, 5, 1, 9]);
+    let w = random(4 * MR, 5);
+    let x = random(40, 6);
+    let mut acc: OffsetTile = [[[0.0; LANES]; OFFSET_NV]; MR];
+    let before = acc;
+    core_blas::offset_tile(MR, &w, &offs, 0..4, &x, &[3, 20], &mut acc, false).unwrap();
+    check_tile(
+        "global",
+        MR,
+        &w,
+        &[0, 5, 1, 9],
+        &x,
+        &[3, 20],
+        &acc,
+        &before,
+        false,
+    );
+    let mut d: DotTile = [[0.0; DOT_NC]; DOT_MR];
+    let runs = Offsets::new(vec![2]);
+    core_blas::offset_dot_tile(1, &x[..8], 8, &runs, &offs, 1..2, &x, &mut d, false).unwrap();
+    let want: f32 = (0..8).map(|l| x[l] * x[2 + 5 + l]).sum();
+    assert!((d[0][0] - want).abs() <= 1e-5, "{} vs {want}", d[0][0]);
+}
+
+fn expect_shape(r: Result<(), Error>, arg: &str) {
+    match r {
+        Err(Error::ShapeMismatch { arg: got, .. }) => assert_eq!(got, arg),
+        other => panic!("expected a shape error on {arg}, got {other:?}"),
+    }
+}
+
+#[test]
+fn offset_tile_rejects_bad_arguments() {
+    for isa in common::families() {
+        let g = Gemm::new(isa).unwrap();
+        let offs = Offsets::new(vec![0, 4, 2]);
+        assert_eq!((offs.max(), offs.len()), (4, 3));
+        let w = vec![1.0; 3 * MR];
+        let x = vec![1.0; 30];
+        let mut acc: OffsetTile = [[[0.0; LANES]; OFFSET_NV]; MR];
+        let mut t = |m, w: &[f32], steps, src: &[usize]| {
+            g.offset_tile(m, w, &offs, steps, &x, src, &mut acc, false)
+        };
+        expect_shape(t(0, &w, 0..3, &[0]), "m");
+        expect_shape(t(MR + 1, &w, 0..3, &[0]), "m");
+        expect_shape(t(1, &w, 0..3, &[]), "src");
+        expect_shape(t(1, &w, 0..3, &[0; 7]), "src");
+        expect_shape(t(4, &w, 0..3, &[0; 3]), "src");
+        expect_shape(t(4, &w, 1..4, &[0]), "steps");
+        #[allow(clippy::reversed_empty_ranges)]
+        expect_shape(t(4, &w, 2..1, &[0]), "steps");
+        match t(2, &w[..3 * MR - 1], 0..3, &[0]) {
+            Err(Error::SliceTooShort {
+                arg: "w", needed, ..
+            }) => assert_eq!(needed, 3 * MR),
+            other => panic!("{isa}: expected a short w, got {other:?}"),
+        }
+        // A sub-range needs only its own w values.
+        t(2, &w[..MR], 1..2, &[0]).unwrap();
+        // base + max + 8 = 31 > 30: one value past the end.
+        match t(2, &w, 0..3, &[0, 19]) {
+            Err(Error::SliceTooShort {
+                arg: "x",
+                needed,
+                len,
+            }) => {
+                assert_eq!((needed, len), (31, 30))
+            }
+            other => panic!("{isa}: expected a short x, got {other:?}"),
+        }
+        assert!(matches!(
+            t(2, &w, 0..3, &[usize::MAX - 3]),
+            Err(Error::SliceTooShort { arg: "x", .. })
+        ));
+        // The largest valid base is accepted, and an empty step range gives zeros.
+        t(2, &w, 0..3, &[0, 18]).unwrap();
+        t(1, &[], 3..3, &[18]).unwrap();
+        assert_eq!(acc[0][0], [0.0; LANES]);
+        assert_eq!(acc[1][1], [3.0; LANES]);
+    }
+}
+
+#[test]
+fn offset_dot_tile_rejects_bad_arguments() {
+    for isa in common::families() {
+        let g = Gemm::new(isa).unwrap();
+        let runs = Offsets::new(vec![0, 3]);
+        let offs = Offsets::new(vec![0, 1, 2, 3, 4, 6]);
+        let x = vec![1.0; 17];
+        let dy = vec![1.0; 3 * 16];
+        let mut acc: DotTile = [[0.0; DOT_NC]; DOT_MR];
+        let mut t = |m, dy: &[f32], ldd, cols, x: &[f32]| {
+            g.offset_dot_tile(m, dy, ldd, &runs, &offs, cols, x, &mut acc, false)
+        };
+        expect_shape(t(0, &dy, 16, 0..1, &x), "m");
+        expect_shape(t(DOT_MR + 1, &dy, 16, 0..1, &x), "m");
+        expect_shape(t(1, &dy, 16, 0..0, &x), "cols");
+        expect_shape(t(1, &dy, 16, 0..5, &x), "cols");
+        expect_shape(t(1, &dy, 16, 4..7, &x), "cols");
+        assert!(matches!(
+            t(2, &dy, 15, 0..1, &x),
+            Err(Error::LeadingDimension {
+                arg: "ldd",
+                min: 16,
+                ..
+            })
+        ));
+        match t(3, &dy[..47], 16, 0..1, &x) {
+            Err(Error::SliceTooShort {
+                arg: "dy", needed, ..
+            }) => assert_eq!(needed, 48),
+            other => panic!("{isa}: expected a short dy, got {other:?}"),
+        }
+        // runs.max + offs.max + 8 = 3 + 6 + 8 = 17.
+        match t(1, &dy, 16, 0..1, &x[..16]) {
+            Err(Error::SliceTooShort {
+                arg: "x",
+                needed,
+                len,
+            }) => {
+                assert_eq!((needed, len), (17, 16))
+            }
+            other => panic!("{isa}: expected a short x, got {other:?}"),
+        }
+        // One row needs no leading dimension.
+        t(1, &dy[..16], 0, 0..1, &x).unwrap();
+        t(3, &dy, 16, 2..6, &x).unwrap();
+        assert_eq!(acc[2][3], 16.0);
+    }
+}
