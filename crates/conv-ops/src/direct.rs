@@ -12,12 +12,13 @@
 //! *base*, so that the 8 input values of a step are one unaligned vector load at
 //! `xq[base + offset]`.
 //!
-//! The register tile is [`MR`] output channels × [`NV`] vectors of 8 output pixels (the vectors may
-//! lie on different output lines): per step [`NV`] vector loads of x, [`MR`] broadcasts of packed
-//! weights, `MR·NV` FMAs into accumulators that hold output pixels, stored straight into y's
-//! planes (bias, ReLU in the epilogue). The AVX2+FMA kernel is used when core-blas runs its
-//! `avx2` or `avx512` family on a CPU with AVX2 and FMA; otherwise (e.g. `CORE_BLAS_ISA=scalar`)
-//! a portable kernel with the same arithmetic order runs.
+//! The register tile is [`MR`] output channels × up to 6 vectors of 8 output pixels (the
+//! vectors may lie on different output lines): per step one vector load of x per run, [`MR`]
+//! broadcasts of packed weights, one FMA per channel and run into accumulators that hold output
+//! pixels, stored straight into y's planes (bias, ReLU in the epilogue). The tile is
+//! core-blas's [`core_blas::offset_tile`] (the process-wide kernel family: AVX2+FMA here, the
+//! portable body under `CORE_BLAS_ISA=scalar`),
+//! so this module holds no intrinsics.
 //!
 //! Workspace: per thread, the polyphase copy of one image's group (C/G × padded plane floats)
 //! and the packed weights of the call (K × C/G × R floats), kept in thread-local storage across
@@ -27,29 +28,23 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
-use crate::error::{ConvError, Result};
+use core_blas::{Gemm, OFFSET_LANES, OFFSET_MR, OffsetTile, Offsets};
+
+use crate::error::{ConvError, Result, gemm_err};
 use crate::geometry::{ConvGeometry, MAX_RANK};
 
 /// Output channels per register tile.
-pub(crate) const MR: usize = 6;
-/// Vectors of output pixels per register tile, at most (see [`runs_per_tile`]).
-pub(crate) const NV: usize = 6;
+pub(crate) const MR: usize = OFFSET_MR;
 
 /// Output runs per band: the loop over output-channel blocks runs inside a band, so that the
 /// band's input lines are read from cache by every block (a multiple of every
 /// [`runs_per_tile`]).
 const BAND: usize = 24;
 
-/// Runs (vectors of output pixels) per tile for a block of `m` output channels: at most 12
-/// accumulators plus the loaded x vectors and one broadcast in the 16 AVX registers (4 × 3 =
-/// 12 accumulators + 4 spilled one), and at least 6 independent FMA chains.
+/// Runs (vectors of output pixels) per tile for a block of `m` output channels (core-blas's
+/// [`core_blas::offset_tile_vectors`]: 2 runs for 4-6 channels, up to 6 for one).
 pub(crate) const fn runs_per_tile(m: usize) -> usize {
-    match m {
-        0 | 1 => 6,
-        2 => 4,
-        3 => 3,
-        _ => 2,
-    }
+    core_blas::offset_tile_vectors(m)
 }
 
 /// The output channels of a group split into blocks of at most [`MR`], as even as possible
@@ -67,7 +62,7 @@ fn channel_blocks(kg: usize) -> Vec<(usize, usize)> {
         .collect()
 }
 /// Output pixels per vector (one AVX register of f32).
-pub(crate) const LANES: usize = 8;
+pub(crate) const LANES: usize = OFFSET_LANES;
 
 /// One run of at most [`LANES`] consecutive outputs along the last dimension.
 #[derive(Debug, Clone, Copy)]
@@ -89,11 +84,9 @@ struct Plan {
     /// loads of a partial run).
     xq_len: usize,
     /// Per step (input channel of the group, tap): offset into the polyphase buffer.
-    offs: Vec<usize>,
+    offs: Offsets,
     /// The output runs of one image.
     runs: Vec<PixelRun>,
-    /// The largest offset plus [`LANES`]: a run based at `src` reads `xq[src .. src + reach]`.
-    reach: usize,
     /// Which phases of the last dimension some tap reads (the others are left zero).
     phase_read: Vec<bool>,
     /// Right-aligned input extents, padding before, strides and phase-plane extents.
@@ -165,9 +158,8 @@ impl Plan {
         Ok(Plan {
             chan,
             xq_len,
-            offs,
+            offs: Offsets::new(offs),
             runs,
-            reach,
             phase_read: (0..d.stride[2])
                 .map(|p| (0..d.kernel[2]).any(|r| r * d.dilation[2] % d.stride[2] == p))
                 .collect(),
@@ -273,167 +265,6 @@ fn pack_weights(
     }
 }
 
-/// Which kernel runs: decided once per call from core-blas's family and the CPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kernel {
-    Portable,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-}
-
-fn kernel() -> Kernel {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let family = core_blas::isa().unwrap_or("scalar");
-        if (family.starts_with("avx2") || family.starts_with("avx512"))
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-        {
-            return Kernel::Avx2;
-        }
-    }
-    Kernel::Portable
-}
-
-/// The accumulators of one tile: `[m][v][lane]`.
-type Tile = [[[f32; LANES]; NV]; MR];
-
-/// One tile: `acc[m][v] = Σ_s wp[s·MR + m] · xq[runs[v] + offs[s] .. +LANES]` for the first `nv`
-/// runs (portable arithmetic, the same order as the AVX2 kernel).
-fn tile_portable(wp: &[f32], offs: &[usize], xq: &[f32], src: &[usize], acc: &mut Tile) {
-    *acc = [[[0.0; LANES]; NV]; MR];
-    for (s, &off) in offs.iter().enumerate() {
-        let a = &wp[s * MR..][..MR];
-        for (v, &base) in src.iter().enumerate() {
-            let b: &[f32; LANES] = xq[base + off..][..LANES].try_into().expect("LANES values");
-            for m in 0..MR {
-                for l in 0..LANES {
-                    acc[m][v][l] += a[m] * b[l];
-                }
-            }
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::{MR, NV, Tile};
-    use std::arch::x86_64::*;
-
-    /// The AVX2+FMA tile for the first `M` output channels of the block (`M <= MR`) and `V`
-    /// runs (`V <= NV`; `runs_per_tile(M)` keeps the accumulators, loaded x vectors and the
-    /// broadcast within the 16 registers).
-    ///
-    /// # Safety
-    /// The CPU has AVX2 and FMA; `wp` holds `offs.len()·MR` values; for every run base `b` in
-    /// `src[..V]` and every offset `o` in `offs`, `xq[b + o .. b + o + LANES]` is in bounds.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tile<const M: usize, const V: usize>(
-        wp: &[f32],
-        offs: &[usize],
-        xq: &[f32],
-        src: &[usize],
-        acc: &mut Tile,
-    ) {
-        debug_assert!(M <= MR && V <= NV && src.len() >= V && wp.len() >= offs.len() * MR);
-        let mut c = [[_mm256_setzero_ps(); V]; M];
-        let x = xq.as_ptr();
-        let mut bases = [x; V];
-        for v in 0..V {
-            // SAFETY: src[v] + offs[s] + LANES <= xq.len() for every step (caller's contract),
-            // so the base itself is inside xq.
-            bases[v] = unsafe { x.add(src[v]) };
-        }
-        let mut a = wp.as_ptr();
-        for &off in offs {
-            let mut b = [_mm256_setzero_ps(); V];
-            for v in 0..V {
-                // SAFETY: bases[v] + off .. + LANES lies inside xq (caller's contract).
-                b[v] = unsafe { _mm256_loadu_ps(bases[v].add(off)) };
-            }
-            for m in 0..M {
-                // SAFETY: a points at this step's MR weights inside wp (M <= MR).
-                let wv = unsafe { _mm256_broadcast_ss(&*a.add(m)) };
-                for v in 0..V {
-                    c[m][v] = _mm256_fmadd_ps(wv, b[v], c[m][v]);
-                }
-            }
-            // SAFETY: steps advance by MR inside wp (offs.len()·MR values); the last advance
-            // points one past the end, never dereferenced.
-            a = unsafe { a.add(MR) };
-        }
-        for m in 0..M {
-            for v in 0..V {
-                // SAFETY: acc[m][v] is LANES f32 values.
-                unsafe { _mm256_storeu_ps(acc[m][v].as_mut_ptr(), c[m][v]) };
-            }
-        }
-    }
-
-    /// [`tile`] for `m` channels (1..=MR) and `src.len()` runs (1..=runs_per_tile(m)).
-    ///
-    /// # Safety
-    /// As [`tile`].
-    #[inline]
-    pub(super) unsafe fn tile_any(
-        m: usize,
-        wp: &[f32],
-        offs: &[usize],
-        xq: &[f32],
-        src: &[usize],
-        acc: &mut Tile,
-    ) {
-        macro_rules! runs {
-            ($m:literal: $($v:literal)*) => {
-                match src.len() {
-                    // SAFETY: the caller's contract is tile's, for every M <= MR, V <= NV.
-                    $($v => unsafe { tile::<$m, $v>(wp, offs, xq, src, acc) },)*
-                    _ => unreachable!("runs_per_tile bounds the runs"),
-                }
-            };
-        }
-        match m {
-            1 => runs!(1: 1 2 3 4 5 6),
-            2 => runs!(2: 1 2 3 4),
-            3 => runs!(3: 1 2 3),
-            4 => runs!(4: 1 2),
-            5 => runs!(5: 1 2),
-            _ => runs!(6: 1 2),
-        }
-    }
-}
-
-/// Runs the tile kernel for the first `m` (1..=MR) output channels of a block on the runs `src`
-/// (1..=NV of them); `reach` is the largest offset plus [`LANES`].
-#[allow(clippy::too_many_arguments)]
-fn run_tile(
-    kern: Kernel,
-    m: usize,
-    wp: &[f32],
-    offs: &[usize],
-    reach: usize,
-    xq: &[f32],
-    src: &[usize],
-    acc: &mut Tile,
-) {
-    debug_assert!(offs.iter().all(|&o| o + LANES <= reach));
-    assert!(
-        wp.len() >= offs.len() * MR
-            && src.iter().all(|&b| b + reach <= xq.len())
-            && !src.is_empty()
-            && src.len() <= runs_per_tile(m)
-            && (1..=MR).contains(&m),
-        "direct convolution tile out of bounds"
-    );
-    match kern {
-        Kernel::Portable => tile_portable(wp, offs, xq, src, acc),
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: Kernel::Avx2 is chosen only when the CPU has AVX2 and FMA; the bounds of wp and
-        // every load were checked just above.
-        Kernel::Avx2 => unsafe { avx2::tile_any(m, wp, offs, xq, src, acc) },
-    }
-}
-
 thread_local! {
     /// This thread's polyphase buffer (reused across calls).
     static XQ: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -442,7 +273,8 @@ thread_local! {
 /// The per-call constants shared by all threads.
 struct Call<'a> {
     plan: Plan,
-    kern: Kernel,
+    /// core-blas's context (the process-wide kernel family).
+    gemm: &'static Gemm,
     /// Packed weights per group.
     wp: Vec<Vec<f32>>,
     /// The output-channel blocks of a group (see [`channel_blocks`]).
@@ -461,27 +293,36 @@ impl Call<'_> {
     /// Output-channel block `kb` of group `grp` of one image on the pixel runs `runs`, from its
     /// polyphase buffer `xq`; `yb` is y of that image for the block's channels (its planes back
     /// to back).
-    fn block(&self, grp: usize, kb: usize, runs: &[PixelRun], xq: &[f32], yb: &mut [f32]) {
+    fn block(
+        &self,
+        grp: usize,
+        kb: usize,
+        runs: &[PixelRun],
+        xq: &[f32],
+        yb: &mut [f32],
+    ) -> Result<()> {
         let steps = self.plan.offs.len();
         let wp = &self.wp[grp][kb * steps * MR..][..steps * MR];
         let (k0, rows) = self.blocks[kb];
         let k0 = grp * self.kg + k0;
-        let mut acc: Tile = [[[0.0; LANES]; NV]; MR];
-        let mut src = [0usize; NV];
+        let mut acc: OffsetTile = Default::default();
+        let mut src = [0usize; core_blas::OFFSET_NV];
         for group in runs.chunks(runs_per_tile(rows)) {
             for (s, r) in src.iter_mut().zip(group) {
                 *s = r.src;
             }
-            run_tile(
-                self.kern,
-                rows,
-                wp,
-                &self.plan.offs,
-                self.plan.reach,
-                xq,
-                &src[..group.len()],
-                &mut acc,
-            );
+            self.gemm
+                .offset_tile(
+                    rows,
+                    wp,
+                    &self.plan.offs,
+                    0..steps,
+                    xq,
+                    &src[..group.len()],
+                    &mut acc,
+                    false,
+                )
+                .map_err(gemm_err)?;
             for (m, accm) in acc.iter().enumerate().take(rows) {
                 let b = self.bias.map_or(0.0, |b| b[k0 + m]);
                 let plane = &mut yb[m * self.olen..][..self.olen];
@@ -509,14 +350,15 @@ impl Call<'_> {
                 }
             }
         }
+        Ok(())
     }
 
     /// Every group of one image: x\[n\] (`xn`, C planes) into y\[n\] (`yn`, K planes).
-    fn image(&self, xn: &[f32], yn: &mut [f32], split_blocks: bool) {
+    fn image(&self, xn: &[f32], yn: &mut [f32], split_blocks: bool) -> Result<()> {
         // Taken out of the cell for the image (a rayon task run while this thread waits finds an
         // empty cell and allocates its own, never a borrowed one).
         let mut xq = XQ.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
-        {
+        let done = (|| {
             xq.resize(self.plan.xq_len, 0.0);
             for grp in 0..self.c / self.cg {
                 self.plan.fill(
@@ -539,16 +381,18 @@ impl Call<'_> {
                         parts
                             .into_par_iter()
                             .enumerate()
-                            .for_each(|(kb, yb)| self.block(grp, kb, band, xq, yb));
+                            .try_for_each(|(kb, yb)| self.block(grp, kb, band, xq, yb))?;
                     } else {
                         for (kb, yb) in parts.into_iter().enumerate() {
-                            self.block(grp, kb, band, xq, yb);
+                            self.block(grp, kb, band, xq, yb)?;
                         }
                     }
                 }
             }
-        }
+            Ok(())
+        })();
         XQ.with(|cell| *cell.borrow_mut() = xq);
+        done
     }
 }
 
@@ -572,7 +416,7 @@ pub(crate) fn forward(
         .collect();
     let call = Call {
         plan,
-        kern: kernel(),
+        gemm: Gemm::global().map_err(gemm_err)?,
         wp,
         blocks,
         bias,
@@ -587,15 +431,15 @@ pub(crate) fn forward(
     let threads = rayon::current_num_threads();
     if threads <= 1 {
         for (xn, yn) in x.chunks_exact(xs).zip(y.chunks_exact_mut(ys)) {
-            call.image(xn, yn, false);
+            call.image(xn, yn, false)?;
         }
     } else if g.batch() >= 2 * threads {
         x.par_chunks_exact(xs)
             .zip(y.par_chunks_exact_mut(ys))
-            .for_each(|(xn, yn)| call.image(xn, yn, false));
+            .try_for_each(|(xn, yn)| call.image(xn, yn, false))?;
     } else {
         for (xn, yn) in x.chunks_exact(xs).zip(y.chunks_exact_mut(ys)) {
-            call.image(xn, yn, true);
+            call.image(xn, yn, true)?;
         }
     }
     Ok(())
