@@ -85,6 +85,8 @@ struct Plan {
     xq_len: usize,
     /// Per step (input channel of the group, tap): offset into the polyphase buffer.
     offs: Offsets,
+    /// Taps per input channel (steps = C/G · taps).
+    taps: usize,
     /// The output runs of one image.
     runs: Vec<PixelRun>,
     /// Which phases of the last dimension some tap reads (the others are left zero).
@@ -158,6 +160,7 @@ impl Plan {
         Ok(Plan {
             chan,
             xq_len,
+            taps: g.kernel_len(),
             offs: Offsets::new(offs),
             runs,
             phase_read: (0..d.stride[2])
@@ -230,6 +233,44 @@ impl Plan {
     }
 }
 
+/// Bytes of an image's padded copy (one group) above which the input channels may be split
+/// into two blocks (half of a 1 MiB L2). ResNet-20's images (at most 41 KiB) run unsplit.
+const CHUNK_ABOVE: usize = 512 << 10;
+
+/// Largest number of steps of a half block for the split to pay: the half block's 6-channel
+/// weight panel (6 × steps floats) is then at most 12 KiB and stays in L1d beside the input
+/// lines of a tile.
+const CHUNK_MAX_STEPS: usize = 512;
+
+/// The input-channel blocks of a group as step ranges `(first, end)`: one block holding every
+/// step, or two (whole channels, as even as possible) when the padded copy exceeds
+/// [`CHUNK_ABOVE`] and half the steps are at most [`CHUNK_MAX_STEPS`]. Measured (session 6,
+/// thread CPU time, 1 thread): VGG's 64@224² (2 × 288 steps) 1.06-1.12× faster split, C3D's
+/// 64@8×56² (2 × 864 steps) 1.01-1.05× slower split (and 1.03-1.05× slower in six blocks of
+/// 11 channels: the extra partial-sum passes over y outweigh the smaller working set),
+/// ResNet-50's 64@56² (2 × 288) unchanged.
+fn step_blocks(plan: &Plan, cg: usize) -> Vec<(usize, usize)> {
+    let taps = plan.taps.max(1);
+    let steps = cg * taps;
+    let n = if plan.xq_len * size_of::<f32>() > CHUNK_ABOVE
+        && cg >= 2
+        && steps.div_ceil(2) <= CHUNK_MAX_STEPS
+    {
+        2
+    } else {
+        1
+    };
+    let (base, extra) = (cg / n, cg % n);
+    let mut c0 = 0;
+    (0..n)
+        .map(|i| {
+            let c = base + usize::from(i < extra);
+            c0 += c;
+            ((c0 - c) * taps, c0 * taps)
+        })
+        .collect()
+}
+
 /// Padding after, right-aligned in three dimensions (1 where the geometry has no dimension).
 fn pad_after3(g: &ConvGeometry) -> [usize; MAX_RANK] {
     let mut p = [0usize; MAX_RANK];
@@ -281,6 +322,8 @@ struct Call<'a> {
     blocks: Vec<(usize, usize)>,
     bias: Option<&'a [f32]>,
     relu: bool,
+    /// The input-channel blocks as step ranges (see [`step_blocks`]).
+    chunks: Vec<(usize, usize)>,
     /// K/G, C/G, input plane, output plane, C.
     kg: usize,
     cg: usize,
@@ -293,16 +336,20 @@ impl Call<'_> {
     /// Output-channel block `kb` of group `grp` of one image on the pixel runs `runs`, from its
     /// polyphase buffer `xq`; `yb` is y of that image for the block's channels (its planes back
     /// to back).
+    /// `part` = (steps of this input-channel block, first block?, last block?): the first
+    /// stores (with the bias), the others add, ReLU after the last.
     fn block(
         &self,
         grp: usize,
         kb: usize,
+        part: (usize, usize, bool, bool),
         runs: &[PixelRun],
         xq: &[f32],
         yb: &mut [f32],
     ) -> Result<()> {
+        let (s0, s1, first, last) = part;
         let steps = self.plan.offs.len();
-        let wp = &self.wp[grp][kb * steps * MR..][..steps * MR];
+        let wp = &self.wp[grp][(kb * steps + s0) * MR..][..(s1 - s0) * MR];
         let (k0, rows) = self.blocks[kb];
         let k0 = grp * self.kg + k0;
         let mut acc: OffsetTile = Default::default();
@@ -316,35 +363,43 @@ impl Call<'_> {
                     rows,
                     wp,
                     &self.plan.offs,
-                    0..steps,
+                    s0..s1,
                     xq,
                     &src[..group.len()],
                     &mut acc,
                     false,
                 )
                 .map_err(gemm_err)?;
+            let relu = self.relu && last;
             for (m, accm) in acc.iter().enumerate().take(rows) {
-                let b = self.bias.map_or(0.0, |b| b[k0 + m]);
+                // The bias joins the first partial sum; ReLU applies after the last.
+                let b = if first {
+                    self.bias.map_or(0.0, |b| b[k0 + m])
+                } else {
+                    0.0
+                };
                 let plane = &mut yb[m * self.olen..][..self.olen];
                 for (r, vals) in group.iter().zip(accm) {
                     if r.len == LANES {
                         // A whole run: fixed-size, vectorised by the compiler.
                         let out: &mut [f32; LANES] =
                             (&mut plane[r.dst..][..LANES]).try_into().expect("LANES");
-                        if self.relu {
+                        let mut v = [0.0f32; LANES];
+                        for l in 0..LANES {
+                            v[l] = if first { vals[l] + b } else { out[l] + vals[l] };
+                        }
+                        if relu {
                             for l in 0..LANES {
-                                out[l] = (vals[l] + b).max(0.0);
+                                out[l] = v[l].max(0.0);
                             }
                         } else {
-                            for l in 0..LANES {
-                                out[l] = vals[l] + b;
-                            }
+                            *out = v;
                         }
                     } else {
                         let out = &mut plane[r.dst..][..r.len];
                         for (o, &v) in out.iter_mut().zip(vals) {
-                            let v = v + b;
-                            *o = if self.relu { v.max(0.0) } else { v };
+                            let v = if first { v + b } else { *o + v };
+                            *o = if relu { v.max(0.0) } else { v };
                         }
                     }
                 }
@@ -369,22 +424,28 @@ impl Call<'_> {
                 let yg = &mut yn[grp * self.kg * self.olen..][..self.kg * self.olen];
                 // Band by band of output runs (its x lines stay in cache across the blocks),
                 // every output-channel block on each band.
+                // Within a band, the input channels in blocks (see [`step_blocks`]), partial
+                // sums into y.
+                let steps = self.plan.offs.len();
                 for band in self.plan.runs.chunks(BAND) {
-                    let mut parts = Vec::with_capacity(self.blocks.len());
-                    let mut rest = &mut *yg;
-                    for &(_, m) in &self.blocks {
-                        let (part, tail) = rest.split_at_mut(m * self.olen);
-                        parts.push(part);
-                        rest = tail;
-                    }
-                    if split_blocks {
-                        parts
-                            .into_par_iter()
-                            .enumerate()
-                            .try_for_each(|(kb, yb)| self.block(grp, kb, band, xq, yb))?;
-                    } else {
-                        for (kb, yb) in parts.into_iter().enumerate() {
-                            self.block(grp, kb, band, xq, yb)?;
+                    for &(s0, s1) in &self.chunks {
+                        let part = (s0, s1, s0 == 0, s1 == steps);
+                        let mut parts = Vec::with_capacity(self.blocks.len());
+                        let mut rest = &mut *yg;
+                        for &(_, m) in &self.blocks {
+                            let (part, tail) = rest.split_at_mut(m * self.olen);
+                            parts.push(part);
+                            rest = tail;
+                        }
+                        if split_blocks {
+                            parts
+                                .into_par_iter()
+                                .enumerate()
+                                .try_for_each(|(kb, yb)| self.block(grp, kb, part, band, xq, yb))?;
+                        } else {
+                            for (kb, yb) in parts.into_iter().enumerate() {
+                                self.block(grp, kb, part, band, xq, yb)?;
+                            }
                         }
                     }
                 }
@@ -407,6 +468,7 @@ pub(crate) fn forward(
 ) -> Result<()> {
     let plan = Plan::new(g)?;
     let blocks = channel_blocks(g.out_channels_per_group());
+    let chunks = step_blocks(&plan, g.in_channels_per_group());
     let wp = (0..g.groups())
         .map(|grp| {
             let mut v = Vec::new();
@@ -421,6 +483,7 @@ pub(crate) fn forward(
         blocks,
         bias,
         relu,
+        chunks,
         kg: g.out_channels_per_group(),
         cg: g.in_channels_per_group(),
         ilen: g.input_spatial_len(),
@@ -443,4 +506,38 @@ pub(crate) fn forward(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The geometries of the `direct_with_input_channel_blocks` integration test do take the
+    /// two-block path, and small images (ResNet-20's) and long 3-D kernels do not.
+    #[test]
+    fn input_channel_blocks() {
+        let big = ConvGeometry::new(2, 17, 13, &[103, 117], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap();
+        assert_eq!(
+            step_blocks(&Plan::new(&big).unwrap(), 17),
+            vec![(0, 81), (81, 153)]
+        );
+        let big3 = ConvGeometry::new(1, 9, 7, &[11, 60, 61], &[3, 1, 3])
+            .unwrap()
+            .with_padding_per_side(&[1, 0, 2], &[0, 0, 1])
+            .unwrap();
+        assert_eq!(step_blocks(&Plan::new(&big3).unwrap(), 9).len(), 2);
+        let rn20 = ConvGeometry::new(128, 64, 64, &[8, 8], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap();
+        assert_eq!(step_blocks(&Plan::new(&rn20).unwrap(), 64), vec![(0, 576)]);
+        let c3d = ConvGeometry::new(1, 64, 64, &[8, 56, 56], &[3, 3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap();
+        assert_eq!(step_blocks(&Plan::new(&c3d).unwrap(), 64).len(), 1);
+    }
 }

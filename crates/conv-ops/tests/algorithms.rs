@@ -349,6 +349,60 @@ fn direct_under_every_schedule() {
     }
 }
 
+/// The direct convolution on images whose padded copy exceeds half of L2 (its input channels
+/// run in two blocks, the second adding into y; bias with the first, ReLU after the last), with
+/// partial pixel runs, one and three threads (one image per thread, and one image's channel
+/// blocks across threads), against the reference.
+#[test]
+fn direct_with_input_channel_blocks() {
+    let layers = [
+        ConvGeometry::new(2, 17, 13, &[103, 117], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+        ConvGeometry::new(1, 9, 7, &[11, 60, 61], &[3, 1, 3])
+            .unwrap()
+            .with_padding_per_side(&[1, 0, 2], &[0, 0, 1])
+            .unwrap(),
+    ];
+    for threads in [1, 3] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        for (i, g) in layers.iter().enumerate() {
+            let x = uniform(70 + i as u64, g.x_len());
+            let w = uniform(71 + i as u64, g.w_len());
+            let bias = uniform(72 + i as u64, g.out_channels());
+            let mut want = vec![0f32; g.y_len()];
+            reference::forward(g, &x, &w, Some(&bias), &mut want).unwrap();
+            for relu in [false, true] {
+                let want: Vec<f32> = want
+                    .iter()
+                    .map(|&v| if relu { v.max(0.0) } else { v })
+                    .collect();
+                let mut y = vec![f32::NAN; g.y_len()];
+                pool.install(|| {
+                    forward(
+                        g,
+                        &x,
+                        &w,
+                        Some(&bias),
+                        relu,
+                        &mut y,
+                        ForwardAlgo::Direct,
+                        &mut Workspace::new(false),
+                    )
+                })
+                .unwrap();
+                tol(g.in_channels_per_group() * g.kernel_len())
+                    .check(&format!("{threads} threads, relu {relu}, {g:?}"), &y, &want)
+                    .unwrap();
+            }
+        }
+    }
+}
+
 /// `Preset::lean_for` picks the direct convolution for small-kernel, few-channel layers and the
 /// GEMM forms elsewhere; whatever it picks computes every pass correctly and allocates no more
 /// than the flipped weights.
