@@ -521,6 +521,14 @@ impl Layer for Conv {
     }
 
     fn forward(&mut self, x: Tensor, train: bool) -> Result<Tensor> {
+        if x.shape().first() == Some(&0) {
+            // An empty batch (in data parallelism a rank without samples still runs the model
+            // to join its layers' collectives): an empty output, nothing to compute.
+            let mut yshape = vec![0];
+            yshape.extend(self.output_shape(&x.shape()[1..])?);
+            self.saved_x = train.then_some(x);
+            return Ok(Tensor::zeros(&yshape));
+        }
         self.ensure_plan(&x)?;
         let Conv {
             weight,
@@ -561,6 +569,19 @@ impl Layer for Conv {
         let x = self.saved_x.take().ok_or_else(|| NnError::NoForward {
             layer: self.describe(),
         })?;
+        if x.shape().first() == Some(&0) {
+            // An empty batch contributes nothing: zero gradients, an empty dx.
+            let mut want = vec![0];
+            want.extend(self.output_shape(&x.shape()[1..])?);
+            if dy.shape() != want.as_slice() {
+                let want = format!("{want:?}");
+                return Err(NnError::shape(self.describe(), "dy", dy.shape(), want));
+            }
+            for (_, p) in self.params_mut() {
+                p.grad.data_mut().fill(0.0);
+            }
+            return Ok(need_dx.then(|| Tensor::zeros(x.shape())));
+        }
         self.ensure_plan(&x)?;
         let describe = self.describe();
         let Conv {
@@ -656,6 +677,40 @@ fn add_bias(y: &mut [f32], b: &[f32], plane: usize) {
 mod tests {
     use super::*;
     use rand::SeedableRng;
+
+    /// An empty batch (a data-parallel rank without samples) runs: an empty output of the
+    /// right shape, zero parameter gradients (not the previous step's), an empty `dx`; a wrong
+    /// shape is still an error.
+    #[test]
+    fn an_empty_batch_gives_empty_outputs_and_zero_gradients() {
+        let rng = &mut SmallRng::seed_from_u64(5);
+        let cfg = ConvConfig::conv2d(3, 4, 3).stride(2).padding(1);
+        let mut conv = Conv::new(cfg, ConvAlgo::Convgemm, rng).unwrap();
+        let x = Tensor::new(&[2, 3, 7, 6], vec![0.25; 2 * 3 * 7 * 6]).unwrap();
+        let y = conv.forward(x, true).unwrap();
+        conv.backward(Tensor::new(y.shape(), vec![1.0; y.len()]).unwrap(), true)
+            .unwrap();
+        assert!(
+            conv.params()
+                .iter()
+                .all(|(_, p)| p.grad.data().iter().any(|&g| g != 0.0))
+        );
+        let y = conv.forward(Tensor::zeros(&[0, 3, 7, 6]), true).unwrap();
+        assert_eq!(y.shape(), &[0, 4, 4, 3]);
+        assert!(conv.backward(Tensor::zeros(&[0, 4, 4, 4]), true).is_err());
+        conv.forward(Tensor::zeros(&[0, 3, 7, 6]), true).unwrap();
+        let dx = conv.backward(Tensor::zeros(&[0, 4, 4, 3]), true).unwrap();
+        assert_eq!(dx.unwrap().shape(), &[0, 3, 7, 6]);
+        assert!(
+            conv.params()
+                .iter()
+                .all(|(_, p)| p.grad.data().iter().all(|&g| g == 0.0))
+        );
+        assert!(
+            conv.forward(Tensor::zeros(&[0, 2, 7, 6]), true).is_err(),
+            "channels"
+        );
+    }
 
     /// Two `Auto` layers of one geometry share one measurement: the second reuses the first's
     /// choice instead of timing again.
