@@ -184,6 +184,9 @@ impl<'c, C: Communicator> DataParallel<'c, C> {
         labels: &[usize],
     ) -> Result<StepResult> {
         let n = labels.len();
+        if n == 0 {
+            return Err(DistError::Training("an empty mini-batch".into()));
+        }
         if x.shape().first() != Some(&n) {
             return Err(DistError::Training(format!(
                 "{n} labels for inputs of shape {:?}",
@@ -207,24 +210,32 @@ impl<'c, C: Communicator> DataParallel<'c, C> {
         self.flat.resize(total, 0.0);
         self.stage.clear();
         self.stage.resize(total, 0.0);
-        let mut dl = None;
-        if local > 0 {
-            let per = x.len() / n;
-            let mut shape = x.shape().to_vec();
-            shape[0] = local;
-            let xs = Tensor::new(&shape, x.data()[rows.start * per..rows.end * per].to_vec())?;
-            let logits = model.forward(xs, true)?;
-            let (l, d) = cross_entropy(&logits, &labels[rows.clone()])?;
-            loss[0] = l * local as f32 / n as f32;
+        // Every rank runs the model, a rank without samples (batch < ranks) on an empty shard:
+        // layers with collectives inside (a synchronised batch norm, channel or spatial blocks)
+        // need every rank of their communicator.
+        let per = x.len() / n;
+        let mut shape = x.shape().to_vec();
+        shape[0] = local;
+        let xs = Tensor::new(&shape, x.data()[rows.start * per..rows.end * per].to_vec())?;
+        let logits = model.forward(xs, true)?;
+        // The gradient of the whole batch's mean loss with respect to this shard's logits: the
+        // shard's mean-loss gradient scaled by local / n, so every rank backpropagates on the
+        // same scale (a synchronised batch norm sums `dy` across ranks) and the sum of the
+        // ranks' parameter gradients is the whole batch's.
+        let scale = local as f32 / n as f32;
+        let mut dl = if local > 0 {
+            let (l, mut d) = cross_entropy(&logits, &labels[rows.clone()])?;
+            loss[0] = l * scale;
             loss[1] = correct(&logits, &labels[rows]) as f32;
-            dl = Some(d);
-        }
+            d.data_mut().iter_mut().for_each(|g| *g *= scale);
+            Some(d)
+        } else {
+            Some(Tensor::zeros(logits.shape()))
+        };
         // Backpropagate, posting each chunk's sum as soon as its last gradient is final and every
         // earlier chunk is posted: chunks go out in index order on every rank (MPI matches
         // non-blocking collectives by posting order, and a block reports its parameters together,
-        // which can complete a later chunk first). A rank without samples posts nothing here: its
-        // chunks go out as zeros, in index order, after `work`.
-        let scale = local as f32 / n as f32;
+        // which can complete a later chunk first).
         let mut left = layout.members.clone();
         let mut next = 0;
         let stage = &mut self.stage;
@@ -244,9 +255,7 @@ impl<'c, C: Communicator> DataParallel<'c, C> {
                     return;
                 };
                 let (offset, len) = layout.span[i];
-                for (s, g) in stage[offset..offset + len].iter_mut().zip(p.grad.data()) {
-                    *s = g * scale;
-                }
+                stage[offset..offset + len].copy_from_slice(p.grad.data());
                 let c = layout.chunk_of[i];
                 let Some(l) = left[c].checked_sub(1) else {
                     failed = Some(DistError::Training(format!(

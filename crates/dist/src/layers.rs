@@ -151,7 +151,7 @@ impl<L: DistLayer> Bound<L> {
 }
 
 /// A `dist` error as the `nn` error of layer `layer` (an `nn` error passes through unchanged).
-fn to_nn(layer: String, e: DistError) -> NnError {
+pub(crate) fn to_nn(layer: String, e: DistError) -> NnError {
     match e {
         DistError::Nn(e) => e,
         e => NnError::Layer {

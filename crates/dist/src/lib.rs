@@ -53,6 +53,24 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! A batch norm normalises with its batch's statistics, so replicas that each see a shard would
+//! not take the single process's step. [`sync_batch_norm`] makes every batch norm of a model a
+//! [`SyncBatchNorm`], whose per-channel sums are summed over the ranks (PyTorch's
+//! `SyncBatchNorm`); a rank whose shard is empty (a batch smaller than the rank count) still
+//! runs the model on zero samples and joins the sums. `tests/mpi_data_parallel.rs` checks a
+//! residual model with batch norm against one process:
+//!
+//! ```
+//! use dist::{Runtime, register, sync_batch_norm};
+//! use nn::{ConvAlgo, build};
+//!
+//! let runtime = Runtime::init()?;
+//! let registration = register(runtime.world()); // the ranks that share the batch
+//! let model = sync_batch_norm(build("resnet20", ConvAlgo::Convgemm, 0)?, registration.handle())?;
+//! assert!(model.summary().contains("SyncBatchNorm(16)"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! ## Channel and filter parallelism
 //!
 //! A [`ProcessorGrid`] arranges the ranks as `samples × channels`, with a communicator per row
@@ -133,6 +151,7 @@ mod mpi_comm;
 mod runtime;
 mod single;
 mod spatial;
+mod sync_bn;
 
 pub use channel_conv::{ChannelParallelConv, FilterParallelConv};
 pub use comm::{ChunkPoster, Communicator, MAX_COUNT};
@@ -150,3 +169,4 @@ pub use single::SingleProcess;
 pub use spatial::{
     SpatialGather, SpatialParallel, SpatialPlan, SpatialScatter, rows, spatial_parallel,
 };
+pub use sync_bn::{SyncBatchNorm, sync_batch_norm};

@@ -21,6 +21,7 @@ use crate::comm::Communicator;
 use crate::error::{DistError, Result};
 use crate::layers::{Bound, CommHandle, DistLayer, check_block};
 use crate::runtime::World;
+use crate::sync_bn::SyncBatchNorm;
 
 /// The rows of an axis of length `len` that block `part` of `parts` holds (balanced: the
 /// blocks differ by at most one row).
@@ -467,87 +468,6 @@ impl DistLayer for SpatialParallel {
     }
 }
 
-/// Batch normalisation of a tensor split by rows over the ranks of a communicator: in training
-/// the per-channel statistics (sums, then squared deviations; in backward the sums of `dy` and
-/// `dy·x̂`) are summed over the ranks, so every block is normalised with the whole batch's mean
-/// and variance and the parameter gradients and running statistics are the whole layer's on
-/// every rank. Evaluation (running statistics) is local.
-pub struct SpatialBatchNorm {
-    bn: BatchNorm,
-    parts: usize,
-    part: usize,
-}
-
-impl SpatialBatchNorm {
-    /// Block `part` of `parts` of `bn` (its parameters and running statistics move in).
-    ///
-    /// Errors: [`DistError::Training`] when `part >= parts`.
-    pub fn new(bn: BatchNorm, parts: usize, part: usize) -> Result<Self> {
-        check_block(parts, part)?;
-        Ok(SpatialBatchNorm { bn, parts, part })
-    }
-}
-
-/// Sums `buf` over `comm` in f32 (the partial sums are f64; their f32 rounding is far below
-/// the statistics' own rounding).
-fn sum_over(comm: &World, buf: &mut [f64]) -> nn::Result<()> {
-    let mut v: Vec<f32> = buf.iter().map(|&x| x as f32).collect();
-    comm.allreduce_sum(&mut v).map_err(|e| nn::NnError::Layer {
-        layer: "SpatialBatchNorm".into(),
-        source: Box::new(e),
-    })?;
-    buf.iter_mut().zip(v).for_each(|(b, x)| *b = x as f64);
-    Ok(())
-}
-
-impl DistLayer for SpatialBatchNorm {
-    fn describe(&self) -> String {
-        format!(
-            "SpatialParallel({}, block {} of {})",
-            self.bn.describe(),
-            self.part + 1,
-            self.parts
-        )
-    }
-
-    fn forward(&mut self, comm: &World, x: Tensor, train: bool) -> Result<Tensor> {
-        check_comm(comm, self.parts, self.part)?;
-        if !train {
-            return Ok(self.bn.forward(x, false)?);
-        }
-        Ok(self
-            .bn
-            .forward_reduced(x, true, &mut |b| sum_over(comm, b))?)
-    }
-
-    fn backward(&mut self, comm: &World, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
-        check_comm(comm, self.parts, self.part)?;
-        Ok(self
-            .bn
-            .backward_reduced(dy, need_dx, &mut |b| sum_over(comm, b))?)
-    }
-
-    fn params(&self) -> Vec<(String, &Parameter)> {
-        self.bn.params()
-    }
-
-    fn params_mut(&mut self) -> Vec<(String, &mut Parameter)> {
-        self.bn.params_mut()
-    }
-
-    fn buffers(&self) -> Vec<(String, &Tensor)> {
-        self.bn.buffers()
-    }
-
-    fn buffers_mut(&mut self) -> Vec<(String, &mut Tensor)> {
-        self.bn.buffers_mut()
-    }
-
-    fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>> {
-        Ok(self.bn.output_shape(input)?)
-    }
-}
-
 /// [`Communicator::exchange`] of owned buffers.
 fn exchange(
     comm: &World,
@@ -836,10 +756,7 @@ impl Splitter {
         }
         let any: Box<dyn std::any::Any> = layer.into_any();
         let any = match any.downcast::<BatchNorm>() {
-            Ok(bn) => {
-                let l = SpatialBatchNorm::new(*bn, parts, part)?;
-                return Ok(Box::new(Bound::new(l, comm)));
-            }
+            Ok(bn) => return Ok(Box::new(SyncBatchNorm::spatial(*bn, comm))),
             Err(other) => other,
         };
         let any = match any.downcast::<Sequential>() {
@@ -915,7 +832,7 @@ fn windowed(path: &str, layer: &dyn Layer, out: &mut Vec<String>) {
 ///
 /// The layers that can run on blocks of rows of the first spatial axis do
 /// ([`SpatialParallel`] convolutions and max-pools whose input and output have at least `parts`
-/// rows, [`SpatialBatchNorm`], ReLU, and residual blocks and nested sequences made only of
+/// rows, batch norm (a [`SyncBatchNorm`] over the row), ReLU, and residual blocks and nested sequences made only of
 /// those, so LeNet, VGG, C3D and the ResNets' stems and stages), with a [`SpatialScatter`]
 /// before each run and a [`SpatialGather`] after it. Every other layer (global and adaptive
 /// pooling, the classifier) runs whole and identically on every rank. Parameters keep their

@@ -4,23 +4,22 @@
 //! the grid row, halo exchanges between blocks) and trained with `DataParallel` (over the grid
 //! column) take the same steps as the whole model trained on one process: equal losses at every
 //! step, equal parameters and logits afterwards. Odd sizes, strides, padding, a padded max-pool
-//! and unequal blocks are on purpose; a third model with batch norm and residual blocks (nested
-//! in a stage, one with a projection shortcut) runs on the grids of one sample block.
+//! and unequal blocks are on purpose. A third model has batch norm and residual blocks (nested
+//! in a stage, one with a projection shortcut); with several sample blocks its batch norms are
+//! synchronised over the whole grid (`dist::sync_batch_norm`), so it too takes the single
+//! process's steps.
 //! One PASS line per rank; the first failed check aborts.
 
 use dist::{
-    Communicator, DataParallel, ProcessorGrid, Runtime, SpatialPlan, World, register,
-    spatial_parallel,
+    CommHandle, Communicator, DataParallel, ProcessorGrid, Runtime, SpatialPlan, World, register,
+    spatial_parallel, sync_batch_norm,
 };
-use nn::{
-    BatchNorm, Conv, ConvAlgo, ConvConfig, Flatten, GlobalAvgPool, Linear, MaxPool, Relu, Residual,
-    Sequential, Sgd, local_step,
-};
+use nn::{Conv, ConvAlgo, ConvConfig, Flatten, Linear, MaxPool, Relu, Sequential, Sgd, local_step};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
 mod common;
-use common::{batch, close};
+use common::{batch, close, resnet};
 
 /// 3×13×11 samples, 5 classes: 13 rows → 13 (3×3, pad 1) → 7 (5×5, stride 2, pad 2) → 4
 /// (max-pool 3, stride 2, pad 1) → 2 (3×3, no padding), then the classifier (width 11 → 1).
@@ -67,33 +66,13 @@ fn model3d(algo: ConvAlgo, seed: u64) -> nn::Result<Sequential> {
         .push(Linear::new(4 * 4 * 3 * 2, 5, rng)?)
 }
 
-/// 3×11×10 samples: a stem with batch norm, then a nested stage of two residual blocks (the
-/// second with stride 2 and a 1×1 projection shortcut: 11 → 6 rows), global pooling and the
-/// classifier, the shape of torchvision's ResNets.
-fn resnet(algo: ConvAlgo, seed: u64) -> nn::Result<Sequential> {
-    let rng = &mut SmallRng::seed_from_u64(seed);
-    let stage = Sequential::block()
-        .push(Residual::basic_block(8, 8, 1, algo, rng)?)?
-        .push(Residual::basic_block(8, 12, 2, algo, rng)?)?;
-    Sequential::new(&[3, 11, 10])
-        .push(Conv::new(
-            ConvConfig::conv2d(3, 8, 3).padding(1).no_bias(),
-            algo,
-            rng,
-        )?)?
-        .push(BatchNorm::new(8)?)?
-        .push(Relu::new())?
-        .push_named("layer1", stage)?
-        .push(GlobalAvgPool::new())?
-        .push(Flatten::new())?
-        .push(Linear::new(12, 5, rng)?)
-}
-
 type Build = fn(ConvAlgo, u64) -> nn::Result<Sequential>;
 
 /// Trains `build`'s model split and whole on grid `samples × blocks`; the number of checks.
+/// `everyone` is the whole world, registered (the batch norms' statistics span it).
 fn run(
     world: &World,
+    everyone: CommHandle,
     build: Build,
     samples: usize,
     blocks: usize,
@@ -114,6 +93,9 @@ fn run(
     .map_err(|x| e(&x))?;
     if &plan != want_plan {
         return Err(format!("plan {plan:?}, expected {want_plan:?}"));
+    }
+    if samples > 1 {
+        split = sync_batch_norm(split, everyone).map_err(|x| e(&x))?;
     }
     let mut whole = build(algo, 7).map_err(|x| e(&x))?;
     let sample = whole.input_shape().to_vec();
@@ -167,6 +149,7 @@ fn main() {
         }
     };
     let world = runtime.world();
+    let everyone = register(runtime.world());
     let size = world.size();
     let mut checks = 0;
     for blocks in (1..=size).filter(|c| size % c == 0) {
@@ -180,9 +163,6 @@ fn main() {
             1 => plan(&[], &["0", "2", "3"]),
             _ => plan(&["0", "2", "3"], &[]),
         };
-        // Batch norm normalises over a replica's samples, so with sample blocks the replicas
-        // differ from one process by design (no synchronised batch norm across samples): the
-        // residual model runs on grids of one sample block.
         let convs = [
             "0",
             "layer1.0.c1",
@@ -195,15 +175,20 @@ fn main() {
             1 => plan(&[], &convs),
             _ => plan(&convs, &[]),
         };
-        let mut models = vec![
+        let models = [
             ("2D", model2d as Build, plan2d),
             ("3D", model3d as Build, plan3d),
+            ("residual", resnet as Build, plan_res),
         ];
-        if blocks == size {
-            models.push(("residual", resnet as Build, plan_res));
-        }
         for (what, build, want) in models {
-            match run(&world, build, size / blocks, blocks, &want) {
+            match run(
+                &world,
+                everyone.handle(),
+                build,
+                size / blocks,
+                blocks,
+                &want,
+            ) {
                 Ok(n) => checks += n,
                 Err(msg) => {
                     eprintln!(

@@ -53,7 +53,7 @@ pub use data::Dataset;
 pub use error::{NnError, Result};
 pub use layer::{AsAny, GradReady, Layer, Parameter};
 pub use layers::{
-    AdaptiveAvgPool, BasicBlock, BatchNorm, Conv, ConvAlgo, ConvConfig, Dropout, Flatten,
+    AdaptiveAvgPool, BasicBlock, BatchNorm, BnGrads, Conv, ConvAlgo, ConvConfig, Dropout, Flatten,
     GlobalAvgPool, Linear, MaxPool, Relu, Residual, StatsReduce,
 };
 pub use loss::{correct, cross_entropy};

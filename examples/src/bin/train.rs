@@ -22,7 +22,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use dist::{
     Communicator, DataParallel, DistError, ProcessorGrid, Runtime, channel_parallel, register,
-    spatial_parallel,
+    spatial_parallel, sync_batch_norm,
 };
 use examples::peak_rss_bytes;
 use nn::{
@@ -111,6 +111,12 @@ struct Args {
     /// blocks, whose weights are split). Without MPI the world is this one process.
     #[arg(long)]
     parallel: Option<String>,
+    /// With several sample blocks, normalise each batch norm with its own shard's statistics
+    /// (PyTorch DDP's default: no collectives inside the model, but the replicas no longer take
+    /// the steps one process takes on the whole batch). By default the statistics are summed
+    /// over the ranks holding the batch (a synchronised batch norm).
+    #[arg(long)]
+    local_batch_norm: bool,
 }
 
 fn main() -> ExitCode {
@@ -346,7 +352,16 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 plan.whole
             );
         }
-        let mut dp = DataParallel::new(&sample_comm);
+        let samples_reg = register(sample_comm);
+        let sample_comm = samples_reg.comm();
+        // Batch norm's statistics span the ranks that hold parts of its input: the sample blocks
+        // (their rows replicate it) or, with blocks of rows, the whole grid.
+        let world_reg = (spatial && channels > 1).then(|| register(runtime.world()));
+        if samples > 1 && !args.local_batch_norm {
+            let stats = world_reg.as_ref().unwrap_or(&samples_reg).handle();
+            model = sync_batch_norm(model, stats)?;
+        }
+        let mut dp = DataParallel::new(&*sample_comm);
         dp.broadcast_model(&mut model)?;
         fit_with(
             &mut model,

@@ -1,6 +1,10 @@
-//! Helpers shared by the multi-rank model tests (`mpi_channel_model`, `mpi_spatial_model`).
+//! Helpers shared by the multi-rank model tests (`mpi_channel_model`, `mpi_spatial_model`,
+//! `mpi_data_parallel`).
 
-use nn::Tensor;
+use nn::{
+    BatchNorm, Conv, ConvAlgo, ConvConfig, Flatten, GlobalAvgPool, Linear, Relu, Residual,
+    Sequential, Tensor,
+};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -34,4 +38,27 @@ pub fn close(what: &str, got: &[f32], want: &[f32]) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// 3×11×10 samples: a stem with batch norm, then a nested stage of two residual blocks (the
+/// second with stride 2 and a 1×1 projection shortcut: 11 → 6 rows), global pooling and the
+/// classifier, the shape of torchvision's ResNets.
+#[allow(dead_code)] // not every test crate uses it
+pub fn resnet(algo: ConvAlgo, seed: u64) -> nn::Result<Sequential> {
+    let rng = &mut SmallRng::seed_from_u64(seed);
+    let stage = Sequential::block()
+        .push(Residual::basic_block(8, 8, 1, algo, rng)?)?
+        .push(Residual::basic_block(8, 12, 2, algo, rng)?)?;
+    Sequential::new(&[3, 11, 10])
+        .push(Conv::new(
+            ConvConfig::conv2d(3, 8, 3).padding(1).no_bias(),
+            algo,
+            rng,
+        )?)?
+        .push(BatchNorm::new(8)?)?
+        .push(Relu::new())?
+        .push_named("layer1", stage)?
+        .push(GlobalAvgPool::new())?
+        .push(Flatten::new())?
+        .push(Linear::new(12, 5, rng)?)
 }

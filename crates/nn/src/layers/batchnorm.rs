@@ -26,6 +26,17 @@ fn lanes(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f64 {
 /// processes that hold parts of the batch.
 pub type StatsReduce<'a> = dyn FnMut(&mut [f64]) -> Result<()> + 'a;
 
+/// Which per-channel sums become the parameter gradients in [`BatchNorm::backward_reduced`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BnGrads {
+    /// The sums over all parts: every process gets the whole layer's gradients (spatial
+    /// parallelism, where the processes hold rows of the same samples).
+    Reduced,
+    /// This part's own sums: a data-parallel trainer sums the gradients over the processes
+    /// itself, as it does every other layer's.
+    Local,
+}
+
 /// What backward needs: the normalised input and 1/σ per channel.
 #[derive(Debug)]
 struct Saved {
@@ -176,11 +187,11 @@ impl BatchNorm {
         Ok(x)
     }
 
-    /// [`Layer::backward`] for a batch split over processes by rows: `reduce` must replace the
-    /// per-channel sums of `dy` and `dy·x̂` (and this part's value count) by their sums over the
-    /// parts, so the parameter gradients are the whole batch's on every process and `dx` is
-    /// this part's rows of the whole batch's. Pair it with
-    /// [`forward_reduced`](BatchNorm::forward_reduced).
+    /// [`Layer::backward`] for a batch split over processes (by rows or by samples): `reduce`
+    /// must replace the per-channel sums of `dy` and `dy·x̂` (and this part's value count) by
+    /// their sums over the parts, so `dx` is this part's share of the whole batch's. The
+    /// parameter gradients are the reduced sums (the whole batch's on every process) or this
+    /// part's own, as `grads` says. Pair it with [`forward_reduced`](BatchNorm::forward_reduced).
     ///
     /// Errors: as [`Layer::backward`], and the first error of `reduce`.
     pub fn backward_reduced(
@@ -188,6 +199,7 @@ impl BatchNorm {
         mut dy: Tensor,
         need_dx: bool,
         reduce: &mut StatsReduce,
+        grads: BnGrads,
     ) -> Result<Option<Tensor>> {
         let Saved {
             shape,
@@ -221,14 +233,22 @@ impl BatchNorm {
             })
             .flatten_iter()
             .collect();
+        let write = |bn: &mut BatchNorm, flat: &[f64]| {
+            for (ch, p) in flat.chunks_exact(2).take(c).enumerate() {
+                bn.bias.grad.data_mut()[ch] = p[0] as f32;
+                bn.weight.grad.data_mut()[ch] = p[1] as f32;
+            }
+        };
+        if grads == BnGrads::Local {
+            write(self, &flat);
+        }
         flat.push((n * plane) as f64);
         reduce(&mut flat)?;
         let count = flat.pop().unwrap_or(0.0);
-        let sums: Vec<(f64, f64)> = flat.chunks_exact(2).map(|p| (p[0], p[1])).collect();
-        for (ch, &(s, sx)) in sums.iter().enumerate() {
-            self.bias.grad.data_mut()[ch] = s as f32;
-            self.weight.grad.data_mut()[ch] = sx as f32;
+        if grads == BnGrads::Reduced {
+            write(self, &flat);
         }
+        let sums: Vec<(f64, f64)> = flat.chunks_exact(2).map(|p| (p[0], p[1])).collect();
         if !need_dx {
             return Ok(None);
         }
@@ -259,7 +279,7 @@ impl Layer for BatchNorm {
     }
 
     fn backward(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
-        self.backward_reduced(dy, need_dx, &mut |_| Ok(()))
+        self.backward_reduced(dy, need_dx, &mut |_| Ok(()), BnGrads::Reduced)
     }
 
     fn params(&self) -> Vec<(String, &Parameter)> {
@@ -293,5 +313,120 @@ impl Layer for BatchNorm {
             return Err(NnError::shape(self.describe(), "input", input, want));
         }
         Ok(input.to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Barrier, Mutex};
+
+    /// A two-part sum for `forward_reduced` / `backward_reduced`, part `me` of two threads.
+    struct Pair {
+        slots: Mutex<[Vec<f64>; 2]>,
+        barrier: Barrier,
+    }
+
+    impl Pair {
+        fn sum(&self, me: usize, buf: &mut [f64]) {
+            self.slots.lock().unwrap()[me] = buf.to_vec();
+            self.barrier.wait();
+            {
+                let slots = self.slots.lock().unwrap();
+                for (i, b) in buf.iter_mut().enumerate() {
+                    *b = slots[0][i] + slots[1][i];
+                }
+            }
+            self.barrier.wait();
+        }
+    }
+
+    fn close(what: &str, got: &[f32], want: &[f32]) {
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (i, (a, b)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                "{what}[{i}]: {a} vs {b}"
+            );
+        }
+    }
+
+    /// A batch split in two parts by samples (one of them possibly empty) through the reduced
+    /// passes equals the whole batch: the outputs and `dx` are the parts of the whole's, the
+    /// parameter gradients are the whole's (`Reduced`) or sum to it (`Local`).
+    #[test]
+    fn parts_with_summed_statistics_equal_the_whole_batch() {
+        let (c, plane) = (3, 5);
+        for (n, cut) in [(4, 2), (5, 2), (3, 0)] {
+            let x: Vec<f32> = (0..n * c * plane)
+                .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+                .collect();
+            let dy: Vec<f32> = (0..n * c * plane)
+                .map(|i| ((i * 13 % 17) as f32 - 8.0) / 5.0)
+                .collect();
+            let mut whole = BatchNorm::new(c).unwrap();
+            let y = whole
+                .forward(Tensor::new(&[n, c, plane], x.clone()).unwrap(), true)
+                .unwrap();
+            let dx = whole
+                .backward(Tensor::new(&[n, c, plane], dy.clone()).unwrap(), true)
+                .unwrap()
+                .unwrap();
+            for grads in [BnGrads::Reduced, BnGrads::Local] {
+                let pair = Pair {
+                    slots: Mutex::new([Vec::new(), Vec::new()]),
+                    barrier: Barrier::new(2),
+                };
+                let rows = [0..cut, cut..n];
+                let parts: Vec<_> = std::thread::scope(|s| {
+                    let handles: Vec<_> = (0..2)
+                        .map(|me| {
+                            let (pair, r) = (&pair, rows[me].clone());
+                            let (x, dy) = (&x, &dy);
+                            s.spawn(move || {
+                                let span = r.start * c * plane..r.end * c * plane;
+                                let shape = [r.len(), c, plane];
+                                let mut bn = BatchNorm::new(c).unwrap();
+                                let reduce = &mut |b: &mut [f64]| {
+                                    pair.sum(me, b);
+                                    Ok(())
+                                };
+                                let xs = Tensor::new(&shape, x[span.clone()].to_vec()).unwrap();
+                                let y = bn.forward_reduced(xs, true, reduce).unwrap();
+                                let dys = Tensor::new(&shape, dy[span].to_vec()).unwrap();
+                                let dx = bn.backward_reduced(dys, true, reduce, grads).unwrap();
+                                (y, dx.unwrap(), bn)
+                            })
+                        })
+                        .collect();
+                    handles.into_iter().map(|h| h.join().unwrap()).collect()
+                });
+                let ys: Vec<f32> = parts.iter().flat_map(|p| p.0.data().to_vec()).collect();
+                let dxs: Vec<f32> = parts.iter().flat_map(|p| p.1.data().to_vec()).collect();
+                close("y", &ys, y.data());
+                close("dx", &dxs, dx.data());
+                for (k, (name, want)) in whole.params().into_iter().enumerate() {
+                    let per: Vec<&[f32]> = parts
+                        .iter()
+                        .map(|p| p.2.params()[k].1.grad.data())
+                        .collect();
+                    let got: Vec<f32> = match grads {
+                        BnGrads::Reduced => {
+                            close(&format!("{name} grad, part 2"), per[1], per[0]);
+                            per[0].to_vec()
+                        }
+                        BnGrads::Local => per[0].iter().zip(per[1]).map(|(a, b)| a + b).collect(),
+                    };
+                    close(
+                        &format!("{name} grad ({grads:?}, n {n})"),
+                        &got,
+                        want.grad.data(),
+                    );
+                }
+                for (k, (name, want)) in whole.buffers().into_iter().enumerate() {
+                    close(name.as_str(), parts[0].2.buffers()[k].1.data(), want.data());
+                }
+            }
+        }
     }
 }

@@ -10,7 +10,7 @@ mod pool;
 mod relu;
 mod residual;
 
-pub use batchnorm::{BatchNorm, StatsReduce};
+pub use batchnorm::{BatchNorm, BnGrads, StatsReduce};
 pub use conv::{Conv, ConvAlgo, ConvConfig};
 pub use dropout::Dropout;
 pub use flatten::Flatten;
