@@ -157,7 +157,18 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
         nc_max = nc_max.min(l2_cols);
     }
     let b_len = nc_max.min((cols.1 - cols.0).div_ceil(nr) * nr) * kc_max;
-    let a_len = mc_max.min((rows.1 - rows.0).div_ceil(mr) * mr) * kc_max;
+    // One A block and several B blocks: pack A once for all of k and reuse it for every jc
+    // (instead of re-packing the same block per jc), unless the source hands over its own panels.
+    let m_pad = m_len.div_ceil(mr) * mr;
+    let a_once = m_len <= mc_max
+        && cols.1 - cols.0 > nc_max
+        && tune::a_once()
+        && a.packed_a(rows.0, m_len, 0, kc_max.min(k), mr).is_none();
+    let a_len = if a_once {
+        m_pad * k
+    } else {
+        mc_max.min(m_pad) * kc_max
+    };
     let bc = ws.b.get(b_len);
     let ac = ws.a.get(a_len);
 
@@ -180,7 +191,16 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
             let mut ic = rows.0;
             while ic < rows.1 {
                 let mc = mc_max.min(rows.1 - ic);
-                let (ablk, a_stride) = a_block(a, ic, mc, pc, kc, mr, ac);
+                let (ablk, a_stride) = if a_once {
+                    // Block pc of the k-long packing (the blocks before it are kc_max deep).
+                    let blk = &mut ac[pc * m_pad..][..m_pad * kc];
+                    if jc == cols.0 {
+                        a.pack_a(ic, mc, pc, kc, mr, blk);
+                    }
+                    (&*blk, kc * mr)
+                } else {
+                    a_block(a, ic, mc, pc, kc, mr, ac)
+                };
                 let prefetch = if ic + mc >= rows.1 && tune::prefetch_enabled() {
                     next.map(|n| (b, n))
                 } else {
@@ -210,7 +230,8 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
 
 /// Switches for the tuning probes (`kernel/probe.rs`); fixed in normal builds.
 pub(crate) mod tune {
-    /// 0: normal; 1: no prefetch of the next B block; 2: that prefetch in one burst per jr step.
+    /// 0: normal; 1: no prefetch of the next B block; 2: that prefetch in one burst per jr step;
+    /// 3: a single A block re-packed per jc block.
     #[cfg(test)]
     pub(crate) static MODE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
@@ -219,6 +240,16 @@ pub(crate) mod tune {
     pub(crate) fn prefetch_enabled() -> bool {
         #[cfg(test)]
         if MODE.load(std::sync::atomic::Ordering::Relaxed) == 1 {
+            return false;
+        }
+        true
+    }
+
+    /// Whether a single A block is packed once for all jc blocks (mode 3: per jc, as before).
+    #[inline]
+    pub(crate) fn a_once() -> bool {
+        #[cfg(test)]
+        if MODE.load(std::sync::atomic::Ordering::Relaxed) == 3 {
             return false;
         }
         true

@@ -246,6 +246,28 @@ fn tall_skinny_and_primes() {
     }
 }
 
+/// One A block (m <= MC) and several B blocks along n and k: A is packed once for all of k and
+/// reused for every column block. Default block sizes (k = 600: three passes, n = 2500: several
+/// column blocks) and tiny forced ones, both transposes of A, beta 0 and 1.
+#[test]
+fn one_a_block_reused_across_column_blocks() {
+    for g in contexts() {
+        check_sgemm(&g, false, false, 13, 2500, 600, 1.0, 0.0, 71);
+        check_sgemm(&g, true, false, 13, 2500, 600, 0.75, 1.0, 72);
+        let small = g
+            .with_block_sizes(core_blas::BlockSizes {
+                mc: 24,
+                kc: 16,
+                nc: 32,
+            })
+            .unwrap();
+        for &(m, n, k) in &[(20, 150, 50), (1, 97, 33), (24, 64, 16), (7, 33, 47)] {
+            check_sgemm(&small, false, false, m, n, k, 1.0, 0.0, (m + n + k) as u64);
+            check_sgemm(&small, true, true, m, n, k, -0.5, 1.0, (m * n + k) as u64);
+        }
+    }
+}
+
 /// Arbitrary strides on all three views, including column-major C and non-unit strides on both
 /// dimensions.
 #[test]
