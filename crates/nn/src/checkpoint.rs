@@ -4,7 +4,9 @@
 //! Tensor names are PyTorch's (`0.weight`, `3.bias`, `1.running_mean`, …), so
 //! `safetensors.torch.load_file` gives a `state_dict` for the same `nn.Sequential` definition
 //! (loaded with `strict=False`: batch norm's `num_batches_tracked` counters are not kept);
-//! momentum buffers are stored as `optimizer.momentum.<name>`. The file is written next to its destination, flushed to disk,
+//! momentum buffers are stored as `optimizer.momentum.<name>`. The training position (`epoch`,
+//! `step`) and the random generators' states (`rng.<name>` = `"<seed> <draws>"`, dropout's) are
+//! metadata. The file is written next to its destination, flushed to disk,
 //! then renamed over it: an interrupted or failed save leaves the previous checkpoint intact.
 
 use std::collections::HashMap;
@@ -15,6 +17,7 @@ use std::path::{Path, PathBuf};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
 use crate::error::{NnError, Result};
+use crate::layer::RngState;
 use crate::model::Sequential;
 use crate::optim::Sgd;
 
@@ -28,6 +31,7 @@ pub struct TrainState {
 }
 
 const MOMENTUM: &str = "optimizer.momentum.";
+const RNG: &str = "rng.";
 
 fn le_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -81,11 +85,14 @@ pub fn save(path: &Path, model: &Sequential, opt: &Sgd, state: TrainState) -> Re
                 .map_err(|e| ckpt_err(path, format!("tensor {name}: {e}")))
         })
         .collect::<Result<Vec<_>>>()?;
-    let meta = HashMap::from([
+    let mut meta = HashMap::from([
         ("format".to_string(), "pt".to_string()),
         ("epoch".to_string(), state.epoch.to_string()),
         ("step".to_string(), state.step.to_string()),
     ]);
+    for (name, r) in model.rng_states() {
+        meta.insert(format!("{RNG}{name}"), format!("{} {}", r.seed, r.draws));
+    }
     let bytes =
         safetensors::serialize(views, Some(meta)).map_err(|e| ckpt_err(path, e.to_string()))?;
 
@@ -173,11 +180,32 @@ pub fn load(path: &Path, model: &mut Sequential, opt: &mut Sgd) -> Result<TrainS
         epoch: field("epoch")?,
         step: field("step")?,
     };
+    // A generator missing from the file (one written before they were kept) keeps its state.
+    let mut rngs = Vec::new();
+    for (name, _) in model.rng_states() {
+        let Some(v) = meta.get(&format!("{RNG}{name}")) else {
+            rngs.push(None);
+            continue;
+        };
+        let parsed = v
+            .split_once(' ')
+            .and_then(|(s, d)| Some((s.parse().ok()?, d.parse().ok()?)));
+        let Some((seed, draws)) = parsed else {
+            let detail = format!("metadata `{RNG}{name}` is `{v}`, expected `<seed> <draws>`");
+            return Err(ckpt_err(path, detail));
+        };
+        rngs.push(Some(RngState { seed, draws }));
+    }
     for ((_, p), v) in model.params_mut().into_iter().zip(values) {
         p.value.data_mut().copy_from_slice(&v);
     }
     for ((_, b), v) in model.buffers_mut().into_iter().zip(stats) {
         b.data_mut().copy_from_slice(&v);
+    }
+    for ((_, r), v) in model.rng_states_mut().into_iter().zip(rngs) {
+        if let Some(v) = v {
+            *r = v;
+        }
     }
     if buffers.iter().any(|b| !b.is_empty()) {
         opt.set_buffers(buffers);

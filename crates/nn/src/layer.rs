@@ -46,6 +46,17 @@ pub(crate) fn prefixed<'n, T: 'n>(
         .map(move |(n, x)| (format!("{name}.{n}"), x))
 }
 
+/// The state of a layer's random generator: the seed it was built with and how many draws
+/// (dropout masks) it has made. The next draw depends on nothing else, so a checkpoint that
+/// keeps it resumes the masks an uninterrupted run would draw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RngState {
+    /// The generator's seed.
+    pub seed: u64,
+    /// Draws made so far.
+    pub draws: u64,
+}
+
 /// The callback of [`Layer::backward_notify`]: a parameter's name and the parameter, once its
 /// gradient is final.
 pub type GradReady<'a> = dyn FnMut(&str, &Parameter) + 'a;
@@ -120,6 +131,17 @@ pub trait Layer: AsAny + Send {
 
     /// The same, mutable.
     fn buffers_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        Vec::new()
+    }
+
+    /// The state of the layer's random generators (dropout's), with names relative to this
+    /// layer, in a fixed order; checkpoints keep it.
+    fn rng_states(&self) -> Vec<(String, RngState)> {
+        Vec::new()
+    }
+
+    /// The same, mutable.
+    fn rng_states_mut(&mut self) -> Vec<(String, &mut RngState)> {
         Vec::new()
     }
 

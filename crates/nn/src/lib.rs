@@ -51,7 +51,7 @@ pub use checkpoint::TrainState;
 pub use conv_ops::{BackwardDataAlgo, BackwardFilterAlgo, ForwardAlgo, Preset};
 pub use data::Dataset;
 pub use error::{NnError, Result};
-pub use layer::{AsAny, GradReady, Layer, Parameter};
+pub use layer::{AsAny, GradReady, Layer, Parameter, RngState};
 pub use layers::{
     AdaptiveAvgPool, BasicBlock, BatchNorm, BnGrads, Conv, ConvAlgo, ConvConfig, Dropout, Flatten,
     GlobalAvgPool, Linear, MaxPool, Relu, Residual, StatsReduce,

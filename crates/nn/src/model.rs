@@ -4,7 +4,7 @@ use rand::rngs::SmallRng;
 use rand::{RngCore, SeedableRng};
 
 use crate::error::{NnError, Result};
-use crate::layer::{GradReady, Layer, Parameter, prefixed};
+use crate::layer::{GradReady, Layer, Parameter, RngState, prefixed};
 use crate::layers::{
     AdaptiveAvgPool, BasicBlock, BatchNorm, Conv, ConvAlgo, ConvConfig, Dropout, Flatten,
     GlobalAvgPool, Linear, MaxPool, Relu, Residual,
@@ -212,6 +212,24 @@ impl Sequential {
             .collect()
     }
 
+    /// The state of every random generator (dropout's), with dotted names.
+    pub fn rng_states(&self) -> Vec<(String, RngState)> {
+        self.layers
+            .iter()
+            .zip(&self.names)
+            .flat_map(|(l, name)| prefixed(name, l.rng_states()))
+            .collect()
+    }
+
+    /// The same, mutable.
+    pub fn rng_states_mut(&mut self) -> Vec<(String, &mut RngState)> {
+        self.layers
+            .iter_mut()
+            .zip(&self.names)
+            .flat_map(|(l, name)| prefixed(name, l.rng_states_mut()))
+            .collect()
+    }
+
     /// Number of trainable values.
     pub fn num_params(&self) -> usize {
         self.params().iter().map(|(_, p)| p.value.len()).sum()
@@ -267,6 +285,14 @@ impl Layer for Sequential {
 
     fn buffers_mut(&mut self) -> Vec<(String, &mut Tensor)> {
         Sequential::buffers_mut(self)
+    }
+
+    fn rng_states(&self) -> Vec<(String, RngState)> {
+        Sequential::rng_states(self)
+    }
+
+    fn rng_states_mut(&mut self) -> Vec<(String, &mut RngState)> {
+        Sequential::rng_states_mut(self)
     }
 
     fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>> {

@@ -1,8 +1,10 @@
 //! Data, optimizer, checkpoints and the training loop, end to end.
 
+use rand::SeedableRng;
+
 use nn::{
-    ConvAlgo, Dataset, ModelOptions, Parameter, Sgd, Tensor, TrainConfig, TrainState, build,
-    build_with, checkpoint, evaluate, fit, local_step,
+    ConvAlgo, Dataset, EpochReport, ModelOptions, Parameter, Sequential, Sgd, Tensor, TrainConfig,
+    TrainState, build, build_with, checkpoint, evaluate, fit, local_step,
 };
 
 #[test]
@@ -664,4 +666,76 @@ fn backward_notify_reports_every_parameter_once_last_layers_first() {
     let mut want_sorted = want;
     want_sorted.sort_by(|x, y| x.0.cmp(&y.0));
     assert_eq!(sorted, want_sorted);
+}
+
+/// A model with dropout resumed from a checkpoint draws the masks an uninterrupted run draws:
+/// the checkpoint keeps the generator's seed and draw count (the resumed model is built with
+/// another seed on purpose).
+#[test]
+fn resuming_keeps_the_dropout_masks() {
+    let dir = std::env::temp_dir().join(format!("nn-ckpt-dropout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("mlp.safetensors");
+    let model = |seed: u64| {
+        let rng = &mut rand::rngs::SmallRng::seed_from_u64(seed);
+        Sequential::new(&[1, 8, 8])
+            .push(nn::Flatten::new())
+            .unwrap()
+            .push(nn::Linear::new(64, 32, rng).unwrap())
+            .unwrap()
+            .push(nn::Relu::new())
+            .unwrap()
+            .push(nn::Dropout::new(0.5, seed).unwrap())
+            .unwrap()
+            .push(nn::Linear::new(32, 10, rng).unwrap())
+            .unwrap()
+    };
+    let data = Dataset::synthetic(48, &[1, 8, 8], 10, 5).unwrap();
+    let cfg = TrainConfig {
+        epochs: 1,
+        batch_size: 16,
+        ..Default::default()
+    };
+    let two = TrainConfig {
+        epochs: 2,
+        ..cfg.clone()
+    };
+    let quiet = |_: &EpochReport, _: &Sequential, _: &Sgd, _: TrainState| Ok(());
+    let mut straight = model(1);
+    let mut opt = Sgd::new(0.05, 0.9, 5e-4).unwrap();
+    fit(
+        &mut straight,
+        &mut opt,
+        &data,
+        None,
+        &two,
+        TrainState::default(),
+        quiet,
+    )
+    .unwrap();
+
+    let mut first = model(1);
+    let mut opt1 = Sgd::new(0.05, 0.9, 5e-4).unwrap();
+    let save =
+        |_: &EpochReport, m: &Sequential, o: &Sgd, s: TrainState| checkpoint::save(&path, m, o, s);
+    fit(
+        &mut first,
+        &mut opt1,
+        &data,
+        None,
+        &cfg,
+        TrainState::default(),
+        save,
+    )
+    .unwrap();
+    assert_eq!(first.rng_states()[0].1.draws, 3, "one mask per step");
+    let mut resumed = model(2);
+    let mut opt2 = Sgd::new(0.05, 0.9, 5e-4).unwrap();
+    let state = checkpoint::load(&path, &mut resumed, &mut opt2).unwrap();
+    assert_eq!(resumed.rng_states(), first.rng_states());
+    fit(&mut resumed, &mut opt2, &data, None, &cfg, state, quiet).unwrap();
+    for ((n, a), (_, b)) in straight.params().iter().zip(resumed.params()) {
+        assert_eq!(a.value, b.value, "{n} differs after resume");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

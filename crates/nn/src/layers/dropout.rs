@@ -4,17 +4,19 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::error::{NnError, Result};
-use crate::layer::Layer;
+use crate::layer::{Layer, RngState};
 use crate::tensor::Tensor;
 
 /// Inverted dropout, as PyTorch's `nn.Dropout(p)`: in training each value is zeroed with
 /// probability `p` and the survivors are scaled by `1 / (1 - p)`; in evaluation it is the
-/// identity. The masks come from the layer's own generator (seeded at construction), so a run
-/// is reproducible. Keeps the mask (one byte per value) for backward.
+/// identity. Mask `t` (the `t`-th training forward) is drawn from a generator seeded by the
+/// layer's seed and `t`, so a run is reproducible and a checkpoint that keeps the
+/// [`RngState`] resumes the masks an uninterrupted run draws. Keeps the mask (one byte per
+/// value) for backward.
 #[derive(Debug)]
 pub struct Dropout {
     p: f32,
-    rng: SmallRng,
+    state: RngState,
     mask: Option<(Vec<usize>, Vec<bool>)>,
 }
 
@@ -26,7 +28,7 @@ impl Dropout {
         }
         Ok(Dropout {
             p,
-            rng: SmallRng::seed_from_u64(seed),
+            state: RngState { seed, draws: 0 },
             mask: None,
         })
     }
@@ -45,8 +47,13 @@ impl Layer for Dropout {
             return Ok(x);
         }
         let scale = 1.0 / (1.0 - self.p);
+        // The draw count times the 64-bit golden ratio, into the seed expansion: distinct
+        // streams per draw.
+        let RngState { seed, draws } = self.state;
+        let rng = &mut SmallRng::seed_from_u64(seed ^ draws.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        self.state.draws = draws.wrapping_add(1);
         let mask: Vec<bool> = (0..x.len())
-            .map(|_| self.rng.random::<f32>() >= self.p)
+            .map(|_| rng.random::<f32>() >= self.p)
             .collect();
         for (v, &keep) in x.data_mut().iter_mut().zip(&mask) {
             *v = if keep { *v * scale } else { 0.0 };
@@ -75,6 +82,14 @@ impl Layer for Dropout {
             *d = if keep { *d * scale } else { 0.0 };
         }
         Ok(Some(dy))
+    }
+
+    fn rng_states(&self) -> Vec<(String, RngState)> {
+        vec![("rng".into(), self.state)]
+    }
+
+    fn rng_states_mut(&mut self) -> Vec<(String, &mut RngState)> {
+        vec![("rng".into(), &mut self.state)]
     }
 
     fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>> {

@@ -3,7 +3,7 @@
 use rand::rngs::SmallRng;
 
 use crate::error::{NnError, Result};
-use crate::layer::{Layer, Parameter, prefixed};
+use crate::layer::{Layer, Parameter, RngState, prefixed};
 use crate::layers::{BatchNorm, Conv, ConvAlgo, ConvConfig, Relu};
 use crate::model::Sequential;
 use crate::tensor::Tensor;
@@ -306,6 +306,22 @@ impl Layer for Residual {
         let mut v = self.body.buffers_mut();
         if let Some((name, s)) = &mut self.shortcut {
             v.extend(prefixed(name, s.buffers_mut()));
+        }
+        v
+    }
+
+    fn rng_states(&self) -> Vec<(String, RngState)> {
+        let mut v = self.body.rng_states();
+        if let Some((name, s)) = &self.shortcut {
+            v.extend(prefixed(name, s.rng_states()));
+        }
+        v
+    }
+
+    fn rng_states_mut(&mut self) -> Vec<(String, &mut RngState)> {
+        let mut v = self.body.rng_states_mut();
+        if let Some((name, s)) = &mut self.shortcut {
+            v.extend(prefixed(name, s.rng_states_mut()));
         }
         v
     }
