@@ -255,7 +255,7 @@ fn one_a_block_reused_across_column_blocks() {
         check_sgemm(&g, false, false, 13, 2500, 600, 1.0, 0.0, 71);
         check_sgemm(&g, true, false, 13, 2500, 600, 0.75, 1.0, 72);
         let small = g
-            .with_block_sizes(core_blas::BlockSizes {
+            .with_block_sizes(BlockSizes {
                 mc: 24,
                 kc: 16,
                 nc: 32,
