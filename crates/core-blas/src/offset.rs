@@ -93,6 +93,7 @@ impl Offsets {
     }
 }
 
+#[cold]
 fn shape(arg: &'static str, expected: String, got: String) -> Error {
     Error::ShapeMismatch { arg, expected, got }
 }
@@ -135,6 +136,7 @@ impl Gemm {
     /// [`Error::SliceTooShort`] on `w` (fewer than `steps.len() · MR` values) or `x` (some
     /// `src[v] + offs.max() + 8` past its end).
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub fn offset_tile(
         &self,
         m: usize,
@@ -199,6 +201,7 @@ impl Gemm {
     /// `(m − 1) · ldd + runs.len() · 8` values) or `x` (`runs.max() + offs.max() + 8` past its
     /// end, when there are runs).
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub fn offset_dot_tile(
         &self,
         m: usize,
@@ -267,6 +270,7 @@ impl Gemm {
 
 /// [`Gemm::offset_tile`] with the process-wide kernel family.
 #[allow(clippy::too_many_arguments)]
+#[inline]
 pub fn offset_tile(
     m: usize,
     w: &[f32],
@@ -282,6 +286,7 @@ pub fn offset_tile(
 
 /// [`Gemm::offset_dot_tile`] with the process-wide kernel family.
 #[allow(clippy::too_many_arguments)]
+#[inline]
 pub fn offset_dot_tile(
     m: usize,
     dy: &[f32],
