@@ -14,7 +14,8 @@
 //! - [`sgemm_batched`], [`Gemm::gemm_batched_with`]: many independent products of one shape
 //!   (Winograd's α^N products) under one parallel schedule.
 //! - [`gemm_packed_batched`]: many small products whose operands the caller already holds in the
-//!   micro-kernel's panel layout ([`mod@packed`]): no packing, no driver, on the calling thread.
+//!   micro-kernel's panel layout ([`mod@packed`]): no packing, no driver, on the calling thread;
+//!   [`pack_rows`] writes rows into that layout (8 × 8 register transposes).
 //! - [`small_a_rows`], [`small_a_strided`]: `Y := A · X` for a tiny A (at most 16 × 16) and long
 //!   rows of X and Y, vectorised, no packing (the Winograd transforms of fastconv); [`SmallA`]
 //!   prepares such an A once for many products.
@@ -104,7 +105,7 @@ pub use offset::{
     offset_dot_tile, offset_tile, offset_tile_vectors,
 };
 pub use pack::{PackA, PackB};
-pub use packed::gemm_packed_batched;
+pub use packed::{PackedOperand, gemm_packed_batched, pack_rows};
 pub use small::{SMALL_MAX, SmallA, small_a_rows, small_a_strided};
 pub use store::{Bias, DenseStore, Store, Tile, Window};
 pub use transpose::transpose_lanes;

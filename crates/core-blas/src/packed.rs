@@ -17,7 +17,99 @@ use crate::isa::Family;
 use crate::kernel::Kernel;
 use crate::{Error, Gemm};
 
+/// Which operand of [`Gemm::gemm_packed_batched`] [`Gemm::pack_rows`] writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PackedOperand {
+    /// A (`m × k`): the rows are A's rows; panels `MR` wide.
+    A,
+    /// B (`k × n`): the rows are B's columns (rows of Bᵀ); panels `NR` wide.
+    B,
+}
+
 impl Gemm {
+    /// Write `p` rows of `k` values (row `i` = `rows[i · ld ..][.. k]`) into the panel layout of
+    /// one operand of [`Gemm::gemm_packed_batched`] (module [`crate::packed`]): as A, row `i` is
+    /// A's row `i` (`dst[packed_a_index(k, i, t)] = row_i[t]`, `m = p`); as B, row `i` is B's
+    /// column `i` (`dst[packed_b_index(k, t, i)] = row_i[t]`, `n = p`, i.e. the rows of Bᵀ).
+    /// This is a transpose (each row becomes a lane of its panel), done in 8 × 8 register blocks
+    /// on AVX2 (as [`Gemm::transpose_lanes`]); the lanes past `p` of the last panel are zeroed.
+    ///
+    /// Errors: [`Error::LeadingDimension`] on `ld` (`< k` with `p > 1`), [`Error::SliceTooShort`]
+    /// on `rows` (`< (p − 1) · ld + k`) or `dst` (`<` [`Gemm::packed_a_len`]`(p, k)` or
+    /// [`Gemm::packed_b_len`]`(k, p)`).
+    pub fn pack_rows(
+        &self,
+        operand: PackedOperand,
+        p: usize,
+        k: usize,
+        rows: &[f32],
+        ld: usize,
+        dst: &mut [f32],
+    ) -> Result<(), Error> {
+        let (mr, nr) = self.tile();
+        let w = match operand {
+            PackedOperand::A => mr,
+            PackedOperand::B => nr,
+        };
+        if p == 0 || k == 0 {
+            return Ok(());
+        }
+        if p > 1 && ld < k {
+            return Err(Error::LeadingDimension {
+                arg: "ld",
+                value: ld,
+                min: k,
+            });
+        }
+        let overflow = || Error::Stride {
+            arg: "ld",
+            reason: "size overflows usize".into(),
+        };
+        let rows_need = (p - 1)
+            .checked_mul(ld)
+            .and_then(|x| x.checked_add(k))
+            .ok_or_else(overflow)?;
+        if rows.len() < rows_need {
+            return Err(Error::SliceTooShort {
+                arg: "rows",
+                len: rows.len(),
+                needed: rows_need,
+            });
+        }
+        let panels = p.div_ceil(w);
+        let dst_need = panels
+            .checked_mul(w)
+            .and_then(|x| x.checked_mul(k))
+            .ok_or_else(overflow)?;
+        if dst.len() < dst_need {
+            return Err(Error::SliceTooShort {
+                arg: "dst",
+                len: dst.len(),
+                needed: dst_need,
+            });
+        }
+        const MAX_W: usize = 64;
+        debug_assert!(w <= MAX_W);
+        let mut lanes: [&[f32]; MAX_W] = [&[]; MAX_W];
+        for q in 0..panels {
+            let nl = w.min(p - q * w);
+            for (l, lane) in lanes.iter_mut().enumerate().take(w) {
+                // A partial last panel repeats its first row in the missing lanes, so that the
+                // panel is transposed whole (full-width row stores); those lanes are zeroed below.
+                let i = q * w + if l < nl { l } else { 0 };
+                *lane = &rows[i * ld..][..k];
+            }
+            let panel = &mut dst[q * w * k..][..w * k];
+            self.transpose_lanes(panel, w, &lanes[..w], k, 1)?;
+            if nl < w {
+                for row in panel.chunks_exact_mut(w) {
+                    row[nl..].fill(0.0);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Length of one `m × k` A in `MR`-tall panels: `ceil(m / MR) · MR · k` (see [`crate::packed`]).
     pub fn packed_a_len(&self, m: usize, k: usize) -> usize {
         let (mr, _) = self.tile();
@@ -252,4 +344,16 @@ unsafe fn run<K: Kernel>(kern: K, x: &Args) {
             }
         }
     }
+}
+
+/// [`Gemm::pack_rows`] with the process-wide kernel family.
+pub fn pack_rows(
+    operand: PackedOperand,
+    p: usize,
+    k: usize,
+    rows: &[f32],
+    ld: usize,
+    dst: &mut [f32],
+) -> Result<(), Error> {
+    Gemm::global()?.pack_rows(operand, p, k, rows, ld, dst)
 }
