@@ -86,10 +86,11 @@ fn pass_name(p: Pass) -> &'static str {
         Pass::BackwardFilter(BackwardFilterAlgo::Im2colGemmT) => "bwd-filter/im2col+gemmT",
         Pass::BackwardFilter(BackwardFilterAlgo::ReindexConvgemm) => "bwd-filter/reindex+convgemm",
         Pass::BackwardFilter(BackwardFilterAlgo::ConvgemmTrans) => "bwd-filter/convgemm-trans",
+        Pass::BackwardFilter(BackwardFilterAlgo::Direct) => "bwd-filter/direct",
     }
 }
 
-const PASSES: [Pass; 10] = [
+const PASSES: [Pass; 11] = [
     Pass::Forward(ForwardAlgo::Im2colGemm),
     Pass::Forward(ForwardAlgo::Convgemm),
     Pass::Forward(ForwardAlgo::Direct),
@@ -100,6 +101,7 @@ const PASSES: [Pass; 10] = [
     Pass::BackwardFilter(BackwardFilterAlgo::Im2colGemmT),
     Pass::BackwardFilter(BackwardFilterAlgo::ReindexConvgemm),
     Pass::BackwardFilter(BackwardFilterAlgo::ConvgemmTrans),
+    Pass::BackwardFilter(BackwardFilterAlgo::Direct),
 ];
 
 /// The flipped convgemm and flipped direct take stride-1 layers only.

@@ -43,6 +43,11 @@ pub enum BackwardFilterAlgo {
     ReindexConvgemm,
     /// im2col(x)ᵀ packed straight from x: no buffer (transposed convgemm, `cgt`).
     ConvgemmTrans,
+    /// Direct (no GEMM, no packing): dot products over the output pixels of dy rows with x
+    /// read in place from per-image padded copies ([`ForwardAlgo::Direct`]'s), 3 output
+    /// channels × 4 (input channel, tap) columns per register tile; for layers with few
+    /// channels.
+    Direct,
 }
 
 /// One of the three passes of a convolution layer.
@@ -112,7 +117,12 @@ impl Preset {
     /// - backward-data: [`BackwardDataAlgo::FlippedDirect`] when the transposed (stride-1)
     ///   form exists and [`direct_applies`]; else the flipped convgemm for stride-1 "same"
     ///   convolutions (output at least as large as the input), deconvgemm otherwise;
-    /// - backward-filter: the transposed convgemm.
+    /// - backward-filter: [`BackwardFilterAlgo::Direct`] when [`direct_applies`] and an
+    ///   image's zero-padded input (one group) is at most 512 KiB (ResNet-20's and LeNet's
+    ///   layers: 1.01-2.1× faster than the transposed convgemm at 1 thread, 1.3-3.1× at 2),
+    ///   else the transposed convgemm (on large images, ResNet-50's 64@56², VGG's 64@224²,
+    ///   C3D's 64@8×56², the direct form is 1.07× faster to 1.19× slower at 1 thread and
+    ///   1.3-2.1× slower at 2; measured 2026-11-22 01:23-01:28 UTC, docs/PERFORMANCE.md).
     pub fn lean_for(g: &ConvGeometry) -> Preset {
         let flipped = crate::flipped::transposed_geometry(g).is_ok();
         let same = g.output_spatial_len() >= g.input_spatial_len();
@@ -129,7 +139,11 @@ impl Preset {
             } else {
                 BackwardDataAlgo::Deconvgemm
             },
-            backward_filter: BackwardFilterAlgo::ConvgemmTrans,
+            backward_filter: if direct_applies(g) && padded_image_bytes(g) <= 512 << 10 {
+                BackwardFilterAlgo::Direct
+            } else {
+                BackwardFilterAlgo::ConvgemmTrans
+            },
             persistent: false,
         }
     }
@@ -153,6 +167,15 @@ impl Preset {
 /// 2026-11-21 23:30 UTC, docs/PERFORMANCE.md).
 pub fn direct_applies(g: &ConvGeometry) -> bool {
     g.kernel_len() > 1 && g.in_channels_per_group() <= 64 && g.out_channels_per_group() <= 64
+}
+
+/// Bytes of one image's zero-padded input for one group (C/G × Π (input + padding) floats).
+fn padded_image_bytes(g: &ConvGeometry) -> usize {
+    (0..g.rank())
+        .map(|d| g.input()[d] + g.pad_before()[d] + g.pad_after()[d])
+        .fold(g.in_channels_per_group() * size_of::<f32>(), |a, v| {
+            a.saturating_mul(v)
+        })
 }
 
 impl FromStr for Preset {
@@ -219,8 +242,10 @@ impl fmt::Display for Preset {
 /// the store receives, and the C panel of deconvgemm and of the forward convgemm on small
 /// output planes (one per thread, kept in thread-local storage across calls: at most 128 Ki
 /// floats, or K/G × 4·NR, or one output line by one channel's taps, whichever is largest;
-/// independent of the batch), and the direct convolution's padded copy of one image's group and
-/// its packed weights (per thread and per call, independent of the batch).
+/// independent of the batch), the direct convolution's padded copy of one image's group and
+/// its packed weights (per thread and per call, independent of the batch), and the direct
+/// backward-filter's padded copies of a block of images (about 256 KiB), their dy rows, and
+/// one dw partial sum per extra thread (per thread or per call, independent of the batch).
 pub fn workspace_bytes(g: &ConvGeometry, pass: Pass) -> usize {
     let (rows, cols) = crate::im2col::im2col_shape(g);
     let buffer = rows * cols * size_of::<f32>();
@@ -228,7 +253,8 @@ pub fn workspace_bytes(g: &ConvGeometry, pass: Pass) -> usize {
         Pass::Forward(ForwardAlgo::Convgemm)
         | Pass::Forward(ForwardAlgo::Direct)
         | Pass::BackwardData(BackwardDataAlgo::Deconvgemm)
-        | Pass::BackwardFilter(BackwardFilterAlgo::ConvgemmTrans) => 0,
+        | Pass::BackwardFilter(BackwardFilterAlgo::ConvgemmTrans)
+        | Pass::BackwardFilter(BackwardFilterAlgo::Direct) => 0,
         Pass::Forward(ForwardAlgo::Im2colGemm)
         | Pass::BackwardData(BackwardDataAlgo::GemmCol2im)
         | Pass::BackwardFilter(BackwardFilterAlgo::Im2colGemmT)

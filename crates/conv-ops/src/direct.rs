@@ -28,7 +28,7 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
-use core_blas::{Gemm, OFFSET_LANES, OFFSET_MR, OffsetTile, Offsets};
+use core_blas::{DOT_MR, DOT_NC, DotTile, Gemm, OFFSET_LANES, OFFSET_MR, OffsetTile, Offsets};
 
 use crate::error::{ConvError, Result, gemm_err};
 use crate::geometry::{ConvGeometry, MAX_RANK};
@@ -506,6 +506,189 @@ pub(crate) fn forward(
         }
     }
     Ok(())
+}
+
+/// Bytes of padded input copies per block of images in [`backward_filter`] (the block's copies
+/// stay in L2 while every (output-channel, column) tile reads them).
+const FILTER_BLOCK_BYTES: usize = 256 << 10;
+
+/// Pixel runs per [`core_blas::offset_dot_tile`] call in [`backward_filter`]: the 3 dy rows of
+/// a call (3 × 128 × 8 floats = 12 KiB) stay in L1d across the column tiles.
+const FILTER_RUNS: usize = 128;
+
+thread_local! {
+    /// This thread's padded copies of a block of images and its dy rows (reused across calls).
+    static FQ: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// dw = Σ over images and output pixels of dy ⊗ x (the weight gradient), direct (inputs
+/// validated by the caller; dw overwritten).
+///
+/// dw\[k\]\[c, t\] = Σ_n Σ_p dy\[n\]\[k\]\[p\] · xq_n\[c\]\[base(p) + off(t)\]: the forward's
+/// polyphase copies and offsets, with the pixels as the reduction. Per block of images (their
+/// copies side by side, about [`FILTER_BLOCK_BYTES`]) and group, dy is copied run by run
+/// (zero-padded partial runs, so their lanes add 0 · x: a non-finite x value next to an output
+/// line's end would turn that into NaN), then core-blas's [`core_blas::offset_dot_tile`]
+/// (3 output channels × 4 columns, dot products over up to [`FILTER_RUNS`] runs per call)
+/// accumulates dw. Threads: the images split in contiguous parts, one dw partial sum per part,
+/// when there are at least as many blocks of images as threads; else each block's dw rows
+/// split across the threads.
+pub(crate) fn backward_filter(
+    g: &ConvGeometry,
+    x: &[f32],
+    dy: &[f32],
+    dw: &mut [f32],
+) -> Result<()> {
+    let plan = Plan::new(g)?;
+    let gemm = Gemm::global().map_err(gemm_err)?;
+    let batch = g.batch();
+    let per_image = plan.xq_len;
+    let block = (FILTER_BLOCK_BYTES / (per_image * size_of::<f32>())).clamp(1, batch.max(1));
+    let threads = rayon::current_num_threads();
+    let blocks = batch.div_ceil(block);
+    if threads <= 1 || blocks < threads {
+        // One part; with several threads, each block's dw rows split across them.
+        return filter_images(g, &plan, gemm, block, 0..batch, x, dy, dw, threads > 1);
+    }
+    let parts = threads;
+    // Contiguous image ranges, as even as possible; part 0 writes dw, the others partials.
+    let ranges: Vec<std::ops::Range<usize>> = (0..parts)
+        .map(|i| (batch * i / parts)..(batch * (i + 1) / parts))
+        .collect();
+    let (first, rest) = ranges.split_first().expect("parts >= 2");
+    let (r0, partials) = rayon::join(
+        || filter_images(g, &plan, gemm, block, first.clone(), x, dy, dw, false),
+        || {
+            rest.par_iter()
+                .map(|r| {
+                    let mut part = vec![0f32; g.w_len()];
+                    filter_images(g, &plan, gemm, block, r.clone(), x, dy, &mut part, false)?;
+                    Ok(part)
+                })
+                .collect::<Result<Vec<Vec<f32>>>>()
+        },
+    );
+    r0?;
+    for part in partials? {
+        for (d, p) in dw.iter_mut().zip(&part) {
+            *d += p;
+        }
+    }
+    Ok(())
+}
+
+/// dw := the weight gradient of the images `images`, in blocks of `block` images; with
+/// `split_rows`, each block's dw rows are split across the pool's threads.
+#[allow(clippy::too_many_arguments)]
+fn filter_images(
+    g: &ConvGeometry,
+    plan: &Plan,
+    gemm: &Gemm,
+    block: usize,
+    images: std::ops::Range<usize>,
+    x: &[f32],
+    dy: &[f32],
+    dw: &mut [f32],
+    split_rows: bool,
+) -> Result<()> {
+    dw.fill(0.0);
+    let (kg, cg) = (g.out_channels_per_group(), g.in_channels_per_group());
+    let (ilen, olen) = (g.input_spatial_len(), g.output_spatial_len());
+    let (c, k) = (g.in_channels(), g.out_channels());
+    let wcols = plan.offs.len();
+    let nr = plan.runs.len();
+    let per_image = plan.xq_len;
+    let (mut xq, mut dq) = FQ.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+    let done = (|| {
+        let mut n0 = images.start;
+        while n0 < images.end {
+            let b = block.min(images.end - n0);
+            // Every run of the block's images, as bases into the side-by-side copies.
+            let bases: Vec<usize> = (0..b)
+                .flat_map(|i| plan.runs.iter().map(move |r| i * per_image + r.src))
+                .collect();
+            let chunks: Vec<(usize, Offsets)> = bases
+                .chunks(FILTER_RUNS)
+                .enumerate()
+                .map(|(i, ch)| (i * FILTER_RUNS, Offsets::new(ch.to_vec())))
+                .collect();
+            let ldd = b * nr * LANES;
+            xq.resize(b * per_image, 0.0);
+            dq.resize(kg * ldd, 0.0);
+            for grp in 0..g.groups() {
+                for i in 0..b {
+                    let n = n0 + i;
+                    plan.fill(
+                        &x[(n * c + grp * cg) * ilen..][..cg * ilen],
+                        &mut xq[i * per_image..][..per_image],
+                    );
+                    for kk in 0..kg {
+                        let plane = &dy[(n * k + grp * kg + kk) * olen..][..olen];
+                        let row = &mut dq[kk * ldd + i * nr * LANES..][..nr * LANES];
+                        for (r, dst) in plan.runs.iter().zip(row.chunks_exact_mut(LANES)) {
+                            if r.len == LANES {
+                                // A whole run: a fixed-size copy (two vector moves, no call).
+                                let d: &mut [f32; LANES] = dst.try_into().expect("LANES");
+                                *d = plane[r.dst..][..LANES].try_into().expect("LANES");
+                            } else {
+                                dst[..r.len].copy_from_slice(&plane[r.dst..][..r.len]);
+                                dst[r.len..].fill(0.0);
+                            }
+                        }
+                    }
+                }
+                let dwg = &mut dw[grp * kg * wcols..][..kg * wcols];
+                let (xb, dq) = (&xq[..b * per_image], &dq[..]);
+                // dw rows k0.. (`out`: whole rows) over every run of the block.
+                let rows_block = |k_first: usize, out: &mut [f32]| -> Result<()> {
+                    let mut acc: DotTile = Default::default();
+                    let kn = out.len() / wcols;
+                    for (r0, runs) in &chunks {
+                        for kk in (0..kn).step_by(DOT_MR) {
+                            let m = DOT_MR.min(kn - kk);
+                            let rows = &dq[(k_first + kk) * ldd + r0 * LANES..];
+                            for j0 in (0..wcols).step_by(DOT_NC) {
+                                let j1 = (j0 + DOT_NC).min(wcols);
+                                gemm.offset_dot_tile(
+                                    m,
+                                    rows,
+                                    ldd,
+                                    runs,
+                                    &plan.offs,
+                                    j0..j1,
+                                    xb,
+                                    &mut acc,
+                                    false,
+                                )
+                                .map_err(gemm_err)?;
+                                for (i, a) in acc.iter().enumerate().take(m) {
+                                    let o = &mut out[(kk + i) * wcols + j0..][..j1 - j0];
+                                    for (o, &v) in o.iter_mut().zip(a) {
+                                        *o += v;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    Ok(())
+                };
+                if split_rows && kg > DOT_MR {
+                    // Contiguous row ranges (multiples of DOT_MR), one rayon task each.
+                    let threads = rayon::current_num_threads().max(1);
+                    let per = kg.div_ceil(DOT_MR).div_ceil(threads) * DOT_MR;
+                    dwg.par_chunks_mut(per * wcols)
+                        .enumerate()
+                        .try_for_each(|(i, out)| rows_block(i * per, out))?;
+                } else {
+                    rows_block(0, dwg)?;
+                }
+            }
+            n0 += b;
+        }
+        Ok(())
+    })();
+    FQ.with(|cell| *cell.borrow_mut() = (xq, dq));
+    done
 }
 
 #[cfg(test)]

@@ -210,6 +210,9 @@ pub fn backward_filter(
         g.out_channels_per_group(),
         g.in_channels_per_group() * g.kernel_len(),
     );
+    if algo == BackwardFilterAlgo::Direct {
+        return crate::direct::backward_filter(g, x, dy, dw);
+    }
     let result = (|| {
         for grp in 0..g.groups() {
             let a = out_channels(g, grp, dy);
@@ -250,6 +253,7 @@ pub fn backward_filter(
                     let (gr, xr) = crate::reindex::reindex(g, grp, x, ws)?;
                     core_blas::gemm_with(&a, &Im2colB::new(&gr, 0, xr), &mut store)
                 }
+                BackwardFilterAlgo::Direct => unreachable!("returned above"),
             }
             .map_err(gemm_err)?;
         }

@@ -21,10 +21,11 @@ const BACKWARD_DATA: [BackwardDataAlgo; 4] = [
     BackwardDataAlgo::FlippedConvgemm,
     BackwardDataAlgo::FlippedDirect,
 ];
-const BACKWARD_FILTER: [BackwardFilterAlgo; 3] = [
+const BACKWARD_FILTER: [BackwardFilterAlgo; 4] = [
     BackwardFilterAlgo::Im2colGemmT,
     BackwardFilterAlgo::ReindexConvgemm,
     BackwardFilterAlgo::ConvgemmTrans,
+    BackwardFilterAlgo::Direct,
 ];
 
 /// Sums of products of values in [−1, 1]: the error grows with the number of terms.
@@ -131,10 +132,14 @@ proptest! {
         backward_data(&g, &y, &w, &mut dx, BackwardDataAlgo::Deconvgemm, &mut ws).unwrap();
         let mut dw = vec![0f32; g.w_len()];
         backward_filter(&g, &x, &y, &mut dw, BackwardFilterAlgo::ConvgemmTrans, &mut ws).unwrap();
+        let mut dwd = vec![f32::NAN; g.w_len()];
+        backward_filter(&g, &x, &y, &mut dwd, BackwardFilterAlgo::Direct, &mut ws).unwrap();
         let (a, b, c) = (dot(&cx, &y), dot(&x, &dx), dot(&w, &dw));
-        let scale = 1.0 + a.abs().max(b.abs()).max(c.abs());
+        let d = dot(&w, &dwd);
+        let scale = 1.0 + a.abs().max(b.abs()).max(c.abs()).max(d.abs());
         prop_assert!((a - b).abs() <= 1e-4 * scale, "<conv(x,w),y> {a} vs <x,dx> {b}");
         prop_assert!((a - c).abs() <= 1e-4 * scale, "<conv(x,w),y> {a} vs <w,dw> {c}");
+        prop_assert!((a - d).abs() <= 1e-4 * scale, "<conv(x,w),y> {a} vs <w,dw direct> {d}");
     }
 }
 
@@ -403,6 +408,64 @@ fn direct_with_input_channel_blocks() {
     }
 }
 
+/// The direct backward-filter over many images (several blocks of images, more than one
+/// 128-run chunk per call sequence, images split across 1, 2 and 3 threads with partial sums),
+/// with partial pixel runs, stride, dilation, groups and 3-D, against the reference.
+#[test]
+fn direct_backward_filter_blocks_and_threads() {
+    let layers = [
+        ConvGeometry::new(37, 5, 7, &[13, 18], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+        ConvGeometry::new(23, 6, 4, &[17, 16], &[3, 3])
+            .unwrap()
+            .with_stride(&[2])
+            .unwrap()
+            .with_padding_per_side(&[1, 0], &[1, 2])
+            .unwrap()
+            .with_groups(2)
+            .unwrap(),
+        ConvGeometry::new(9, 4, 5, &[4, 9, 11], &[2, 3, 3])
+            .unwrap()
+            .with_dilation(&[1, 2, 1])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+        ConvGeometry::new(130, 64, 64, &[8, 8], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+    ];
+    for threads in [1, 2, 3] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        for (i, g) in layers.iter().enumerate() {
+            let x = uniform(90 + i as u64, g.x_len());
+            let dy = uniform(91 + i as u64, g.y_len());
+            let mut want = vec![0f32; g.w_len()];
+            reference::backward_filter(g, &x, &dy, &mut want).unwrap();
+            let mut dw = vec![f32::NAN; g.w_len()];
+            pool.install(|| {
+                backward_filter(
+                    g,
+                    &x,
+                    &dy,
+                    &mut dw,
+                    BackwardFilterAlgo::Direct,
+                    &mut Workspace::new(false),
+                )
+            })
+            .unwrap();
+            tol(g.batch() * g.output_spatial_len())
+                .check(&format!("{threads} threads, {g:?}"), &dw, &want)
+                .unwrap();
+        }
+    }
+}
+
 /// `Preset::lean_for` picks the direct convolution for small-kernel, few-channel layers and the
 /// GEMM forms elsewhere; whatever it picks computes every pass correctly and allocates no more
 /// than the flipped weights.
@@ -415,7 +478,7 @@ fn lean_preset_per_geometry() {
     let p = Preset::lean_for(&rn20);
     assert_eq!(p.forward, ForwardAlgo::Direct);
     assert_eq!(p.backward_data, BackwardDataAlgo::FlippedDirect);
-    assert_eq!(p.backward_filter, BackwardFilterAlgo::ConvgemmTrans);
+    assert_eq!(p.backward_filter, BackwardFilterAlgo::Direct);
     let s2 = ConvGeometry::new(2, 16, 32, &[17, 16], &[3, 3])
         .unwrap()
         .with_stride(&[2])
@@ -425,11 +488,25 @@ fn lean_preset_per_geometry() {
     let p = Preset::lean_for(&s2);
     assert_eq!(p.forward, ForwardAlgo::Direct);
     assert_eq!(p.backward_data, BackwardDataAlgo::Deconvgemm);
+    assert_eq!(p.backward_filter, BackwardFilterAlgo::Direct);
+    // 64 channels of 112² (a 3.3 MB padded copy per image): the transposed convgemm.
+    let big = ConvGeometry::new(1, 64, 64, &[112, 112], &[3, 3])
+        .unwrap()
+        .with_padding(&[1])
+        .unwrap();
+    assert_eq!(
+        Preset::lean_for(&big).backward_filter,
+        BackwardFilterAlgo::ConvgemmTrans
+    );
     let proj = ConvGeometry::new(2, 16, 32, &[16, 16], &[1, 1])
         .unwrap()
         .with_stride(&[2])
         .unwrap();
     assert_eq!(Preset::lean_for(&proj).forward, ForwardAlgo::Convgemm);
+    assert_eq!(
+        Preset::lean_for(&proj).backward_filter,
+        BackwardFilterAlgo::ConvgemmTrans
+    );
     let wide = ConvGeometry::new(1, 128, 128, &[7, 7], &[3, 3])
         .unwrap()
         .with_padding(&[1])
@@ -463,6 +540,12 @@ fn lean_preset_per_geometry() {
         reference::backward_data(g, &dy, &w, &mut dx_ref).unwrap();
         tol(g.out_channels_per_group() * g.kernel_len())
             .check("dx", &dx, &dx_ref)
+            .unwrap();
+        let (mut dw, mut dw_ref) = (vec![0f32; g.w_len()], vec![0f32; g.w_len()]);
+        backward_filter(g, &x, &dy, &mut dw, p.backward_filter, &mut ws).unwrap();
+        reference::backward_filter(g, &x, &dy, &mut dw_ref).unwrap();
+        tol(g.batch() * g.output_spatial_len())
+            .check("dw", &dw, &dw_ref)
             .unwrap();
         assert!(ws.peak_bytes() <= g.w_len() * size_of::<f32>());
     }
