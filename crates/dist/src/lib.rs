@@ -93,7 +93,9 @@
 //! rest runs whole on every rank. With [`DataParallel`] over the grid's sample communicator this
 //! is the paper's hybrid; `tests/mpi_channel_model.rs` trains such a model on every grid of 1, 2
 //! and 4 ranks and checks it takes the single-process steps (`train --parallel channel` or
-//! `--parallel 2x2` runs it):
+//! `--parallel 2x2` runs it). [`save_channel_parallel`] gathers the blocks into the checkpoint
+//! of the whole model, so a run resumes on any grid or one process ([`split_momentum`] cuts the
+//! resumed optimizer state to the blocks):
 //!
 //! ```
 //! use dist::{Communicator, ProcessorGrid, Runtime, channel_parallel, register};
@@ -141,6 +143,7 @@
 //! ```
 
 mod channel_conv;
+mod checkpoint;
 mod comm;
 mod data_parallel;
 mod error;
@@ -154,6 +157,7 @@ mod spatial;
 mod sync_bn;
 
 pub use channel_conv::{ChannelParallelConv, FilterParallelConv};
+pub use checkpoint::{save_channel_parallel, split_momentum};
 pub use comm::{ChunkPoster, Communicator, MAX_COUNT};
 pub use data_parallel::{DEFAULT_CHUNK, DataParallel};
 pub use error::{DistError, Result};

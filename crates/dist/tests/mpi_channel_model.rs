@@ -2,13 +2,17 @@
 //! test` runs N = 1, 2, 4), for every `samples × channels` processor grid of N ranks, a small CNN
 //! made channel parallel by `dist::channel_parallel` (over the grid row) and trained with
 //! `DataParallel` (over the grid column) takes the same steps as the whole model trained on one
-//! process: equal losses at every step and equal logits afterwards. One PASS line per rank; the
-//! first failed check aborts the job.
+//! process: equal losses at every step and equal logits afterwards. Then the split model is
+//! checkpointed (`dist::save_channel_parallel`: the whole tensors gathered from the row's
+//! blocks): the file equals the single-process model and momentum, and a split model resumed
+//! from it takes the single process's next step. One PASS line per rank; the first failed
+//! check aborts the job.
 
 use dist::{
     ChannelPlan, Communicator, DataParallel, ProcessorGrid, Runtime, World, channel_parallel,
-    register,
+    register, save_channel_parallel, split_momentum,
 };
+use nn::checkpoint::{self, TrainState};
 use nn::{
     Conv, ConvAlgo, ConvConfig, Flatten, Linear, MaxPool, Relu, Sequential, Sgd, Tensor, local_step,
 };
@@ -105,7 +109,68 @@ fn run(world: &World, samples: usize, channels: usize) -> Result<usize, String> 
     let got = split.forward(x.clone(), false).map_err(|x| e(&x))?;
     let want = whole.forward(x, false).map_err(|x| e(&x))?;
     close("logits after training", got.data(), want.data())?;
-    Ok(checks + 1)
+    checks += 1;
+
+    // A checkpoint of the split model is the whole model's (rank 0 writes, every row gathers).
+    let mut id = [std::process::id() as f32];
+    world.broadcast(&mut id, 0).map_err(|x| e(&x))?;
+    let path = std::env::temp_dir().join(format!(
+        "mpi-channel-ckpt-{}-{samples}x{channels}.safetensors",
+        id[0] as u64
+    ));
+    let state = TrainState { epoch: 0, step: 3 };
+    let row = reg.comm();
+    save_channel_parallel(
+        &path,
+        &split,
+        &opt_split,
+        state,
+        &plan,
+        &row,
+        world.rank() == 0,
+    )
+    .map_err(|x| e(&x))?;
+    world.barrier().map_err(|x| e(&x))?;
+    let mut resumed = model(algo, 99).map_err(|x| e(&x))?;
+    let mut opt_resumed = Sgd::new(0.3, 0.9, 5e-4).map_err(|x| e(&x))?;
+    let loaded = checkpoint::load(&path, &mut resumed, &mut opt_resumed).map_err(|x| e(&x))?;
+    world.barrier().map_err(|x| e(&x))?;
+    if world.rank() == 0 {
+        std::fs::remove_file(&path).map_err(|x| e(&x))?;
+    }
+    if loaded != state {
+        return Err(format!("checkpoint state {loaded:?}, expected {state:?}"));
+    }
+    for ((name, p), (_, q)) in resumed.params().iter().zip(whole.params()) {
+        close(
+            &format!("checkpointed {name}"),
+            p.value.data(),
+            q.value.data(),
+        )?;
+        checks += 1;
+    }
+    let (got, want) = (opt_resumed.buffers(), opt_whole.buffers());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        close(&format!("checkpointed momentum {i}"), g, w)?;
+        checks += 1;
+    }
+    // Resumed and split again, it takes the single process's next step.
+    let (mut split, plan) =
+        channel_parallel(resumed, reg.handle(), channels, part).map_err(|x| e(&x))?;
+    split_momentum(&mut opt_resumed, &split, &plan, channels, part).map_err(|x| e(&x))?;
+    let (x, labels) = batch(12, 200);
+    let got = dp
+        .step(&mut split, &mut opt_resumed, &x, &labels)
+        .map_err(|x| e(&x))?;
+    let want = local_step(&mut whole, &mut opt_whole, x, &labels)
+        .map_err(|x| e(&x))?
+        .loss;
+    close("loss of the step after resuming", &[got], &[want])?;
+    let (x, _) = batch(5, 998);
+    let got = split.forward(x.clone(), false).map_err(|x| e(&x))?;
+    let want = whole.forward(x, false).map_err(|x| e(&x))?;
+    close("logits after resuming", got.data(), want.data())?;
+    Ok(checks + 2)
 }
 
 fn main() {

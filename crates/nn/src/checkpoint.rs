@@ -20,6 +20,7 @@ use crate::error::{NnError, Result};
 use crate::layer::RngState;
 use crate::model::Sequential;
 use crate::optim::Sgd;
+use crate::tensor::Tensor;
 
 /// Where training stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -51,31 +52,90 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> NnError + '_ {
     }
 }
 
+/// What a checkpoint holds, borrowed: parameters and buffers by name, one momentum buffer per
+/// parameter (in the same order; empty before the optimizer's first step), the random
+/// generators' states and the training position. [`save`] takes it from a model; a
+/// distributed trainer whose ranks hold slices assembles the whole tensors and writes them
+/// with [`save_snapshot`].
+#[derive(Debug, Clone)]
+pub struct Snapshot<'a> {
+    /// Parameter values, by name.
+    pub params: Vec<(String, &'a Tensor)>,
+    /// Non-trained state (batch norm's running statistics), by name.
+    pub buffers: Vec<(String, &'a Tensor)>,
+    /// Momentum of each parameter, aligned with `params` (empty: none yet).
+    pub momentum: Vec<&'a [f32]>,
+    /// Random generators' states, by name.
+    pub rngs: Vec<(String, RngState)>,
+    /// Where training stands.
+    pub state: TrainState,
+}
+
+impl<'a> Snapshot<'a> {
+    /// The snapshot of `model`, `opt` and `state`.
+    pub fn of(model: &'a Sequential, opt: &'a Sgd, state: TrainState) -> Self {
+        let params: Vec<(String, &Tensor)> = model
+            .params()
+            .into_iter()
+            .map(|(n, p)| (n, &p.value))
+            .collect();
+        let momentum = (0..params.len())
+            .map(|i| opt.buffers().get(i).map_or(&[][..], |b| b.as_slice()))
+            .collect();
+        Snapshot {
+            params,
+            buffers: model.buffers(),
+            momentum,
+            rngs: model.rng_states(),
+            state,
+        }
+    }
+}
+
 /// Saves `model`, `opt`'s momentum buffers and `state` to `path` (atomically: temporary file,
 /// fsync, rename).
 pub fn save(path: &Path, model: &Sequential, opt: &Sgd, state: TrainState) -> Result<()> {
-    let params = model.params();
-    let mut owned: Vec<(String, Vec<usize>, Vec<u8>)> = params
-        .iter()
-        .map(|(name, p)| {
-            (
-                name.clone(),
-                p.value.shape().to_vec(),
-                le_bytes(p.value.data()),
-            )
-        })
-        .collect();
-    for (name, b) in model.buffers() {
-        owned.push((name, b.shape().to_vec(), le_bytes(b.data())));
+    save_snapshot(path, &Snapshot::of(model, opt, state))
+}
+
+/// Saves `snap` to `path` as [`save`] does.
+///
+/// Errors: [`NnError::Checkpoint`] when the momentum list does not match the parameters or a
+/// momentum buffer has another length than its parameter; [`NnError::Io`] for the file.
+pub fn save_snapshot(path: &Path, snap: &Snapshot) -> Result<()> {
+    if snap.momentum.len() != snap.params.len() {
+        let detail = format!(
+            "{} momentum buffers for {} parameters",
+            snap.momentum.len(),
+            snap.params.len()
+        );
+        return Err(ckpt_err(path, detail));
     }
-    for ((name, p), buf) in params.iter().zip(opt.buffers()) {
-        if !buf.is_empty() {
-            owned.push((
-                format!("{MOMENTUM}{name}"),
-                p.value.shape().to_vec(),
-                le_bytes(buf),
-            ));
+    let mut owned: Vec<(String, Vec<usize>, Vec<u8>)> = snap
+        .params
+        .iter()
+        .map(|(name, v)| (name.clone(), v.shape().to_vec(), le_bytes(v.data())))
+        .collect();
+    for (name, b) in &snap.buffers {
+        owned.push((name.clone(), b.shape().to_vec(), le_bytes(b.data())));
+    }
+    for ((name, v), buf) in snap.params.iter().zip(&snap.momentum) {
+        if buf.is_empty() {
+            continue;
         }
+        if buf.len() != v.len() {
+            let detail = format!(
+                "momentum of `{name}` has {} values, not {}",
+                buf.len(),
+                v.len()
+            );
+            return Err(ckpt_err(path, detail));
+        }
+        owned.push((
+            format!("{MOMENTUM}{name}"),
+            v.shape().to_vec(),
+            le_bytes(buf),
+        ));
     }
     let views = owned
         .iter()
@@ -85,12 +145,13 @@ pub fn save(path: &Path, model: &Sequential, opt: &Sgd, state: TrainState) -> Re
                 .map_err(|e| ckpt_err(path, format!("tensor {name}: {e}")))
         })
         .collect::<Result<Vec<_>>>()?;
+    let state = snap.state;
     let mut meta = HashMap::from([
         ("format".to_string(), "pt".to_string()),
         ("epoch".to_string(), state.epoch.to_string()),
         ("step".to_string(), state.step.to_string()),
     ]);
-    for (name, r) in model.rng_states() {
+    for (name, r) in &snap.rngs {
         meta.insert(format!("{RNG}{name}"), format!("{} {}", r.seed, r.draws));
     }
     let bytes =

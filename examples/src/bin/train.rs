@@ -21,13 +21,13 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use dist::{
-    Communicator, DataParallel, DistError, ProcessorGrid, Runtime, channel_parallel, register,
-    spatial_parallel, sync_batch_norm,
+    Communicator, DataParallel, ProcessorGrid, Runtime, channel_parallel, register,
+    save_channel_parallel, spatial_parallel, split_momentum, sync_batch_norm,
 };
 use examples::peak_rss_bytes;
 use nn::{
-    ConvAlgo, Dataset, EpochReport, ModelOptions, Sequential, Sgd, TrainConfig, TrainState, build,
-    build_with, checkpoint, fit, fit_with,
+    ConvAlgo, Dataset, EpochReport, ModelOptions, Sgd, TrainConfig, TrainState, build, build_with,
+    checkpoint, fit, fit_with,
 };
 
 /// The data sets this binary can load.
@@ -188,18 +188,6 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     };
-    let channel_blocks = if spatial {
-        1
-    } else {
-        grid_shape.map_or(1, |(_, c)| c)
-    };
-    if channel_blocks > 1 && (args.checkpoint.is_some() || args.resume.is_some()) {
-        return Err(
-            "--checkpoint and --resume hold a whole model; with channel parallelism each rank \
-             holds slices (not supported yet)"
-                .into(),
-        );
-    }
     // Rank 0 talks; the other ranks train silently.
     macro_rules! say {
         ($($t:tt)*) => { if root { println!($($t)*); } };
@@ -308,7 +296,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         ..TrainConfig::default()
     };
     let total = state.epoch + args.epochs;
-    let on_epoch = |e: &EpochReport, m: &Sequential, o: &Sgd, s: TrainState| -> nn::Result<()> {
+    let report_epoch = |e: &EpochReport| {
         let test = e.test.map_or(String::new(), |(l, a)| {
             format!("  test loss {l:.4}  test acc {:.1}%", 100.0 * a)
         });
@@ -324,16 +312,13 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             e.train_loss,
             e.seconds
         );
-        match &args.checkpoint {
-            Some(path) if root => checkpoint::save(path, m, o, s),
-            _ => Ok(()),
-        }
     };
     let (report, _) = if let Some((samples, channels)) = grid_shape {
         let grid = ProcessorGrid::new(&world, samples, channels)?;
         let part = grid.coords().1;
         let (channel_comm, sample_comm) = grid.into_comms();
         let registration = register(channel_comm);
+        let mut channel_plan = None;
         if channels > 1 && spatial {
             let (split, plan) = spatial_parallel(model, registration.handle(), channels, part)?;
             model = split;
@@ -345,12 +330,17 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         } else if channels > 1 {
             let (split, plan) = channel_parallel(model, registration.handle(), channels, part)?;
             model = split;
+            if args.resume.is_some() {
+                // The checkpoint was loaded whole; the momentum follows the model's blocks.
+                split_momentum(&mut opt, &model, &plan, channels, part)?;
+            }
             say!(
                 "{samples}×{channels} grid: channel parallel {:?}, filter parallel {:?}, whole {:?}",
                 plan.channel,
                 plan.filter,
                 plan.whole
             );
+            channel_plan = Some(plan);
         }
         let samples_reg = register(sample_comm);
         let sample_comm = samples_reg.comm();
@@ -371,7 +361,18 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             &cfg,
             state,
             |m, o, x, l| dp.step_result(m, o, &x, l),
-            |e, m, o, s| on_epoch(e, m, o, s).map_err(DistError::from),
+            |e, m, o, s| {
+                report_epoch(e);
+                match (&args.checkpoint, &channel_plan) {
+                    // Every rank of a row gathers its blocks; rank 0 writes the whole model.
+                    (Some(path), Some(plan)) => {
+                        let row = registration.comm();
+                        save_channel_parallel(path, m, o, s, plan, &row, root)
+                    }
+                    (Some(path), None) if root => Ok(checkpoint::save(path, m, o, s)?),
+                    _ => Ok(()),
+                }
+            },
         )?
     } else {
         fit(
@@ -381,7 +382,13 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             test.as_ref(),
             &cfg,
             state,
-            on_epoch,
+            |e, m, o, s| {
+                report_epoch(e);
+                match &args.checkpoint {
+                    Some(path) if root => checkpoint::save(path, m, o, s),
+                    _ => Ok(()),
+                }
+            },
         )?
     };
     say!(
