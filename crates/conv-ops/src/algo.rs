@@ -121,8 +121,8 @@ impl Preset {
     ///   image's zero-padded input (one group) is at most 512 KiB (ResNet-20's and LeNet's
     ///   layers: 1.01-2.1× faster than the transposed convgemm at 1 thread, 1.3-3.1× at 2),
     ///   else the transposed convgemm (on large images, ResNet-50's 64@56², VGG's 64@224²,
-    ///   C3D's 64@8×56², the direct form is 1.07× faster to 1.19× slower at 1 thread and
-    ///   1.3-2.1× slower at 2; measured 2026-11-22 01:23-01:28 UTC, docs/PERFORMANCE.md).
+    ///   C3D's 64@8×56², the two are within 7%: direct 1.01-1.07× faster at 1 thread,
+    ///   0.85-1.12× at 2; measured 2026-11-22 01:23-02:01 UTC, docs/PERFORMANCE.md).
     pub fn lean_for(g: &ConvGeometry) -> Preset {
         let flipped = crate::flipped::transposed_geometry(g).is_ok();
         let same = g.output_spatial_len() >= g.input_spatial_len();
