@@ -577,6 +577,18 @@ pub(crate) fn backward_filter(
     Ok(())
 }
 
+/// Whether [`backward_filter`] reads dy in place: its planes are the runs back to back (whole
+/// runs, output lines a multiple of 8) and an image has enough runs for whole calls
+/// (ResNet-20's 32² layers); else dy is copied run by run.
+fn dy_in_place(plan: &Plan) -> bool {
+    plan.runs.len() >= FILTER_RUNS
+        && plan
+            .runs
+            .iter()
+            .enumerate()
+            .all(|(i, r)| r.len == LANES && r.dst == i * LANES)
+}
+
 /// dw := the weight gradient of the images `images`, in blocks of `block` images; with
 /// `split_rows`, each block's dw rows are split across the pool's threads.
 #[allow(clippy::too_many_arguments)]
@@ -598,23 +610,44 @@ fn filter_images(
     let wcols = plan.offs.len();
     let nr = plan.runs.len();
     let per_image = plan.xq_len;
+    let in_place = dy_in_place(plan);
     let (mut xq, mut dq) = FQ.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
     let done = (|| {
         let mut n0 = images.start;
         while n0 < images.end {
             let b = block.min(images.end - n0);
-            // Every run of the block's images, as bases into the side-by-side copies.
-            let bases: Vec<usize> = (0..b)
-                .flat_map(|i| plan.runs.iter().map(move |r| i * per_image + r.src))
-                .collect();
-            let chunks: Vec<(usize, Offsets)> = bases
-                .chunks(FILTER_RUNS)
-                .enumerate()
-                .map(|(i, ch)| (i * FILTER_RUNS, Offsets::new(ch.to_vec())))
-                .collect();
-            let ldd = b * nr * LANES;
+            // The block's runs in calls of at most FILTER_RUNS: (where the call's first run
+            // starts in its dy rows, the runs' bases into the side-by-side copies). With
+            // `in_place`, dy is read where it is (each call within one image, rows `olen`
+            // apart); else from `dq`, the block's runs copied row by row.
+            let chunks: Vec<(usize, Offsets)> = if in_place {
+                (0..b)
+                    .flat_map(|i| {
+                        plan.runs
+                            .chunks(FILTER_RUNS)
+                            .enumerate()
+                            .map(move |(q, ch)| {
+                                let at = (n0 + i) * k * olen + q * FILTER_RUNS * LANES;
+                                let bases = ch.iter().map(|r| i * per_image + r.src).collect();
+                                (at, Offsets::new(bases))
+                            })
+                    })
+                    .collect()
+            } else {
+                let bases: Vec<usize> = (0..b)
+                    .flat_map(|i| plan.runs.iter().map(move |r| i * per_image + r.src))
+                    .collect();
+                bases
+                    .chunks(FILTER_RUNS)
+                    .enumerate()
+                    .map(|(q, ch)| (q * FILTER_RUNS * LANES, Offsets::new(ch.to_vec())))
+                    .collect()
+            };
+            let ldd = if in_place { olen } else { b * nr * LANES };
             xq.resize(b * per_image, 0.0);
-            dq.resize(kg * ldd, 0.0);
+            if !in_place {
+                dq.resize(kg * ldd, 0.0);
+            }
             for grp in 0..g.groups() {
                 for i in 0..b {
                     let n = n0 + i;
@@ -622,7 +655,7 @@ fn filter_images(
                         &x[(n * c + grp * cg) * ilen..][..cg * ilen],
                         &mut xq[i * per_image..][..per_image],
                     );
-                    for kk in 0..kg {
+                    for kk in (0..kg).filter(|_| !in_place) {
                         let plane = &dy[(n * k + grp * kg + kk) * olen..][..olen];
                         let row = &mut dq[kk * ldd + i * nr * LANES..][..nr * LANES];
                         for (r, dst) in plan.runs.iter().zip(row.chunks_exact_mut(LANES)) {
@@ -638,15 +671,21 @@ fn filter_images(
                     }
                 }
                 let dwg = &mut dw[grp * kg * wcols..][..kg * wcols];
-                let (xb, dq) = (&xq[..b * per_image], &dq[..]);
+                let xb = &xq[..b * per_image];
+                // The dy rows of this group: `src[at + kk·ldd ..]` is row kk of a call.
+                let src: &[f32] = if in_place {
+                    &dy[grp * kg * olen..]
+                } else {
+                    &dq[..]
+                };
                 // dw rows k0.. (`out`: whole rows) over every run of the block.
                 let rows_block = |k_first: usize, out: &mut [f32]| -> Result<()> {
                     let mut acc: DotTile = Default::default();
                     let kn = out.len() / wcols;
-                    for (r0, runs) in &chunks {
+                    for (at, runs) in &chunks {
                         for kk in (0..kn).step_by(DOT_MR) {
                             let m = DOT_MR.min(kn - kk);
-                            let rows = &dq[(k_first + kk) * ldd + r0 * LANES..];
+                            let rows = &src[(k_first + kk) * ldd + at..];
                             for j0 in (0..wcols).step_by(DOT_NC) {
                                 let j1 = (j0 + DOT_NC).min(wcols);
                                 gemm.offset_dot_tile(
@@ -722,5 +761,22 @@ mod tests {
             .with_padding(&[1])
             .unwrap();
         assert_eq!(step_blocks(&Plan::new(&c3d).unwrap(), 64).len(), 1);
+    }
+
+    /// The direct backward-filter reads dy in place on the geometry the integration test
+    /// `direct_backward_filter_blocks_and_threads` uses for it, and copies it otherwise.
+    #[test]
+    fn backward_filter_dy_in_place() {
+        let g = |input: &[usize]| {
+            ConvGeometry::new(5, 6, 4, input, &[3, 3])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap()
+                .with_groups(2)
+                .unwrap()
+        };
+        assert!(dy_in_place(&Plan::new(&g(&[32, 40])).unwrap()));
+        assert!(!dy_in_place(&Plan::new(&g(&[32, 36])).unwrap()));
+        assert!(!dy_in_place(&Plan::new(&g(&[8, 8])).unwrap()));
     }
 }

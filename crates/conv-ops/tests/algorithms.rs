@@ -436,6 +436,13 @@ fn direct_backward_filter_blocks_and_threads() {
             .unwrap()
             .with_padding(&[1])
             .unwrap(),
+        // dy read in place (160 whole runs per image: a 128-run call and a 32-run one), groups.
+        ConvGeometry::new(5, 6, 4, &[32, 40], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap()
+            .with_groups(2)
+            .unwrap(),
     ];
     for threads in [1, 2, 3] {
         let pool = rayon::ThreadPoolBuilder::new()
