@@ -569,7 +569,8 @@ fn gather_rows(comm: &World, t: &Tensor, len: usize, parts: usize, part: usize) 
     shape[2] = len;
     let whole = Planes { rows: len, ..p };
     let mut out = Tensor::zeros(&shape);
-    for (q, b) in all.chunks_exact(block).enumerate() {
+    // An empty batch (a rank without samples) has empty blocks: nothing to place.
+    for (q, b) in all.chunks_exact(block.max(1)).enumerate() {
         let r = rows(len, parts, q);
         copy_rows(
             (padded, b, 0),
