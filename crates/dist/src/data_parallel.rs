@@ -223,15 +223,15 @@ impl<'c, C: Communicator> DataParallel<'c, C> {
         // same scale (a synchronised batch norm sums `dy` across ranks) and the sum of the
         // ranks' parameter gradients is the whole batch's.
         let scale = local as f32 / n as f32;
-        let mut dl = if local > 0 {
+        let mut dl = Some(if local > 0 {
             let (l, mut d) = cross_entropy(&logits, &labels[rows.clone()])?;
             loss[0] = l * scale;
             loss[1] = correct(&logits, &labels[rows]) as f32;
             d.data_mut().iter_mut().for_each(|g| *g *= scale);
-            Some(d)
+            d
         } else {
-            Some(Tensor::zeros(logits.shape()))
-        };
+            Tensor::zeros(logits.shape())
+        });
         // Backpropagate, posting each chunk's sum as soon as its last gradient is final and every
         // earlier chunk is posted: chunks go out in index order on every rank (MPI matches
         // non-blocking collectives by posting order, and a block reports its parameters together,
