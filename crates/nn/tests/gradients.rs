@@ -183,7 +183,8 @@ fn auto_measures_only_where_there_is_a_choice() {
         ConvAlgo::Convgemm
     );
     // conv-ops' lean preset per geometry: for few channels (at most 64) the direct convolution
-    // forward and its flipped form for the data gradient; otherwise the flipped convgemm for
+    // forward, its flipped form for the data gradient and the direct weight gradient (small
+    // images); otherwise the transposed convgemm weight gradient and the flipped convgemm for
     // "same" convolutions, deconvgemm for shrinking ones (where the flipped form would compute
     // on a zero border) and strided ones; `Auto` times the candidates that apply.
     let preset = |cfg: ConvConfig, algo: ConvAlgo, shape: &[usize], rng: &mut SmallRng| {
@@ -198,7 +199,7 @@ fn auto_measures_only_where_there_is_a_choice() {
     let valid5 = ConvConfig::conv2d(6, 16, 5);
     let same3 = ConvConfig::conv2d(16, 16, 3).padding(1);
     use conv_ops::BackwardDataAlgo::{Deconvgemm, FlippedConvgemm, FlippedDirect};
-    use conv_ops::ForwardAlgo;
+    use conv_ops::{BackwardFilterAlgo, ForwardAlgo};
     let shape = &[2, 16, 9, 9];
     assert_eq!(
         data_algo(valid5.clone(), ConvAlgo::Convgemm, &[2, 6, 14, 14], rng),
@@ -206,15 +207,23 @@ fn auto_measures_only_where_there_is_a_choice() {
     );
     let few = preset(same3.clone(), ConvAlgo::Convgemm, shape, rng).unwrap();
     assert_eq!(
-        (few.forward, few.backward_data),
-        (ForwardAlgo::Direct, FlippedDirect)
+        (few.forward, few.backward_data, few.backward_filter),
+        (
+            ForwardAlgo::Direct,
+            FlippedDirect,
+            BackwardFilterAlgo::Direct
+        )
     );
     let wide_valid = ConvConfig::conv2d(96, 96, 5);
     let wide_same = ConvConfig::conv2d(96, 96, 3).padding(1);
     let wide = preset(wide_valid, ConvAlgo::Convgemm, &[1, 96, 9, 9], rng).unwrap();
     assert_eq!(
-        (wide.forward, wide.backward_data),
-        (ForwardAlgo::Convgemm, Deconvgemm)
+        (wide.forward, wide.backward_data, wide.backward_filter),
+        (
+            ForwardAlgo::Convgemm,
+            Deconvgemm,
+            BackwardFilterAlgo::ConvgemmTrans
+        )
     );
     assert_eq!(
         data_algo(wide_same, ConvAlgo::Convgemm, &[1, 96, 9, 9], rng),

@@ -486,7 +486,8 @@ fn flipped_applies(geom: &ConvGeometry) -> bool {
 
 /// The memory-lean conv-ops algorithms without measuring ([`Preset::lean_for`], with persistent
 /// workspaces): the direct convolution forward for few-channel layers, convgemm otherwise; the
-/// transposed convgemm for the weight gradient; for the data gradient the flipped direct
+/// direct weight gradient for few-channel layers on small images, the transposed convgemm
+/// otherwise; for the data gradient the flipped direct
 /// convolution where it applies, else the flipped-kernel convgemm for "same" convolutions and
 /// deconvgemm otherwise. A shrinking ("valid") convolution's flipped convgemm pads dy by
 /// `k − 1 − p` and spends its work on those zeros: on LeNet's 6→16 5×5 layer (14² → 10²) it is
