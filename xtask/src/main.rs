@@ -3,7 +3,9 @@
 //!
 //! - `cargo xtask test`: fmt, clippy, the workspace tests, the `core-blas` ISA matrix
 //!   (`CORE_BLAS_ISA` = each kernel family the host supports) and the multi-rank MPI tests under
-//!   `mpirun -np 1, 2, 4`.
+//!   `mpirun -np 1, 2, 4`, then the `train` binary under `mpirun` in every `--parallel` layout,
+//!   whose loss must equal the single-process run's.
+//! - `cargo xtask train-check`: only those `train` runs.
 //! - `cargo xtask bench [--quick] [--json FILE] [--baseline FILE] [--threshold PCT] [-- FILTER]`:
 //!   criterion benchmarks, written as JSON records and compared with a baseline.
 //! - `cargo xtask build --arch NAME|all`: release builds per x86-64 level and installed target.
@@ -38,8 +40,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// fmt, clippy, all tests, the core-blas ISA matrix, the multi-rank MPI tests.
+    /// fmt, clippy, all tests, the core-blas ISA matrix, the multi-rank MPI tests, `train`
+    /// under mpirun.
     Test,
+    /// `train` under mpirun in every --parallel layout against one process (part of `test`).
+    TrainCheck,
     /// Run the criterion benchmarks and write/compare JSON records.
     Bench {
         /// Criterion's quick mode (short runs; for smoke tests and CI, not for decisions).
@@ -89,6 +94,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {
         Cmd::Test => test::test(),
+        Cmd::TrainCheck => test::train_check(),
         Cmd::Bench {
             quick,
             json,

@@ -1,5 +1,6 @@
 //! `cargo xtask test`: formatting, lints, the whole test suite, the ISA matrix of `core-blas`,
-//! and the multi-rank MPI tests under `mpirun -np 1, 2, 4`.
+//! the multi-rank MPI tests under `mpirun -np 1, 2, 4`, and the `train` binary under `mpirun` in
+//! every distributed layout against its own single-process run.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -18,6 +19,40 @@ const MPI_TIMEOUT_SECS: u32 = 300;
 
 /// The cargo feature that turns on MPI in a package.
 const MPI_FEATURE: &str = "mpi";
+
+/// The `train` run that every distributed layout must reproduce: a ResNet-20 with batch norm at
+/// the default learning rate for four steps, so that a missing gradient sum or a batch norm
+/// normalised per shard moves the loss by about 1e-2 while rounding moves it by about 1e-7.
+const TRAIN_ARGS: [&str; 13] = [
+    "--model",
+    "resnet20",
+    "--dataset",
+    "synthetic",
+    "--batch-size",
+    "6",
+    "--steps",
+    "4",
+    "--lr",
+    "0.05",
+    "--threads",
+    "1",
+    "--json",
+];
+
+/// `--parallel` layouts `train` runs in under `mpirun`, with their rank counts: every sample,
+/// channel and spatial decomposition, alone and on a 2 × 2 grid. The batch of 6 leaves unequal
+/// shards on 4 sample blocks.
+const TRAIN_LAYOUTS: [(usize, &str); 6] = [
+    (2, "data"),
+    (4, "data"),
+    (2, "channel"),
+    (2, "spatial"),
+    (4, "2x2"),
+    (4, "2x2s"),
+];
+
+/// Largest relative difference from the single-process loss a layout may show.
+const TRAIN_LOSS_RTOL: f64 = 1e-5;
 
 /// The kernel families of `core-blas` this host can run: `scalar` always, then `avx2` (AVX2 and
 /// FMA), `avx512` (AVX-512F) on x86-64, `neon` on aarch64.
@@ -110,6 +145,26 @@ fn mpi_packages(metadata: &Value) -> Vec<String> {
         .collect()
 }
 
+/// The `mpi` features of every package that has one, as one `--features` value
+/// (`dist/mpi,examples/mpi`).
+fn mpi_features(metadata: &Value) -> String {
+    mpi_packages(metadata)
+        .iter()
+        .map(|p| format!("{p}/{MPI_FEATURE}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `cargo xtask train-check`: only the `train`-under-`mpirun` steps of [`test`].
+pub fn train_check() -> Result<()> {
+    let mut p = Pipeline::default();
+    if p.step("prerequisites: Open MPI, libclang", ensure_mpi) {
+        let features = mpi_features(&metadata()?);
+        train_steps(&mut p, &features);
+    }
+    p.finish("xtask train-check")
+}
+
 /// `cargo metadata --no-deps` of the workspace.
 pub fn metadata() -> Result<Value> {
     let out = run_capture(cargo().args(["metadata", "--format-version", "1", "--no-deps"]))?;
@@ -132,7 +187,7 @@ fn build_test_binary(test: &MpiTest, features: &str) -> Result<PathBuf> {
         "--no-run",
         "--message-format=json-render-diagnostics",
     ]))?;
-    executable_from_messages(&out, &test.target).ok_or_else(|| {
+    executable_from_messages(&out, &test.target, "test").ok_or_else(|| {
         XtaskError::Other(format!(
             "cargo built no executable for test `{}` of `{}`",
             test.target, test.package
@@ -140,8 +195,9 @@ fn build_test_binary(test: &MpiTest, features: &str) -> Result<PathBuf> {
     })
 }
 
-/// The executable of test target `target` in cargo's `--message-format=json` output.
-pub fn executable_from_messages(messages: &str, target: &str) -> Option<PathBuf> {
+/// The executable of target `target` of kind `kind` (`test`, `bin`) in cargo's
+/// `--message-format=json` output.
+pub fn executable_from_messages(messages: &str, target: &str, kind: &str) -> Option<PathBuf> {
     messages
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
@@ -149,13 +205,14 @@ pub fn executable_from_messages(messages: &str, target: &str) -> Option<PathBuf>
         .filter(|m| {
             m["target"]["kind"]
                 .as_array()
-                .is_some_and(|k| k.iter().any(|k| k == "test"))
+                .is_some_and(|k| k.iter().any(|k| k == kind))
         })
         .find_map(|m| m["executable"].as_str().map(PathBuf::from))
 }
 
-/// Runs `exe` under `mpirun -np ranks` and checks that every rank printed its PASS line.
-fn run_under_mpirun(exe: &PathBuf, name: &str, ranks: usize) -> Result<()> {
+/// `mpirun -np ranks`, with Open MPI's options for more ranks than cores, a time limit, and
+/// running as root.
+fn mpirun(ranks: usize) -> Command {
     let mut cmd = Command::new("mpirun");
     let version = run_capture(Command::new("mpirun").arg("--version")).unwrap_or_default();
     let open_mpi = version.contains("Open MPI") || version.contains("OpenRTE");
@@ -169,6 +226,12 @@ fn run_under_mpirun(exe: &PathBuf, name: &str, ranks: usize) -> Result<()> {
             cmd.env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
         }
     }
+    cmd
+}
+
+/// Runs `exe` under `mpirun -np ranks` and checks that every rank printed its PASS line.
+fn run_under_mpirun(exe: &PathBuf, name: &str, ranks: usize) -> Result<()> {
+    let mut cmd = mpirun(ranks);
     cmd.arg(exe);
     println!("$ {}", describe(&cmd));
     let out = cmd.output().map_err(|e| XtaskError::Spawn {
@@ -192,6 +255,121 @@ fn run_under_mpirun(exe: &PathBuf, name: &str, ranks: usize) -> Result<()> {
     }
     println!("{name}: all {ranks} ranks passed");
     Ok(())
+}
+
+/// Builds the `train` binary with `features` in the profile of the multi-rank tests (whose
+/// libraries it reuses) and returns its path.
+fn build_train(features: &str) -> Result<PathBuf> {
+    let out = run_capture(cargo().args([
+        "build",
+        "--profile",
+        "test",
+        "--workspace",
+        "--features",
+        features,
+        "--bin",
+        "train",
+        "--message-format=json-render-diagnostics",
+    ]))?;
+    executable_from_messages(&out, "train", "bin")
+        .ok_or_else(|| XtaskError::Other("cargo built no executable for bin `train`".into()))
+}
+
+/// The `train_loss` of `train --json`'s summary, the last line of `stdout`.
+pub fn train_loss_from_json(stdout: &str) -> Result<f64> {
+    let last = stdout
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
+    let v: Value = serde_json::from_str(last).map_err(|source| XtaskError::Json {
+        path: "train --json output".into(),
+        source,
+    })?;
+    v["train_loss"]
+        .as_f64()
+        .ok_or_else(|| XtaskError::Other(format!("no numeric train_loss in `{last}`")))
+}
+
+/// Runs `cmd` (a `train --json` invocation) and returns its loss.
+fn train_loss(cmd: &mut Command) -> Result<f64> {
+    println!("$ {}", describe(cmd));
+    let loss = train_loss_from_json(&run_capture(cmd)?)?;
+    println!("train_loss {loss}");
+    Ok(loss)
+}
+
+/// `train` under `mpirun -np ranks --parallel layout` (plus `extra` arguments): its loss.
+fn train_loss_under_mpirun(
+    exe: &PathBuf,
+    ranks: usize,
+    layout: &str,
+    extra: &[&str],
+) -> Result<f64> {
+    train_loss(
+        mpirun(ranks)
+            .arg(exe)
+            .args(TRAIN_ARGS)
+            .args(["--parallel", layout])
+            .args(extra),
+    )
+}
+
+/// Relative difference of `got` from `want`.
+fn rel_diff(got: f64, want: f64) -> f64 {
+    (got - want).abs() / want.abs().max(f64::MIN_POSITIVE)
+}
+
+/// The `train` steps of the pipeline: the single-process loss, then each of [`TRAIN_LAYOUTS`]
+/// under `mpirun` within [`TRAIN_LOSS_RTOL`] of it, and a control showing the comparison can
+/// fail: per-shard batch norm (`--local-batch-norm`) must land far outside the tolerance.
+fn train_steps(p: &mut Pipeline, features: &str) {
+    let mut exe = None;
+    let built = p.step("build train (test profile, MPI)", || {
+        exe = Some(build_train(features)?);
+        Ok(())
+    });
+    let exe = match exe {
+        Some(exe) if built => exe,
+        _ => return p.skipped_failure("train under mpirun", "build failed"),
+    };
+    let mut reference = None;
+    p.step("train, one process (no launcher)", || {
+        reference = Some(train_loss(Command::new(&exe).args(TRAIN_ARGS))?);
+        Ok(())
+    });
+    let Some(want) = reference else {
+        return p.skipped_failure("train under mpirun", "the single-process run failed");
+    };
+    for (ranks, layout) in TRAIN_LAYOUTS {
+        p.step(&format!("mpirun -np {ranks} train --parallel {layout}"), || {
+            let got = train_loss_under_mpirun(&exe, ranks, layout, &[])?;
+            let d = rel_diff(got, want);
+            if d > TRAIN_LOSS_RTOL {
+                return Err(XtaskError::Other(format!(
+                    "train --parallel {layout} on {ranks} ranks: loss {got}, one process {want} \
+                     (relative difference {d:.1e} > {TRAIN_LOSS_RTOL:.0e})"
+                )));
+            }
+            println!("relative difference from one process: {d:.1e}");
+            Ok(())
+        });
+    }
+    p.step(
+        "mpirun -np 4 train --parallel data --local-batch-norm (control)",
+        || {
+            let got = train_loss_under_mpirun(&exe, 4, "data", &["--local-batch-norm"])?;
+            let d = rel_diff(got, want);
+            if d <= 100.0 * TRAIN_LOSS_RTOL {
+                return Err(XtaskError::Other(format!(
+                    "per-shard batch norm gave loss {got}, within {d:.1e} of one process's {want}: \
+                 the layout comparison cannot tell a wrong step from a right one"
+                )));
+            }
+            println!("relative difference from one process: {d:.1e} (expected: far off)");
+            Ok(())
+        },
+    );
 }
 
 /// Runs the whole test pipeline; `Err` when any step failed.
@@ -219,16 +397,7 @@ pub fn test() -> Result<()> {
     // dependencies keep the feature set of the plain workspace build, so only the MPI crates and
     // their dependents are rebuilt.
     let meta = metadata();
-    let mpi_features = meta
-        .as_ref()
-        .map(|m| {
-            mpi_packages(m)
-                .iter()
-                .map(|p| format!("{p}/{MPI_FEATURE}"))
-                .collect::<Vec<_>>()
-                .join(",")
-        })
-        .unwrap_or_default();
+    let mpi_features = meta.as_ref().map(mpi_features).unwrap_or_default();
     if !mpi_features.is_empty() {
         let name = format!("cargo clippy --workspace --features {mpi_features}");
         if mpi_ok {
@@ -295,6 +464,15 @@ pub fn test() -> Result<()> {
         Err(e) => p.skipped_failure("multi-rank tests", &format!("cargo metadata: {e}")),
     }
 
+    if mpi_ok && !mpi_features.is_empty() {
+        train_steps(&mut p, &mpi_features);
+    } else {
+        p.skipped_failure(
+            "train under mpirun",
+            "Open MPI or the `mpi` features are missing",
+        );
+    }
+
     p.finish("xtask test")
 }
 
@@ -336,10 +514,21 @@ mod tests {
             r#"{"reason":"build-finished","success":true}"#,
         );
         assert_eq!(
-            executable_from_messages(msgs, "mpi_allreduce"),
+            executable_from_messages(msgs, "mpi_allreduce", "test"),
             Some(PathBuf::from("/t/deps/mpi_allreduce-1"))
         );
-        assert_eq!(executable_from_messages(msgs, "other"), None);
+        assert_eq!(executable_from_messages(msgs, "other", "test"), None);
+        assert_eq!(executable_from_messages(msgs, "mpi_allreduce", "bin"), None);
+    }
+
+    #[test]
+    fn reads_train_loss_from_the_last_line() {
+        let out = "epoch 1/1 ...\n{\"train_loss\":2.5,\"steps\":4}\n\n";
+        assert_eq!(train_loss_from_json(out).unwrap(), 2.5);
+        assert!(train_loss_from_json("{\"steps\":4}").is_err());
+        assert!(train_loss_from_json("loss 2.5").is_err());
+        assert_eq!(rel_diff(2.0, 2.0), 0.0);
+        assert!((rel_diff(2.0 + 2e-5, 2.0) - 1e-5).abs() < 1e-12);
     }
 
     #[test]
