@@ -154,6 +154,44 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("F(6,4) At 6x9", &AT_64, 6, 9),
         ("F(4,3) Bt 6x6", &BT_43, 6, 6),
     ];
+    // SMALL_A_ONLY="<matrix index> <n> <seconds>": loop one case (for perf).
+    if let Ok(spec) = std::env::var("SMALL_A_ONLY") {
+        let v: Vec<f64> = spec
+            .split_whitespace()
+            .map(|s| s.parse().unwrap_or(0.0))
+            .collect();
+        let (name, a, p, q) = mats[v[0] as usize];
+        let n = v[1] as usize;
+        let sa = core_blas::SmallA::new(a, p, q)?;
+        // SMALL_A_MISALIGN=k: X and Y start k floats past a 64-byte boundary.
+        let mis: usize = std::env::var("SMALL_A_MISALIGN")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let mut xb = vec![0.0f32; q * n + 32];
+        let mut yb = vec![0.0f32; p * n + 32];
+        let xo = (16 - (xb.as_ptr() as usize / 4) % 16) % 16 + mis;
+        let yo = (16 - (yb.as_ptr() as usize / 4) % 16) % 16 + mis;
+        for (i, v) in xb[xo..xo + q * n].iter_mut().enumerate() {
+            *v = (i % 13) as f32 * 0.1 - 0.6;
+        }
+        let x = &xb[xo..xo + q * n];
+        let y = &mut yb[yo..yo + p * n];
+        let t = cpu_time::ThreadTime::now();
+        let mut calls = 0u64;
+        while t.elapsed().as_secs_f64() < v[2] {
+            for _ in 0..1000 {
+                sa.apply_strided(n, x, n, y, n)?;
+            }
+            calls += 1000;
+        }
+        let ns = t.elapsed().as_secs_f64() * 1e9 / calls as f64;
+        println!(
+            "{name} n {n}: {ns:.1} ns/call, {:.3} ns/output",
+            ns / (p * n) as f64
+        );
+        return Ok(());
+    }
     for (name, a, p, q) in mats {
         let sa = core_blas::SmallA::new(a, p, q)?;
         for n in [37usize, 80, 400, 3600] {

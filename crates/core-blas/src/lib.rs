@@ -26,6 +26,8 @@
 //! - [`offset_tile`], [`offset_dot_tile`]: register tiles whose operand is read in place at a
 //!   per-step offset from each run's base (no packing): the direct-convolution kernels, for
 //!   crates that may not use intrinsics ([`mod@offset`]).
+//! - [`AlignedVec`]: a growable f32 buffer on a 64-byte boundary (vector loads never straddle
+//!   two cache lines on rows a multiple of 16 floats apart), for operands of the kernels above.
 //! - [`isa()`]: the kernel in use; [`Gemm`] builds a context for a chosen family ([`Isa`]) or block
 //!   sizes ([`BlockSizes`]); [`peak::fma_peak_gflops`] measures the FMA roofline.
 //!
@@ -79,6 +81,7 @@
 //! # Ok::<(), core_blas::Error>(())
 //! ```
 
+mod aligned;
 mod blocking;
 mod driver;
 mod error;
@@ -95,6 +98,7 @@ pub mod store;
 mod transpose;
 mod view;
 
+pub use aligned::AlignedVec;
 pub use blocking::{BlockSizes, CacheSizes};
 pub use error::Error;
 pub use gather::{Piece, gather_pieces};

@@ -382,35 +382,11 @@ fn pack_lines<const R: usize>(
     }
 }
 
-/// One 64-byte cache line of f32, so that a `Vec<Line>` is 64-byte aligned.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([f32; 16]);
-
-/// A growable, 64-byte aligned f32 buffer that is reused across calls.
-#[derive(Default)]
-pub(crate) struct AlignedBuf {
-    lines: Vec<Line>,
-}
-
-impl AlignedBuf {
-    /// The first `len` values, growing the buffer if needed (contents unspecified).
-    pub(crate) fn get(&mut self, len: usize) -> &mut [f32] {
-        let need = len.div_ceil(16);
-        if self.lines.len() < need {
-            self.lines.resize(need, Line([0.0; 16]));
-        }
-        // SAFETY: `Line` is `repr(C)` around `[f32; 16]` with no padding (size 64 = 16 × 4), so
-        // the `lines.len() * 16 >= len` f32 values are initialised, aligned and exclusively borrowed.
-        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<f32>(), len) }
-    }
-}
-
 /// Per-thread packing buffers: `Ac` (A block, L2-sized) and `Bc` (B block, L3-sized).
 #[derive(Default)]
 pub(crate) struct Workspace {
-    pub(crate) a: AlignedBuf,
-    pub(crate) b: AlignedBuf,
+    pub(crate) a: crate::AlignedVec,
+    pub(crate) b: crate::AlignedVec,
 }
 
 thread_local! {
