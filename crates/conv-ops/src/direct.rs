@@ -527,8 +527,9 @@ thread_local! {
 /// dw\[k\]\[c, t\] = Σ_n Σ_p dy\[n\]\[k\]\[p\] · xq_n\[c\]\[base(p) + off(t)\]: the forward's
 /// polyphase copies and offsets, with the pixels as the reduction. Per block of images (their
 /// copies side by side, about [`FILTER_BLOCK_BYTES`]) and group, dy is copied run by run
-/// (zero-padded partial runs, so their lanes add 0 · x: a non-finite x value next to an output
-/// line's end would turn that into NaN), then core-blas's [`core_blas::offset_dot_tile`]
+/// (zero-padded partial runs: their lanes add 0 · x, and when x holds a NaN or infinity the
+/// partial runs are summed apart over their own lanes, so that it reaches exactly the dw
+/// entries whose sums contain it), then core-blas's [`core_blas::offset_dot_tile`]
 /// (3 output channels × 4 columns, dot products over up to [`FILTER_RUNS`] runs per call)
 /// accumulates dw. Threads: the images split in contiguous parts, one dw partial sum per part,
 /// when there are at least as many blocks of images as threads; else each block's dw rows
@@ -577,6 +578,23 @@ pub(crate) fn backward_filter(
     Ok(())
 }
 
+/// Whether every value of `v` is finite (no NaN, no ±inf): x · 0 is ±0 for a finite x and NaN
+/// otherwise, summed in 16 independent lanes (vectorised on baseline SSE2).
+fn all_finite(v: &[f32]) -> bool {
+    let mut acc = [0f32; 16];
+    let chunks = v.chunks_exact(16);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a += x * 0.0;
+        }
+    }
+    for (a, &x) in acc.iter_mut().zip(tail) {
+        *a += x * 0.0;
+    }
+    acc.iter().all(|&a| a == 0.0)
+}
+
 /// Whether [`backward_filter`] reads dy in place: its planes are the runs back to back (whole
 /// runs, output lines a multiple of 8) and an image has enough runs for whole calls
 /// (ResNet-20's 32² layers); else dy is copied run by run.
@@ -611,6 +629,7 @@ fn filter_images(
     let nr = plan.runs.len();
     let per_image = plan.xq_len;
     let in_place = dy_in_place(plan);
+    let has_partial = plan.runs.iter().any(|r| r.len < LANES);
     let (mut xq, mut dq) = FQ.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
     let done = (|| {
         let mut n0 = images.start;
@@ -670,8 +689,40 @@ fn filter_images(
                         }
                     }
                 }
+                // A partial run's lanes past its end multiply a zero dy value by whatever x
+                // holds there (the next line's or channel's values): 0 · inf = NaN where the
+                // sum has no such term. When x is not all finite (checked on the block's
+                // copies, only where there are partial runs), the partial runs are taken out
+                // of the kernel's calls (their bases moved onto a zero tail) and summed over
+                // their own lanes below.
+                let dirty = has_partial && !all_finite(&xq[..b * per_image]);
+                let dirty_chunks: Vec<(usize, Offsets)>;
+                let chunks = if dirty {
+                    let zero = b * per_image;
+                    xq.resize(zero + plan.offs.max() + LANES, 0.0);
+                    xq[zero..].fill(0.0);
+                    let bases: Vec<usize> = (0..b)
+                        .flat_map(|i| {
+                            plan.runs.iter().map(move |r| {
+                                if r.len == LANES {
+                                    i * per_image + r.src
+                                } else {
+                                    zero
+                                }
+                            })
+                        })
+                        .collect();
+                    dirty_chunks = bases
+                        .chunks(FILTER_RUNS)
+                        .enumerate()
+                        .map(|(q, ch)| (q * FILTER_RUNS * LANES, Offsets::new(ch.to_vec())))
+                        .collect();
+                    &dirty_chunks
+                } else {
+                    &chunks
+                };
                 let dwg = &mut dw[grp * kg * wcols..][..kg * wcols];
-                let xb = &xq[..b * per_image];
+                let xb = &xq[..];
                 // The dy rows of this group: `src[at + kk·ldd ..]` is row kk of a call.
                 let src: &[f32] = if in_place {
                     &dy[grp * kg * olen..]
@@ -682,7 +733,7 @@ fn filter_images(
                 let rows_block = |k_first: usize, out: &mut [f32]| -> Result<()> {
                     let mut acc: DotTile = Default::default();
                     let kn = out.len() / wcols;
-                    for (at, runs) in &chunks {
+                    for (at, runs) in chunks {
                         for kk in (0..kn).step_by(DOT_MR) {
                             let m = DOT_MR.min(kn - kk);
                             let rows = &src[(k_first + kk) * ldd + at..];
@@ -720,6 +771,24 @@ fn filter_images(
                         .try_for_each(|(i, out)| rows_block(i * per, out))?;
                 } else {
                     rows_block(0, dwg)?;
+                }
+                if dirty {
+                    // The partial runs over their own lanes only.
+                    for i in 0..b {
+                        for (q, r) in plan.runs.iter().enumerate() {
+                            if r.len == LANES {
+                                continue;
+                            }
+                            for kk in 0..kg {
+                                let d = &dq[kk * ldd + (i * nr + q) * LANES..][..r.len];
+                                let out = &mut dwg[kk * wcols..][..wcols];
+                                for (o, &off) in out.iter_mut().zip(plan.offs.as_slice()) {
+                                    let xs = &xb[i * per_image + r.src + off..][..r.len];
+                                    *o += d.iter().zip(xs).map(|(a, b)| a * b).sum::<f32>();
+                                }
+                            }
+                        }
+                    }
                 }
             }
             n0 += b;

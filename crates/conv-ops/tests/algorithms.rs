@@ -557,3 +557,146 @@ fn lean_preset_per_geometry() {
         assert!(ws.peak_bytes() <= g.w_len() * size_of::<f32>());
     }
 }
+
+/// Checks `got` against `want` where `want` may hold NaN and ±inf: every non-finite element
+/// must be the same non-finite value (NaN where NaN, +inf where +inf), every finite one finite
+/// and within `tol` (measured over the finite elements).
+fn check_non_finite(tol: Tolerance, what: &str, got: &[f32], want: &[f32]) -> Result<(), String> {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let same = if w.is_nan() {
+            g.is_nan()
+        } else if w.is_infinite() {
+            g == w
+        } else {
+            g.is_finite()
+        };
+        if !same {
+            return Err(format!("{what}[{i}]: got {g}, want {w}"));
+        }
+    }
+    let keep = |v: &[f32]| -> Vec<f32> {
+        v.iter()
+            .zip(want)
+            .map(|(&v, w)| if w.is_finite() { v } else { 0.0 })
+            .collect()
+    };
+    tol.check(what, &keep(got), &keep(want))
+}
+
+/// A NaN or infinity in x (forward, backward-filter) or dy (backward-data) reaches exactly the
+/// outputs the definition says, no others, under every algorithm: the fast paths' padded lanes
+/// (partial pixel runs, panel tails, zero padding) must never multiply a non-finite value that
+/// the sum does not contain. The values sit at line starts and ends, channel ends and the last
+/// element, where a partial run or a padded lane reads past what it needs.
+#[test]
+fn non_finite_values_reach_only_their_outputs() {
+    let layers = [
+        // LeNet's c2 shape: 10-wide output lines (a whole run and a 2-wide partial one).
+        ConvGeometry::new(3, 6, 16, &[14, 14], &[5, 5]).unwrap(),
+        ConvGeometry::new(2, 5, 7, &[11, 13], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+        ConvGeometry::new(3, 4, 6, &[9, 17], &[3, 3])
+            .unwrap()
+            .with_stride(&[2])
+            .unwrap()
+            .with_padding_per_side(&[1, 0], &[0, 2])
+            .unwrap(),
+        ConvGeometry::new(2, 4, 4, &[3, 6, 7], &[2, 3, 3])
+            .unwrap()
+            .with_dilation(&[1, 1, 2])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap()
+            .with_groups(2)
+            .unwrap(),
+        ConvGeometry::new(4, 3, 5, &[29], &[3]).unwrap(),
+    ];
+    // Puts NaN / ±inf at the start and end of input lines and channels and at the very end.
+    fn poison(v: &mut [f32], line: usize, plane: usize, salt: usize) {
+        let len = v.len();
+        let spots = [
+            line - 1,
+            line,
+            2 * line - 1,
+            plane - 1,
+            plane + line - 1,
+            len / 2 + salt,
+            len - 1,
+        ];
+        let vals = [f32::INFINITY, f32::NAN, f32::NEG_INFINITY];
+        for (i, &s) in spots.iter().enumerate() {
+            v[s.min(len - 1)] = vals[(i + salt) % 3];
+        }
+    }
+    for threads in [1, 2] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        for (i, g) in layers.iter().enumerate() {
+            let d = g.dims3();
+            let seed = 200 + i as u64;
+            let (mut x, w, mut dy) = (
+                uniform(seed, g.x_len()),
+                uniform(seed ^ 1, g.w_len()),
+                uniform(seed ^ 2, g.y_len()),
+            );
+            poison(&mut x, d.input[2], g.input_spatial_len(), i);
+            poison(&mut dy, d.output[2], g.output_spatial_len(), i + 1);
+            let what = |a: &dyn std::fmt::Debug| format!("{threads} threads, {a:?}, {g:?}");
+
+            let mut y_ref = vec![0f32; g.y_len()];
+            reference::forward(g, &x, &w, None, &mut y_ref).unwrap();
+            for algo in FORWARD {
+                let mut y = vec![0f32; g.y_len()];
+                pool.install(|| {
+                    forward(
+                        g,
+                        &x,
+                        &w,
+                        None,
+                        false,
+                        &mut y,
+                        algo,
+                        &mut Workspace::new(false),
+                    )
+                })
+                .unwrap();
+                let t = tol(g.in_channels_per_group() * g.kernel_len());
+                check_non_finite(t, &what(&algo), &y, &y_ref).unwrap();
+            }
+            let mut dx_ref = vec![0f32; g.x_len()];
+            reference::backward_data(g, &dy, &w, &mut dx_ref).unwrap();
+            for algo in BACKWARD_DATA {
+                let mut dx = vec![0f32; g.x_len()];
+                let done = pool.install(|| {
+                    backward_data(g, &dy, &w, &mut dx, algo, &mut Workspace::new(false))
+                });
+                if let Err(conv_ops::ConvError::Unsupported { .. }) = done {
+                    continue;
+                }
+                done.unwrap();
+                let t = tol(g.out_channels_per_group() * g.kernel_len());
+                check_non_finite(t, &what(&algo), &dx, &dx_ref).unwrap();
+            }
+            // dy finite here: a non-finite dy value at an output whose tap reads zero padding is
+            // left out of the reference's sum, but every form that multiplies the padding's
+            // zeros (im2col, the padded copies) makes it 0 · inf = NaN there.
+            let dy = uniform(seed ^ 2, g.y_len());
+            let mut dw_ref = vec![0f32; g.w_len()];
+            reference::backward_filter(g, &x, &dy, &mut dw_ref).unwrap();
+            for algo in BACKWARD_FILTER {
+                let mut dw = vec![0f32; g.w_len()];
+                pool.install(|| {
+                    backward_filter(g, &x, &dy, &mut dw, algo, &mut Workspace::new(false))
+                })
+                .unwrap();
+                let t = tol(g.batch() * g.output_spatial_len());
+                check_non_finite(t, &what(&algo), &dw, &dw_ref).unwrap();
+            }
+        }
+    }
+}
