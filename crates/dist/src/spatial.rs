@@ -765,18 +765,10 @@ impl Splitter {
             Err(other) => other,
         };
         match any.downcast::<Residual>() {
-            Ok(block) => {
-                let (body, shortcut, desc) = block.into_parts();
-                let body = self.split_seq(path, body, shape, plan)?;
-                let shortcut = match shortcut {
-                    Some((name, s)) => {
-                        let p = format!("{path}.{name}");
-                        Some((name, self.split_seq(&p, s, shape, plan)?))
-                    }
-                    None => None,
-                };
-                Ok(Box::new(Residual::from_parts(body, shortcut, desc)))
-            }
+            Ok(block) => Ok(Box::new(block.try_map(|name, s| {
+                let p = name.map_or_else(|| path.to_string(), |n| join(path, n));
+                self.split_seq(&p, s, shape, plan)
+            })?)),
             Err(_) => Err(DistError::Training(format!(
                 "{path}: no block-of-rows form for this layer"
             ))),

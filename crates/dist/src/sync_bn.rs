@@ -200,15 +200,7 @@ fn sync_layer(layer: Box<dyn Layer>, comm: CommHandle) -> Result<Box<dyn Layer>>
         Err(other) => other,
     };
     match any.downcast::<Residual>() {
-        Ok(block) => {
-            let (body, shortcut, desc) = block.into_parts();
-            let body = sync_batch_norm(body, comm)?;
-            let shortcut = match shortcut {
-                Some((name, s)) => Some((name, sync_batch_norm(s, comm)?)),
-                None => None,
-            };
-            Ok(Box::new(Residual::from_parts(body, shortcut, desc)))
-        }
+        Ok(block) => Ok(Box::new(block.try_map(|_, s| sync_batch_norm(s, comm))?)),
         Err(_) => Err(DistError::Training(
             "sync_batch_norm: a layer changed type while being rewritten".into(),
         )),

@@ -98,10 +98,28 @@ impl Residual {
         }
     }
 
-    /// The block taken apart: its body, its shortcut (name, layers) and its description, e.g.
-    /// for a model transform that replaces layers inside it (`dist`'s spatial parallelism).
-    pub fn into_parts(self) -> (Sequential, Option<(String, Sequential)>, String) {
-        (self.body, self.shortcut, self.desc)
+    /// The block with its body and shortcut replaced by `f(None, body)` and
+    /// `f(Some(name), shortcut)`, keeping its description and the shortcut's name: for model
+    /// transforms that rewrite the layers inside a block (`dist`'s synchronised batch norm and
+    /// spatial parallelism). The first error of `f` is returned.
+    pub fn try_map<E>(
+        self,
+        mut f: impl FnMut(Option<&str>, Sequential) -> std::result::Result<Sequential, E>,
+    ) -> std::result::Result<Self, E> {
+        let body = f(None, self.body)?;
+        let shortcut = match self.shortcut {
+            Some((name, s)) => {
+                let s = f(Some(&name), s)?;
+                Some((name, s))
+            }
+            None => None,
+        };
+        Ok(Residual {
+            body,
+            shortcut,
+            out: Relu::new(),
+            desc: self.desc,
+        })
     }
 
     /// The main path.
@@ -112,20 +130,6 @@ impl Residual {
     /// The shortcut's name and layers; `None` for the identity.
     pub fn shortcut(&self) -> Option<(&str, &Sequential)> {
         self.shortcut.as_ref().map(|(n, s)| (n.as_str(), s))
-    }
-
-    /// A block from [`into_parts`](Residual::into_parts)' pieces.
-    pub fn from_parts(
-        body: Sequential,
-        shortcut: Option<(String, Sequential)>,
-        description: String,
-    ) -> Self {
-        Residual {
-            body,
-            shortcut,
-            out: Relu::new(),
-            desc: description,
-        }
     }
 
     /// The anchors' CIFAR block: `relu(b2(c2(relu(b1(c1(x))))) + short(x))` with 3×3
