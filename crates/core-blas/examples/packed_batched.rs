@@ -4,6 +4,8 @@
 //! two variants alternate sample by sample and the FMA peak is measured after each pair:
 //! `cargo run --release -p core-blas --example packed_batched -- [SAMPLES] [M N K COUNT]...`
 //! (default shapes: fastconv's F(6,4) 81 × (32 × 32 · 32 × 80) and neighbours).
+//! With `ROWA=1` the first variant is `gemm_rowa_batched` (A row-major in place, B packed)
+//! instead of `sgemm_batched`; all operands are 64-byte aligned (`AlignedVec`).
 
 use std::time::Duration;
 
@@ -34,6 +36,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ];
     }
     let g = core_blas::Gemm::global()?;
+    let rowa = std::env::var("ROWA").is_ok_and(|v| v == "1");
+    let name0 = if rowa {
+        "gemm_rowa_batched"
+    } else {
+        "sgemm_batched"
+    };
     let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
     println!("kernel {}", g.kernel_name());
     for [m, n, k, count] in shapes {
@@ -44,8 +52,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|i| ((i * 5) % 11) as f32 * 0.1 - 0.5)
             .collect();
         let (al, bl) = (g.packed_a_len(m, k), g.packed_b_len(k, n));
-        let mut ap = vec![0.0f32; count * al];
-        let mut bp = vec![0.0f32; count * bl];
+        let a = core_blas::AlignedVec::from(&a[..]);
+        let mut ap = core_blas::AlignedVec::zeroed(count * al);
+        let mut bp = core_blas::AlignedVec::zeroed(count * bl);
         for p in 0..count {
             for i in 0..m {
                 for t in 0..k {
@@ -58,8 +67,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
         }
-        let mut c1 = vec![0.0f32; count * m * n];
-        let mut c2 = vec![0.0f32; count * m * n];
+        let mut c1 = core_blas::AlignedVec::zeroed(count * m * n);
+        let mut c2 = core_blas::AlignedVec::zeroed(count * m * n);
         let flops = 2.0 * (m * n * k * count) as f64;
         let reps = ((2e8 / flops) as usize).clamp(1, 1000);
         let mut rates = [vec![], vec![]];
@@ -70,7 +79,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 *slot = pool.install(|| {
                     let t = cpu_time::ThreadTime::now();
                     for _ in 0..reps {
-                        if v == 0 {
+                        if v == 0 && rowa {
+                            g.gemm_rowa_batched(
+                                m,
+                                n,
+                                k,
+                                &a,
+                                k,
+                                m * k,
+                                &bp,
+                                bl,
+                                0.0,
+                                &mut c1,
+                                n,
+                                m * n,
+                                count,
+                            )?;
+                        } else if v == 0 {
                             g.sgemm_batched(
                                 false,
                                 false,
@@ -121,12 +146,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let err = c1
             .iter()
-            .zip(&c2)
+            .zip(c2.iter())
             .map(|(x, y)| (x - y).abs())
             .fold(0.0f32, f32::max);
         let (r0, r1) = (median(rates[0].clone()), median(rates[1].clone()));
         println!(
-            "{count} x {m}x{n}x{k}: sgemm_batched {r0:.1} GFLOP/s ({:.1}% of peak, {:.1} us/batch), \
+            "{count} x {m}x{n}x{k}: {name0} {r0:.1} GFLOP/s ({:.1}% of peak, {:.1} us/batch), \
              gemm_packed_batched {r1:.1} GFLOP/s ({:.1}%, {:.1} us/batch): {:.2}x; max |diff| {err:.1e}; \
              median of {samples} x {reps} batches",
             median(pct[0].clone()),

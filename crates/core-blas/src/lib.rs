@@ -15,7 +15,8 @@
 //!   (Winograd's α^N products) under one parallel schedule.
 //! - [`gemm_packed_batched`]: many small products whose operands the caller already holds in the
 //!   micro-kernel's panel layout ([`mod@packed`]): no packing, no driver, on the calling thread;
-//!   [`pack_rows`] writes rows into that layout (8 × 8 register transposes).
+//!   [`pack_rows`] writes rows into that layout (8 × 8 register transposes);
+//!   [`gemm_rowa_batched`] reads A row-major in place instead.
 //! - [`small_a_rows`], [`small_a_strided`]: `Y := A · X` for a tiny A (at most 16 × 16) and long
 //!   rows of X and Y, vectorised, no packing (the Winograd transforms of fastconv); [`SmallA`]
 //!   prepares such an A once for many products.
@@ -109,7 +110,7 @@ pub use offset::{
     offset_dot_tile, offset_tile, offset_tile_vectors,
 };
 pub use pack::{PackA, PackB};
-pub use packed::{PackedOperand, gemm_packed_batched, pack_rows};
+pub use packed::{PackedOperand, gemm_packed_batched, gemm_rowa_batched, pack_rows};
 pub use small::{SMALL_MAX, SmallA, small_a_rows, small_a_strided};
 pub use store::{Bias, DenseStore, Store, Tile, Window};
 pub use transpose::transpose_lanes;

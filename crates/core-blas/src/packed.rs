@@ -262,6 +262,204 @@ impl Gemm {
     }
 }
 
+impl Gemm {
+    /// [`Gemm::gemm_packed_batched`] with each `A_p` **row-major, read in place** instead of
+    /// packed: `A_p[i, t] = a[p · stride_a + i · lda + t]` (`m × k`, rows `lda >= k` apart).
+    /// `B_p` in `NR`-wide panels at `b[p · stride_b ..]` ([`Gemm::packed_b_len`] values), `C_p`
+    /// row-major at `c[p · stride_c ..]` with leading dimension `ldc`; `beta == 0` never reads C.
+    /// On the calling thread, no packing, no allocation: each micro-tile broadcasts its `MR` A
+    /// values per step from the `MR` rows (as many loads as from a packed panel).
+    ///
+    /// For operands resident in L1/L2 with `k` up to a few hundred (fastconv's channels-last
+    /// products `V_ξᵀ · U_ξ`: m = tiles, n = K, k = C). Rows of A on 64-byte lines
+    /// ([`crate::AlignedVec`], `lda` a multiple of 16) avoid split loads.
+    ///
+    /// Errors name the argument: `lda < k` (with `m > 1`), `ldc < n`, `a`, `b` or `c` too short
+    /// for the batch, `stride_c` smaller than one C (outputs would overlap), sizes overflowing
+    /// `usize`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_rowa_batched(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &[f32],
+        lda: usize,
+        stride_a: usize,
+        b: &[f32],
+        stride_b: usize,
+        beta: f32,
+        c: &mut [f32],
+        ldc: usize,
+        stride_c: usize,
+        count: usize,
+    ) -> Result<(), Error> {
+        if m > 1 && lda < k {
+            return Err(Error::LeadingDimension {
+                arg: "lda",
+                value: lda,
+                min: k,
+            });
+        }
+        if ldc < n.max(1) {
+            return Err(Error::LeadingDimension {
+                arg: "ldc",
+                value: ldc,
+                min: n.max(1),
+            });
+        }
+        if count == 0 || m == 0 || n == 0 {
+            return Ok(());
+        }
+        let overflow = |arg| Error::Stride {
+            arg,
+            reason: "size overflows usize".into(),
+        };
+        let (_, nr) = self.tile();
+        let a_one = if k == 0 {
+            0
+        } else {
+            (m - 1)
+                .checked_mul(lda)
+                .and_then(|x| x.checked_add(k))
+                .ok_or_else(|| overflow("a"))?
+        };
+        let b_one = n
+            .div_ceil(nr)
+            .checked_mul(nr)
+            .and_then(|x| x.checked_mul(k))
+            .ok_or_else(|| overflow("b"))?;
+        let c_one = (m - 1)
+            .checked_mul(ldc)
+            .and_then(|x| x.checked_add(n))
+            .ok_or_else(|| overflow("c"))?;
+        if count > 1 && stride_c < c_one {
+            return Err(Error::Stride {
+                arg: "stride_c",
+                reason: format!(
+                    "{stride_c} is less than the {c_one} elements of one C: outputs overlap"
+                ),
+            });
+        }
+        for (arg, len, one, stride) in [
+            ("a", a.len(), a_one, stride_a),
+            ("b", b.len(), b_one, stride_b),
+            ("c", c.len(), c_one, stride_c),
+        ] {
+            let needed = if one == 0 {
+                0
+            } else {
+                (count - 1)
+                    .checked_mul(stride)
+                    .and_then(|x| x.checked_add(one))
+                    .ok_or_else(|| overflow(arg))?
+            };
+            if len < needed {
+                return Err(Error::SliceTooShort { arg, len, needed });
+            }
+        }
+        if k == 0 {
+            // An empty inner dimension: C := beta · C (no operand is read; `a`/`b` may be empty).
+            for q in 0..count {
+                for i in 0..m {
+                    for x in &mut c[q * stride_c + i * ldc..][..n] {
+                        *x = if beta == 0.0 { 0.0 } else { beta * *x };
+                    }
+                }
+            }
+            return Ok(());
+        }
+        let args = Args {
+            m,
+            n,
+            k,
+            a: a.as_ptr(),
+            stride_a,
+            b: b.as_ptr(),
+            stride_b,
+            beta,
+            c: c.as_mut_ptr(),
+            ldc,
+            stride_c,
+            count,
+        };
+        // SAFETY: lengths checked above: every product's A rows (`a_one` values from
+        // `p · stride_a`, rows `lda` apart), B panels (`b_one` values from `p · stride_b`) and C
+        // window (`c_one` values from `p · stride_c`, the windows disjoint) lie inside the
+        // slices, which `c`'s `&mut` borrow keeps exclusive.
+        unsafe {
+            match self.family {
+                Family::Scalar(kern) => run_rowa(kern, &args, lda),
+                #[cfg(target_arch = "x86_64")]
+                Family::Avx2(kern) => run_rowa(kern, &args, lda),
+                #[cfg(target_arch = "x86_64")]
+                Family::Avx512(kern) => run_rowa(kern, &args, lda),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// [`Gemm::gemm_rowa_batched`] with the process-wide kernel family.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_rowa_batched(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    stride_a: usize,
+    b: &[f32],
+    stride_b: usize,
+    beta: f32,
+    c: &mut [f32],
+    ldc: usize,
+    stride_c: usize,
+    count: usize,
+) -> Result<(), Error> {
+    Gemm::global()?.gemm_rowa_batched(
+        m, n, k, a, lda, stride_a, b, stride_b, beta, c, ldc, stride_c, count,
+    )
+}
+
+/// The products of a row-major-A batch: per product, row tiles outermost (each tile's `MR` rows
+/// of A read once from wherever they live, then reused from L1 for every B panel; measured
+/// 03:04 UTC against B panels outermost: 36 × 96×32×64 1.05-1.10× faster relative to
+/// `gemm_packed_batched` in the same run, 81 × 96×32×32 unchanged).
+///
+/// # Safety
+/// `x.m, x.n, x.k, x.count >= 1`; for every `p < count`, rows `i < m` of `k` values at
+/// `a + p · stride_a + i · lda`, `ceil(n / NR) · NR · k` values behind `b + p · stride_b`, and an
+/// exclusive `m × n` row-major window (row stride `ldc >= n`) at `c + p · stride_c`, disjoint
+/// across `p`.
+unsafe fn run_rowa<K: Kernel>(kern: K, x: &Args, lda: usize) {
+    let (mr, nr) = (K::MR, K::NR);
+    let (m, n, k) = (x.m, x.n, x.k);
+    for p in 0..x.count {
+        // SAFETY: the caller's contract: rows `iq · MR ..` (`mm` of them) of A, panel `jq` of B
+        // (`k · NR` values at `jq · k · NR`) and the `mm × nn` tile at row `iq · MR`, column
+        // `jq · NR` of this product's C window are all in bounds.
+        unsafe {
+            let ap = x.a.add(p * x.stride_a);
+            let bp = x.b.add(p * x.stride_b);
+            let cp = x.c.add(p * x.stride_c);
+            let mut i0 = 0;
+            while i0 < m {
+                let mm = mr.min(m - i0);
+                let mut jq = 0;
+                while jq * nr < n {
+                    let nn = nr.min(n - jq * nr);
+                    let bq = bp.add(jq * k * nr);
+                    let cq = cp.add(i0 * x.ldc + jq * nr);
+                    kern.run_rowa(k, ap.add(i0 * lda), lda, bq, x.beta, cq, x.ldc, mm, nn);
+                    jq += 1;
+                }
+                i0 += mm;
+            }
+        }
+    }
+}
+
 /// [`Gemm::gemm_packed_batched`] with the process-wide kernel family.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_packed_batched(

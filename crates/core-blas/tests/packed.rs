@@ -394,3 +394,247 @@ fn pack_rows_matches_the_panel_layout() {
             .unwrap();
     }
 }
+
+/// `count` row-major m × k matrices (`src`, stride m·k) laid out with leading dimension `lda`,
+/// products `stride_a` apart; the gaps between rows and products NaN (must never be read).
+fn rowa(src: &[f32], m: usize, k: usize, lda: usize, count: usize, stride_a: usize) -> Vec<f32> {
+    let len = if count == 0 || m == 0 {
+        0
+    } else {
+        (count - 1) * stride_a + (m - 1) * lda + k
+    };
+    let mut out = vec![f32::NAN; len];
+    for p in 0..count {
+        for i in 0..m {
+            out[p * stride_a + i * lda..][..k].copy_from_slice(&src[p * m * k + i * k..][..k]);
+        }
+    }
+    out
+}
+
+/// `gemm_rowa_batched` against the reference; C's other values against the sentinel.
+fn check_rowa(g: &Gemm, m: usize, n: usize, k: usize, count: usize, lda: usize, beta: f32) {
+    let (mr, nr) = g.tile();
+    let seed = (m * 1_000_003 + n * 1009 + k * 7 + lda) as u64;
+    let a_src = random(count.max(1) * m * k, seed);
+    let b_src = random(count.max(1) * k * n, seed + 1);
+    let stride_a = m * lda + 2;
+    let stride_b = g.packed_b_len(k, n) + 5;
+    let a = rowa(&a_src, m, k, lda, count, stride_a);
+    let b = pack_b(g, &b_src, k, n, count, stride_b);
+    let ldc = n + 3;
+    let stride_c = m * ldc + 7;
+    let c_len = count * stride_c + 4;
+    let mut c = vec![SENTINEL; c_len];
+    let c_init = random(c_len, seed + 2);
+    for p in 0..count {
+        for i in 0..m {
+            for j in 0..n {
+                let x = p * stride_c + i * ldc + j;
+                c[x] = if beta == 0.0 { f32::NAN } else { c_init[x] };
+            }
+        }
+    }
+    let c0 = c.clone();
+    g.gemm_rowa_batched(
+        m, n, k, &a, lda, stride_a, &b, stride_b, beta, &mut c, ldc, stride_c, count,
+    )
+    .unwrap();
+    let what = format!(
+        "rowa {:?} {mr}x{nr} m={m} n={n} k={k} lda={lda} count={count} beta={beta}",
+        g.isa()
+    );
+    for p in 0..count {
+        let expect = reference(
+            m,
+            n,
+            k,
+            1.0,
+            Strided {
+                data: &a_src[p * m * k..],
+                rs: k,
+                cs: 1,
+            },
+            Strided {
+                data: &b_src[p * k * n..],
+                rs: n,
+                cs: 1,
+            },
+            beta,
+            Strided {
+                data: &c0[p * stride_c..],
+                rs: ldc,
+                cs: 1,
+            },
+            GEMM_TOL,
+        );
+        assert_close(
+            &format!("{what} product {p}"),
+            Strided {
+                data: &c[p * stride_c..],
+                rs: ldc,
+                cs: 1,
+            },
+            m,
+            n,
+            &expect,
+        );
+    }
+    for (idx, &v) in c.iter().enumerate() {
+        let (p, r) = (idx / stride_c, idx % stride_c);
+        let inside = p < count && r / ldc < m && r % ldc < n;
+        if !inside {
+            assert_eq!(
+                v.to_bits(),
+                SENTINEL.to_bits(),
+                "{what}: c[{idx}] overwritten"
+            );
+        }
+    }
+}
+
+/// Row-major A read in place: every family, m around MR (every edge row count), n around NR and
+/// 8 (narrow tiles), k around the 4-step unroll, padded rows (lda > k, NaN in the gaps), beta 0
+/// over NaN / 1 / other, and fastconv's channels-last shapes.
+#[test]
+fn rowa_batched_matches_reference() {
+    for isa in common::families() {
+        let g = Gemm::new(isa).unwrap();
+        let (mr, nr) = g.tile();
+        let ms = [1, 2, 3, mr - 1, mr, mr + 1, 2 * mr + 3, 32];
+        let ns = [1, 7, 8, 9, nr - 1, nr, nr + 1, 37];
+        for &m in &ms {
+            for &n in &ns {
+                for k in [1, 2, 5, 32] {
+                    check_rowa(&g, m, n, k, 2, k, 0.0);
+                }
+                check_rowa(&g, m, n, 3, 2, 8, 1.0);
+                check_rowa(&g, m, n, 4, 1, 5, -0.5);
+            }
+        }
+        for k in [0, 1, 3, 4, 9, 80, 257] {
+            for count in [0, 1, 3] {
+                check_rowa(&g, 24, 32, k, count, k + 16, 0.0);
+                check_rowa(&g, mr + 1, nr - 1, k, count, k + 1, 1.0);
+            }
+        }
+        check_rowa(&g, 96, 32, 32, 81, 32, 0.0);
+        check_rowa(&g, 48, 64, 64, 36, 64, 1.0);
+        check_rowa(&g, 1, 1, 1, 5, 1, 0.0);
+    }
+}
+
+#[test]
+fn rowa_batched_rejects_bad_arguments() {
+    let g = Gemm::global().unwrap();
+    let (m, n, k) = (7, 20, 5);
+    let lda = k;
+    let (al, bl) = ((m - 1) * lda + k, g.packed_b_len(k, n));
+    let a = vec![1.0f32; al + m * lda];
+    let b = vec![1.0f32; 2 * bl];
+    let mut c = vec![0.0f32; 2 * m * n];
+    let sa = m * lda;
+    assert!(matches!(
+        g.gemm_rowa_batched(m, n, k, &a, k - 1, sa, &b, bl, 0.0, &mut c, n, m * n, 2),
+        Err(Error::LeadingDimension { arg: "lda", .. })
+    ));
+    assert!(matches!(
+        g.gemm_rowa_batched(m, n, k, &a, lda, sa, &b, bl, 0.0, &mut c, n - 1, m * n, 2),
+        Err(Error::LeadingDimension { arg: "ldc", .. })
+    ));
+    assert!(matches!(
+        g.gemm_rowa_batched(
+            m,
+            n,
+            k,
+            &a[..sa + al - 1],
+            lda,
+            sa,
+            &b,
+            bl,
+            0.0,
+            &mut c,
+            n,
+            m * n,
+            2
+        ),
+        Err(Error::SliceTooShort { arg: "a", .. })
+    ));
+    assert!(matches!(
+        g.gemm_rowa_batched(
+            m,
+            n,
+            k,
+            &a,
+            lda,
+            sa,
+            &b[..bl - 1],
+            0,
+            0.0,
+            &mut c,
+            n,
+            m * n,
+            1
+        ),
+        Err(Error::SliceTooShort { arg: "b", .. })
+    ));
+    assert!(matches!(
+        g.gemm_rowa_batched(
+            m,
+            n,
+            k,
+            &a,
+            lda,
+            sa,
+            &b,
+            bl,
+            0.0,
+            &mut c[..2 * m * n - 1],
+            n,
+            m * n,
+            2
+        ),
+        Err(Error::SliceTooShort { arg: "c", .. })
+    ));
+    assert!(matches!(
+        g.gemm_rowa_batched(m, n, k, &a, lda, sa, &b, bl, 0.0, &mut c, n, m * n - 1, 2),
+        Err(Error::Stride {
+            arg: "stride_c",
+            ..
+        })
+    ));
+    assert!(matches!(
+        g.gemm_rowa_batched(
+            m,
+            n,
+            k,
+            &a,
+            lda,
+            usize::MAX,
+            &b,
+            bl,
+            0.0,
+            &mut c,
+            n,
+            m * n,
+            2
+        ),
+        Err(Error::Stride { arg: "a", .. })
+    ));
+    // One row: lda is irrelevant.
+    let mut c1 = vec![f32::NAN; n];
+    g.gemm_rowa_batched(1, n, k, &a[..k], 0, 0, &b, 0, 0.0, &mut c1, n, n, 1)
+        .unwrap();
+    assert!(c1.iter().all(|&x| x == k as f32));
+    let mut empty: [f32; 0] = [];
+    g.gemm_rowa_batched(m, n, k, &[], lda, 0, &[], 0, 0.0, &mut empty, n, 0, 0)
+        .unwrap();
+    let mut c = vec![f32::NAN; m * n];
+    g.gemm_rowa_batched(m, n, 0, &[], lda, 5, &[], 5, 0.0, &mut c, n, m * n, 1)
+        .unwrap();
+    assert!(c.iter().all(|&x| x == 0.0));
+    // The free function uses the process-wide family.
+    let mut c2 = vec![f32::NAN; m * n];
+    core_blas::gemm_rowa_batched(m, n, k, &a, lda, sa, &b, bl, 0.0, &mut c2, n, m * n, 1).unwrap();
+    assert!(c2.iter().all(|&x| x == k as f32));
+}

@@ -126,6 +126,27 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
         m: usize,
         n: usize,
     );
+
+    /// `C[0..m, 0..n] := A · Bp + beta · C` with A row-major and read in place (row `r` at
+    /// `a + r · lda`, `k` values), `Bp` a packed B micro-panel, C row-major (row stride `ldc`);
+    /// `C` is not read when `beta == 0`.
+    ///
+    /// # Safety
+    /// `1 <= m <= MR`, `n <= NR`; rows `r < m` of A hold `k` readable values; `k * NR` values
+    /// behind `b`; an exclusive `m × n` window of C at `c`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run_rowa(
+        self,
+        k: usize,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        beta: f32,
+        c: *mut f32,
+        ldc: usize,
+        m: usize,
+        n: usize,
+    );
 }
 
 /// The shared micro-kernel body: `MR` rows × `NV` vectors of `S::LANES` columns, reading A
@@ -172,6 +193,104 @@ pub(crate) unsafe fn ukr<
             b = b.add(BS);
         }
 
+        store_acc::<S, MR, NV>(&acc, alpha, beta, c, rs_c, cs_c, m, n);
+    }
+}
+
+/// The micro-kernel on a row-major A read in place (no packed panel): row `r` of the tile is
+/// `a + r · lda`, its `k` values contiguous; each step broadcasts `A[r, t]` from the `MR` rows.
+/// `C[0..m, 0..n] := A · Bp + beta · C` with unit column stride (row stride `ldc`), alpha = 1.
+/// Instantiated with `MR = m` exactly (only the rows of the tile are read).
+///
+/// # Safety
+/// `m == MR`, `n <= NV · LANES <= BS`; rows `r < MR` of A hold `k` readable values at
+/// `a + r · lda`; `k · BS` values behind `b`; an exclusive `m × n` window of C at `c` (row stride
+/// `ldc`); the caller is compiled with `S`'s features.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn ukr_rowa<S: Simd, const MR: usize, const NV: usize, const BS: usize>(
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    beta: f32,
+    c: *mut f32,
+    ldc: usize,
+    m: usize,
+    n: usize,
+) {
+    debug_assert!(m == MR && n <= NV * S::LANES && BS >= NV * S::LANES);
+    // SAFETY: the caller guarantees the target features, the MR rows of k values of A, k · BS
+    // values of B and the exclusive C window.
+    unsafe {
+        let mut acc = [[S::zero(); NV]; MR];
+        prefetch_tile::<S>(c, ldc, m, n);
+        let rows: [*const f32; MR] = std::array::from_fn(|r| a.add(r * lda));
+        let mut b = b;
+        let mut t = 0;
+        while t + 4 <= k {
+            for u in 0..4 {
+                step_rows::<S, MR, NV>(&mut acc, &rows, t + u, b.add(u * BS));
+            }
+            b = b.add(4 * BS);
+            t += 4;
+        }
+        while t < k {
+            step_rows::<S, MR, NV>(&mut acc, &rows, t, b);
+            b = b.add(BS);
+            t += 1;
+        }
+        store_acc::<S, MR, NV>(&acc, 1.0, beta, c, ldc, 1, m, n);
+    }
+}
+
+/// One rank-1 update of the register tile from A's rows read in place: `A[r, t] = rows[r][t]`.
+///
+/// # Safety
+/// `rows[r]` holds more than `t` values for every `r`; `b` holds `NV · LANES` values.
+#[inline(always)]
+unsafe fn step_rows<S: Simd, const MR: usize, const NV: usize>(
+    acc: &mut [[S::V; NV]; MR],
+    rows: &[*const f32; MR],
+    t: usize,
+    b: *const f32,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut bv = [S::zero(); NV];
+        for v in 0..NV {
+            bv[v] = S::load(b.add(v * S::LANES));
+        }
+        for r in 0..MR {
+            let av = S::bcast(rows[r].add(t));
+            for v in 0..NV {
+                acc[r][v] = S::fma(av, bv[v], acc[r][v]);
+            }
+        }
+    }
+}
+
+/// Write the register tile: `C[0..m, 0..n] := alpha · acc + beta · C` (C not read when
+/// `beta == 0`), through whole-vector stores when the tile is full and rows are contiguous.
+///
+/// # Safety
+/// An exclusive `m × n` window of C at `c` with strides `rs_c`, `cs_c`; `m <= MR`,
+/// `n <= NV · LANES`; the caller is compiled with `S`'s features.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn store_acc<S: Simd, const MR: usize, const NV: usize>(
+    acc: &[[S::V; NV]; MR],
+    alpha: f32,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+    cs_c: usize,
+    m: usize,
+    n: usize,
+) {
+    let nr = NV * S::LANES;
+    // SAFETY: the caller's contract: every address written or read is inside the m × n window.
+    unsafe {
         let va = S::splat(alpha);
         if m == MR && n == nr && cs_c == 1 {
             if beta == 0.0 && alpha == 1.0 {
@@ -242,7 +361,7 @@ pub(crate) unsafe fn ukr<
             }
         } else {
             // Non-unit column stride: spill the accumulators, then store element-wise.
-            let tile: [[S::V; NV]; MR] = acc;
+            let tile: [[S::V; NV]; MR] = *acc;
             let t = (&raw const tile).cast::<f32>();
             for r in 0..m {
                 for j in 0..n {

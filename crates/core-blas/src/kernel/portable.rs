@@ -3,7 +3,7 @@
 //! in particular: there is no hand-written NEON family (no aarch64 target could be installed to
 //! test one).
 
-use super::{Kernel, Simd, ukr};
+use super::{Kernel, Simd, ukr, ukr_rowa};
 
 /// Eight f32 lanes in plain arrays.
 #[derive(Clone, Copy)]
@@ -75,6 +75,31 @@ impl Kernel for Scalar {
     ) {
         // SAFETY: forwarded contract of `Kernel::run`; `Lanes8` needs no target feature.
         unsafe { ukr::<Lanes8, 4, 2, 4, 16>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
+    }
+
+    #[inline]
+    unsafe fn run_rowa(
+        self,
+        k: usize,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        beta: f32,
+        c: *mut f32,
+        ldc: usize,
+        m: usize,
+        n: usize,
+    ) {
+        // SAFETY: forwarded contract of `Kernel::run_rowa` (each arm's `MR` equals `m`);
+        // `Lanes8` needs no target feature.
+        unsafe {
+            match m {
+                1 => ukr_rowa::<Lanes8, 1, 2, 16>(k, a, lda, b, beta, c, ldc, m, n),
+                2 => ukr_rowa::<Lanes8, 2, 2, 16>(k, a, lda, b, beta, c, ldc, m, n),
+                3 => ukr_rowa::<Lanes8, 3, 2, 16>(k, a, lda, b, beta, c, ldc, m, n),
+                _ => ukr_rowa::<Lanes8, 4, 2, 16>(k, a, lda, b, beta, c, ldc, m, n),
+            }
+        }
     }
 }
 

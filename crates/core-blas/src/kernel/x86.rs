@@ -6,7 +6,7 @@
 use core::arch::x86_64::*;
 
 use super::small::{Plan, small_a_body};
-use super::{Kernel, Simd, ukr};
+use super::{Kernel, Simd, ukr, ukr_rowa};
 
 /// 256-bit vectors (AVX + FMA).
 #[derive(Clone, Copy)]
@@ -213,6 +213,25 @@ unsafe fn avx2_narrow<const R: usize>(
     unsafe { ukr::<V256, R, 1, AVX2_MR, 16>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
 }
 
+/// The row-major-A kernels of `avx2-f32-6x16` ([`ukr_rowa`]): `R` rows (the tile's `m`), 16
+/// columns, or 8 with `NV = 1` (tiles of at most 8 columns).
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn avx2_rowa<const R: usize, const NV: usize>(
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    beta: f32,
+    c: *mut f32,
+    ldc: usize,
+    m: usize,
+    n: usize,
+) {
+    // SAFETY: compiled with avx2+fma; `m == R`, `n <= NV * 8` and memory are the caller's.
+    unsafe { ukr_rowa::<V256, R, NV, 16>(k, a, lda, b, beta, c, ldc, m, n) }
+}
+
 impl Kernel for Avx2 {
     const MR: usize = AVX2_MR;
     const NR: usize = AVX2_NV * 8;
@@ -270,6 +289,44 @@ impl Kernel for Avx2 {
             }
         }
     }
+
+    #[inline]
+    unsafe fn run_rowa(
+        self,
+        k: usize,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        beta: f32,
+        c: *mut f32,
+        ldc: usize,
+        m: usize,
+        n: usize,
+    ) {
+        // SAFETY: holding `Avx2` proves avx2+fma; each arm's `R` equals `m` (1 <= m <= 6 by
+        // contract); the narrow arms read the first 8 of the 16 columns of each B row (n <= 8).
+        unsafe {
+            if n <= 8 {
+                match m {
+                    1 => avx2_rowa::<1, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                    2 => avx2_rowa::<2, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                    3 => avx2_rowa::<3, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                    4 => avx2_rowa::<4, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                    5 => avx2_rowa::<5, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                    _ => avx2_rowa::<6, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                }
+                return;
+            }
+            match m {
+                1 => avx2_rowa::<1, 2>(k, a, lda, b, beta, c, ldc, m, n),
+                2 => avx2_rowa::<2, 2>(k, a, lda, b, beta, c, ldc, m, n),
+                3 => avx2_rowa::<3, 2>(k, a, lda, b, beta, c, ldc, m, n),
+                4 => avx2_rowa::<4, 2>(k, a, lda, b, beta, c, ldc, m, n),
+                5 => avx2_rowa::<5, 2>(k, a, lda, b, beta, c, ldc, m, n),
+                _ => avx2_rowa::<6, 2>(k, a, lda, b, beta, c, ldc, m, n),
+            }
+        }
+    }
 }
 
 /// AVX-512 register tile: rows × vectors of 16.
@@ -297,6 +354,24 @@ unsafe fn avx512_ukr(
     unsafe {
         ukr::<V512, AVX512_MR, AVX512_NV, AVX512_MR, 32>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n)
     }
+}
+
+/// The row-major-A kernels of `avx512-f32-8x32` ([`ukr_rowa`]): `R` rows (the tile's `m`).
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn avx512_rowa<const R: usize>(
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    beta: f32,
+    c: *mut f32,
+    ldc: usize,
+    m: usize,
+    n: usize,
+) {
+    // SAFETY: compiled with avx512f; `m == R` and memory are the caller's.
+    unsafe { ukr_rowa::<V512, R, AVX512_NV, 32>(k, a, lda, b, beta, c, ldc, m, n) }
 }
 
 impl Kernel for Avx512 {
@@ -327,6 +402,35 @@ impl Kernel for Avx512 {
     ) {
         // SAFETY: holding `Avx512` proves avx512f+avx2+fma; memory per contract.
         unsafe { avx512_ukr(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
+    }
+
+    #[inline]
+    unsafe fn run_rowa(
+        self,
+        k: usize,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        beta: f32,
+        c: *mut f32,
+        ldc: usize,
+        m: usize,
+        n: usize,
+    ) {
+        // SAFETY: holding `Avx512` proves avx512f+avx2+fma; each arm's `R` equals `m`
+        // (1 <= m <= 8 by contract); memory per contract.
+        unsafe {
+            match m {
+                1 => avx512_rowa::<1>(k, a, lda, b, beta, c, ldc, m, n),
+                2 => avx512_rowa::<2>(k, a, lda, b, beta, c, ldc, m, n),
+                3 => avx512_rowa::<3>(k, a, lda, b, beta, c, ldc, m, n),
+                4 => avx512_rowa::<4>(k, a, lda, b, beta, c, ldc, m, n),
+                5 => avx512_rowa::<5>(k, a, lda, b, beta, c, ldc, m, n),
+                6 => avx512_rowa::<6>(k, a, lda, b, beta, c, ldc, m, n),
+                7 => avx512_rowa::<7>(k, a, lda, b, beta, c, ldc, m, n),
+                _ => avx512_rowa::<8>(k, a, lda, b, beta, c, ldc, m, n),
+            }
+        }
     }
 }
 
