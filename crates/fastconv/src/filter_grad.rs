@@ -8,6 +8,7 @@
 //! end. Blocks run on rayon's pool, each thread accumulating its own M, summed at the end.
 
 use conv_ops::ConvGeometry;
+use core_blas::AlignedVec;
 use rayon::prelude::*;
 
 use crate::error::Result;
@@ -22,14 +23,14 @@ use crate::tiled::{Segment, channel_group, gather_apply, gather_segments, tiles_
 #[derive(Debug, Clone, Default)]
 pub(crate) struct FilterWorkspace {
     states: Vec<ThreadState>,
-    scratch: Vec<f32>,
-    out: Vec<f32>,
+    scratch: AlignedVec,
+    out: AlignedVec,
 }
 
 /// One thread's accumulator and block buffers (gathered tiles, V, mode-product scratch, U′).
 #[derive(Debug, Clone, Default)]
 struct ThreadState {
-    acc: Vec<f32>,
+    acc: AlignedVec,
     bufs: BlockBufs,
 }
 
@@ -37,11 +38,11 @@ struct ThreadState {
 /// intermediate, V, U′, and the gather's segments.
 #[derive(Debug, Clone, Default)]
 struct BlockBufs {
-    d: Vec<f32>,
-    v: Vec<f32>,
-    scratch: Vec<f32>,
-    tmp: Vec<f32>,
-    u: Vec<f32>,
+    d: AlignedVec,
+    v: AlignedVec,
+    scratch: AlignedVec,
+    tmp: AlignedVec,
+    u: AlignedVec,
     segs: Vec<Segment>,
 }
 
@@ -178,7 +179,7 @@ pub(crate) fn backward_filter(
             .try_for_each(|(t, st)| run_range(st, t))?;
         let (first, rest) = states.split_at_mut(1);
         for st in rest.iter() {
-            for (a, b) in first[0].acc.iter_mut().zip(&st.acc) {
+            for (a, b) in first[0].acc.iter_mut().zip(st.acc.iter()) {
                 *a += b;
             }
         }

@@ -543,6 +543,26 @@ pub(crate) fn strided_product<T: Real>(
     }
 }
 
+/// A growable buffer of the mode products: `Vec<T>`, or core-blas's 64-byte aligned
+/// [`core_blas::AlignedVec`] for `f32` (SmallA runs 15-25 % faster on rows that start on a cache
+/// line: blas's probe, 02:51 UTC, session 7).
+pub(crate) trait Buffer<T>: std::ops::DerefMut<Target = [T]> {
+    /// Grows (new values zero) or truncates to `len` values, keeping the storage.
+    fn resize_to(&mut self, len: usize);
+}
+
+impl<T: Real> Buffer<T> for Vec<T> {
+    fn resize_to(&mut self, len: usize) {
+        self.resize(len, T::zero());
+    }
+}
+
+impl Buffer<f32> for core_blas::AlignedVec {
+    fn resize_to(&mut self, len: usize) {
+        self.resize(len, 0.0);
+    }
+}
+
 /// `X ×₁ U₁ … ×_N U_N` for `x` of shape `dims` = (α_1, …, α_N, inner) with N = `mats.len()`,
 /// written by rows: row `r` (the flat index over the N transformed modes) of the result goes to
 /// `y[r * ldy..][..inner]`. The first N − 1 modes run on `x` into `tmp` (with `scratch`), the last
@@ -553,12 +573,12 @@ pub(crate) fn strided_product<T: Real>(
 /// GEMM's B micro-panels (see there); the last mode's product then runs into `tmp` a group of
 /// rows at a time and is copied from L1 into place.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn transform_into_rows<T: Real>(
+pub(crate) fn transform_into_rows<T: Real, B: Buffer<T>>(
     x: &[T],
     dims: &[usize],
     mats: &[&SparseTransform<T>],
-    scratch: &mut Vec<T>,
-    tmp: &mut Vec<T>,
+    scratch: &mut B,
+    tmp: &mut B,
     y: &mut [T],
     ldy: usize,
     dest: RowsDest,
@@ -599,7 +619,7 @@ pub(crate) fn transform_into_rows<T: Real>(
         } => {
             debug_assert!(seg.is_multiple_of(nr) && inner.is_multiple_of(seg));
             // The product of one `o` (rows × inner, L1-sized) in `scratch`, then its pieces.
-            scratch.resize(rows * inner, T::zero());
+            scratch.resize_to(rows * inner);
             for o in 0..outer {
                 strided_product(
                     last,
@@ -674,15 +694,15 @@ pub(crate) enum RowsDest {
 /// input is `x[r * ldx..][..inner]`; applies `mats[N − 1]` first (reading the strided rows), then
 /// the other modes. The result, (p_1, …, p_N, inner) contiguous, is left in `out`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn transform_from_rows<T: Real>(
+pub(crate) fn transform_from_rows<T: Real, B: Buffer<T>>(
     x: &[T],
     ldx: usize,
     alpha: &[usize],
     inner: usize,
     mats: &[&SparseTransform<T>],
-    scratch: &mut Vec<T>,
-    tmp: &mut Vec<T>,
-    out: &mut Vec<T>,
+    scratch: &mut B,
+    tmp: &mut B,
+    out: &mut B,
 ) {
     let nm = mats.len();
     debug_assert_eq!(alpha.len(), nm);
@@ -696,7 +716,7 @@ pub(crate) fn transform_from_rows<T: Real>(
     } else {
         &mut *tmp
     };
-    target.resize(outer * p_last * inner, T::zero());
+    target.resize_to(outer * p_last * inner);
     for o in 0..outer {
         strided_product(
             last,
@@ -763,30 +783,30 @@ pub fn multi_mode_product<T: Real>(
 }
 
 /// [`multi_mode_product`] without validation.
-pub(crate) fn multi_mode_product_unchecked<T: Real>(
+pub(crate) fn multi_mode_product_unchecked<T: Real, B: Buffer<T>>(
     x: &[T],
     dims: &[usize],
     mats: &[&SparseTransform<T>],
-    scratch: &mut Vec<T>,
-    out: &mut Vec<T>,
+    scratch: &mut B,
+    out: &mut B,
 ) {
     let mut shape = dims.to_vec();
     let Some((first, rest)) = mats.split_first() else {
-        out.clear();
-        out.extend_from_slice(x);
+        out.resize_to(x.len());
+        out.copy_from_slice(x);
         return;
     };
     // The first product reads `x` directly; the rest ping-pong between `out` and `scratch`.
     // No clearing: `mode_n_product_unchecked` writes every output element, so only a longer
     // buffer needs new (zeroed) elements and the memset of the whole buffer is saved.
     let next = replaced(&shape, 0, first.rows());
-    out.resize(next.iter().product(), T::zero());
+    out.resize_to(next.iter().product());
     mode_n_product_unchecked(x, &shape, 0, first, out);
     shape = next;
     for (i, u) in rest.iter().enumerate() {
         let mode = i + 1;
         let next = replaced(&shape, mode, u.rows());
-        scratch.resize(next.iter().product(), T::zero());
+        scratch.resize_to(next.iter().product());
         mode_n_product_unchecked(out, &shape, mode, u, scratch);
         std::mem::swap(out, scratch);
         shape = next;

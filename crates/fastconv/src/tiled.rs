@@ -21,7 +21,7 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
-use core_blas::{DenseStore, Gemm, MatMut, MatRef};
+use core_blas::{AlignedVec, DenseStore, Gemm, MatMut, MatRef};
 
 use crate::error::Result;
 use crate::ntransform::{RowsDest, TileTransforms, transform_from_rows, transform_into_rows};
@@ -355,8 +355,8 @@ const GROUP_MIN_ROW: usize = 256;
 /// Per-thread buffers of one block: V (ξ, C, T_b), M (ξ, K, T_b) and the per-channel buffers.
 #[derive(Debug, Default)]
 struct Buffers {
-    v: Vec<f32>,
-    mm: Vec<f32>,
+    v: AlignedVec,
+    mm: AlignedVec,
     local: Local,
     segs: Vec<Segment>,
 }
@@ -405,10 +405,10 @@ impl Drop for Pooled {
 /// intermediate, transformed outputs.
 #[derive(Debug, Default)]
 struct Local {
-    d: Vec<f32>,
-    scratch: Vec<f32>,
-    tmp: Vec<f32>,
-    out: Vec<f32>,
+    d: AlignedVec,
+    scratch: AlignedVec,
+    tmp: AlignedVec,
+    out: AlignedVec,
 }
 
 /// The output side's geometry, for [`scatter_tiles`].
