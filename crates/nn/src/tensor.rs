@@ -4,10 +4,10 @@
 //! next step. Large freed blocks go back to the kernel (glibc's mmap and trim thresholds), so
 //! the next step page-faults and zeroes them again: 5-12% of a ResNet-20 step. Instead, a
 //! dropped tensor's buffer of at least [`RECYCLE_MIN`] values waits in a per-thread free list
-//! keyed by length (bounded per length and in bytes) for the next [`Tensor::zeros`] of that
-//! length; a request no waiting buffer fits first frees as many bytes of waiting buffers, so
-//! the list does not raise the peak. Nothing else changes: a recycled buffer is zeroed like a
-//! new one.
+//! keyed by length (bounded in bytes) for the next [`Tensor::zeros`] or clone of that length; a
+//! request no waiting buffer fits first frees as many bytes of waiting buffers, so the list
+//! does not raise the peak. Nothing else changes: a recycled buffer is zeroed (or overwritten
+//! by the clone's values) like a new one.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -18,9 +18,6 @@ use crate::error::{NnError, Result};
 pub const RECYCLE_MIN: usize = 1 << 14;
 /// At most this many bytes wait for reuse on one thread.
 const RECYCLE_CAP_BYTES: usize = 512 << 20;
-/// At most this many buffers of one length wait.
-const RECYCLE_PER_LEN: usize = 2;
-
 #[derive(Default)]
 struct Recycler {
     free: HashMap<usize, Vec<Vec<f32>>>,
@@ -31,40 +28,60 @@ thread_local! {
     static RECYCLER: RefCell<Recycler> = RefCell::new(Recycler::default());
 }
 
-/// A buffer of `len` zeros: a recycled one of that length if one waits, else a new one. A new
-/// one first frees waiting buffers of other lengths worth as many bytes, so the list holds
-/// memory the process would hold anyway instead of adding to its peak.
-pub(crate) fn zeroed(len: usize) -> Vec<f32> {
-    if len >= RECYCLE_MIN {
-        let reused = RECYCLER
-            .try_with(|r| {
-                let mut r = r.borrow_mut();
-                if let Some(v) = r.free.get_mut(&len).and_then(Vec::pop) {
-                    r.bytes -= len * size_of::<f32>();
-                    return Some(v);
-                }
-                let mut freed = 0;
-                let Recycler { free, bytes } = &mut *r;
-                for list in free.values_mut() {
-                    while freed < len && !list.is_empty() {
-                        let v = list.pop().expect("not empty");
-                        freed += v.len();
-                        *bytes -= v.len() * size_of::<f32>();
-                    }
-                }
-                None
-            })
-            .ok()
-            .flatten();
-        if let Some(mut v) = reused {
-            v.fill(0.0);
-            return v;
-        }
+/// A waiting buffer of exactly `len` values (its old contents), or `None` after freeing
+/// waiting buffers of other lengths worth `len` values, so that the caller's new allocation
+/// takes memory the list gave back instead of adding to the process's peak.
+fn reuse(len: usize) -> Option<Vec<f32>> {
+    if len < RECYCLE_MIN {
+        return None;
     }
-    vec![0.0; len]
+    RECYCLER
+        .try_with(|r| {
+            let mut r = r.borrow_mut();
+            if let Some(v) = r.free.get_mut(&len).and_then(Vec::pop) {
+                r.bytes -= len * size_of::<f32>();
+                return Some(v);
+            }
+            let mut freed = 0;
+            let Recycler { free, bytes } = &mut *r;
+            for list in free.values_mut() {
+                while freed < len && !list.is_empty() {
+                    let v = list.pop().expect("not empty");
+                    freed += v.len();
+                    *bytes -= v.len() * size_of::<f32>();
+                }
+            }
+            None
+        })
+        .ok()
+        .flatten()
 }
 
-/// Keeps `v` for a later [`zeroed`] of its length, within the bounds; otherwise frees it.
+/// A buffer of `len` zeros: a recycled one of that length if one waits, else a new one (see
+/// [`reuse`]).
+pub(crate) fn zeroed(len: usize) -> Vec<f32> {
+    match reuse(len) {
+        Some(mut v) => {
+            v.fill(0.0);
+            v
+        }
+        None => vec![0.0; len],
+    }
+}
+
+/// A copy of `src` in a recycled buffer of its length if one waits, else in a new one.
+fn copied(src: &[f32]) -> Vec<f32> {
+    match reuse(src.len()) {
+        Some(mut v) => {
+            v.copy_from_slice(src);
+            v
+        }
+        None => src.to_vec(),
+    }
+}
+
+/// Keeps `v` for a later [`zeroed`] or copy of its length, within the byte bound; otherwise
+/// frees it.
 fn recycle(v: Vec<f32>) {
     let len = v.len();
     if len < RECYCLE_MIN || v.capacity() != len {
@@ -74,12 +91,8 @@ fn recycle(v: Vec<f32>) {
     let _ = RECYCLER.try_with(|r| {
         let mut r = r.borrow_mut();
         let bytes = len * size_of::<f32>();
-        if r.bytes + bytes > RECYCLE_CAP_BYTES {
-            return;
-        }
-        let list = r.free.entry(len).or_default();
-        if list.len() < RECYCLE_PER_LEN {
-            list.push(v);
+        if r.bytes + bytes <= RECYCLE_CAP_BYTES {
+            r.free.entry(len).or_default().push(v);
             r.bytes += bytes;
         }
     });
@@ -87,7 +100,7 @@ fn recycle(v: Vec<f32>) {
 
 /// A dense, row-major f32 tensor. Activations are `N × C × spatial…` (PyTorch's NCHW / NCDHW),
 /// weights `K × C × kernel…`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub struct Tensor {
     shape: Vec<usize>,
     data: Vec<f32>,
@@ -154,6 +167,16 @@ impl Tensor {
     }
 }
 
+impl Clone for Tensor {
+    /// A copy whose buffer is a recycled one when one of its length waits.
+    fn clone(&self) -> Self {
+        Tensor {
+            shape: self.shape.clone(),
+            data: copied(&self.data),
+        }
+    }
+}
+
 impl Drop for Tensor {
     fn drop(&mut self) {
         recycle(std::mem::take(&mut self.data));
@@ -191,5 +214,32 @@ mod tests {
         let v = other.into_data();
         assert_eq!((v.len(), waiting_bytes()), (n + 1, 0));
         assert!(Tensor::zeros(&[4]).reshape(&[5]).is_err());
+    }
+
+    #[test]
+    fn every_dropped_buffer_of_a_length_waits_and_clones_reuse_them() {
+        let n = RECYCLE_MIN + 5;
+        let mut ts: Vec<Tensor> = (0..5).map(|_| Tensor::zeros(&[n])).collect();
+        for (i, t) in ts.iter_mut().enumerate() {
+            t.data_mut().fill(i as f32 + 1.0);
+        }
+        let ptrs: Vec<*const f32> = ts.iter().map(|t| t.data().as_ptr()).collect();
+        let src = ts.pop().expect("five");
+        drop(ts);
+        assert_eq!(waiting_bytes(), 4 * n * 4, "all four wait, not only two");
+        // A clone takes a waiting buffer and holds the source's values, not the old ones.
+        let c = src.clone();
+        assert!(ptrs[..4].contains(&c.data().as_ptr()));
+        assert_eq!(c, src);
+        assert_eq!(waiting_bytes(), 3 * n * 4);
+        // Zeros take the others, zeroed.
+        let zs: Vec<Tensor> = (0..3).map(|_| Tensor::zeros(&[n])).collect();
+        assert!(zs.iter().all(|z| z.data().iter().all(|&v| v == 0.0)));
+        assert!(zs.iter().all(|z| ptrs[..4].contains(&z.data().as_ptr())));
+        assert_eq!(waiting_bytes(), 0);
+        // A clone with nothing waiting allocates.
+        let fresh = c.clone();
+        assert_eq!(fresh, src);
+        assert!(!ptrs.contains(&fresh.data().as_ptr()));
     }
 }

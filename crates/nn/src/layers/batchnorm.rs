@@ -41,7 +41,8 @@ pub enum BnGrads {
 #[derive(Debug)]
 struct Saved {
     shape: Vec<usize>,
-    xhat: Vec<f32>,
+    /// A tensor (of `shape`), so that its buffer is recycled when backward is done with it.
+    xhat: Tensor,
     inv_std: Vec<f32>,
 }
 
@@ -179,8 +180,8 @@ impl BatchNorm {
                 *rv = ((1.0 - mom) * *rv as f64 + mom * var[ch] * unbias) as f32;
             }
             self.saved = Some(Saved {
+                xhat: Tensor::new(&shape, xhat)?,
                 shape,
-                xhat,
                 inv_std,
             });
         }
@@ -218,6 +219,7 @@ impl BatchNorm {
         }
         let (n, plane) = self.dims(&shape)?;
         let c = self.channels;
+        let xhat = xhat.data();
         // Per channel: Σ dy and Σ dy·x̂, then the value count, summed over the parts.
         let mut flat: Vec<f64> = (0..c)
             .into_par_iter()
