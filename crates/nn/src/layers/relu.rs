@@ -7,7 +7,11 @@ use crate::tensor::Tensor;
 /// The rectified linear unit. Keeps one bit per value (as bytes) for backward.
 #[derive(Debug, Default)]
 pub struct Relu {
-    mask: Option<(Vec<usize>, Vec<bool>)>,
+    /// The shape of the forward input backward has not consumed yet.
+    saved: Option<Vec<usize>>,
+    /// `x > 0` per value of that input. Kept after backward, so the next step's forward
+    /// fills the same allocation instead of faulting in fresh pages.
+    mask: Vec<bool>,
 }
 
 impl Relu {
@@ -24,15 +28,16 @@ impl Layer for Relu {
 
     fn forward(&mut self, mut x: Tensor, train: bool) -> Result<Tensor> {
         if train {
-            let mask = x.data().iter().map(|&v| v > 0.0).collect();
-            self.mask = Some((x.shape().to_vec(), mask));
+            self.mask.clear();
+            self.mask.extend(x.data().iter().map(|&v| v > 0.0));
+            self.saved = Some(x.shape().to_vec());
         }
         x.data_mut().iter_mut().for_each(|v| *v = v.max(0.0));
         Ok(x)
     }
 
     fn backward(&mut self, mut dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
-        let (shape, mask) = self.mask.take().ok_or_else(|| NnError::NoForward {
+        let shape = self.saved.take().ok_or_else(|| NnError::NoForward {
             layer: self.describe(),
         })?;
         if dy.shape() != shape.as_slice() {
@@ -47,7 +52,7 @@ impl Layer for Relu {
             return Ok(None);
         }
         // A select, not a branch: vectorises.
-        for (d, &keep) in dy.data_mut().iter_mut().zip(&mask) {
+        for (d, &keep) in dy.data_mut().iter_mut().zip(&self.mask) {
             *d = if keep { *d } else { 0.0 };
         }
         Ok(Some(dy))
