@@ -321,6 +321,18 @@ fn direct_under_every_schedule() {
             .unwrap()
             .with_padding(&[4])
             .unwrap(),
+        // Lines of 48+ padded values: padded to a multiple of 8 in the polyphase copy (3-D,
+        // and at stride 2 on the phase lines: 103 → 52 → 56).
+        ConvGeometry::new(2, 5, 7, &[3, 4, 53], &[2, 3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+        ConvGeometry::new(2, 3, 8, &[5, 101], &[3, 3])
+            .unwrap()
+            .with_stride(&[2])
+            .unwrap()
+            .with_padding_per_side(&[1, 0], &[0, 2])
+            .unwrap(),
     ];
     for threads in [1, 3] {
         let pool = rayon::ThreadPoolBuilder::new()
@@ -350,6 +362,38 @@ fn direct_under_every_schedule() {
             tol(g.in_channels_per_group() * g.kernel_len())
                 .check(&format!("{threads} threads, {g:?}"), &y, &want)
                 .unwrap();
+            // The same plans serve the direct backward-filter and the flipped backward-data.
+            let dy = uniform(37 + i as u64, g.y_len());
+            let mut dw_ref = vec![0f32; g.w_len()];
+            reference::backward_filter(g, &x, &dy, &mut dw_ref).unwrap();
+            let mut dw = vec![f32::NAN; g.w_len()];
+            let mut ws = Workspace::new(false);
+            pool.install(|| {
+                backward_filter(g, &x, &dy, &mut dw, BackwardFilterAlgo::Direct, &mut ws)
+            })
+            .unwrap();
+            tol(g.batch() * g.output_spatial_len())
+                .check(&format!("dw, {threads} threads, {g:?}"), &dw, &dw_ref)
+                .unwrap();
+            if conv_ops::transposed_geometry(g).is_ok() {
+                let mut dx_ref = vec![0f32; g.x_len()];
+                reference::backward_data(g, &dy, &w, &mut dx_ref).unwrap();
+                let mut dx = vec![f32::NAN; g.x_len()];
+                pool.install(|| {
+                    backward_data(
+                        g,
+                        &dy,
+                        &w,
+                        &mut dx,
+                        BackwardDataAlgo::FlippedDirect,
+                        &mut ws,
+                    )
+                })
+                .unwrap();
+                tol(g.out_channels_per_group() * g.kernel_len())
+                    .check(&format!("dx, {threads} threads, {g:?}"), &dx, &dx_ref)
+                    .unwrap();
+            }
         }
     }
 }
