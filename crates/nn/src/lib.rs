@@ -43,6 +43,7 @@ pub mod layers;
 pub mod loss;
 pub mod model;
 pub mod optim;
+mod par;
 mod tensor;
 pub mod train;
 

@@ -151,24 +151,24 @@ impl BatchNorm {
         } else {
             Vec::new()
         };
-        {
-            let data = x.data_mut();
-            for i in 0..n {
-                for ch in 0..c {
-                    let at = (i * c + ch) * plane;
-                    let (m, s) = (mean[ch] as f32, inv_std[ch]);
-                    let (g, b) = (gamma[ch], beta[ch]);
-                    let p = &mut data[at..at + plane];
-                    if train {
-                        for (h, v) in xhat[at..at + plane].iter_mut().zip(p.iter_mut()) {
-                            *h = (*v - m) * s;
-                            *v = *h * g + b;
-                        }
-                    } else {
-                        p.iter_mut().for_each(|v| *v = (*v - m) * s * g + b);
-                    }
+        // Plane k of the N × C planes belongs to channel k mod C.
+        let affine = |k: usize| {
+            let ch = k % c;
+            (mean[ch] as f32, inv_std[ch], gamma[ch], beta[ch])
+        };
+        if train {
+            crate::par::planes_mut(x.data_mut(), &mut xhat, plane, |k, p, h| {
+                let (m, s, g, b) = affine(k);
+                for (h, v) in h.iter_mut().zip(p.iter_mut()) {
+                    *h = (*v - m) * s;
+                    *v = *h * g + b;
                 }
-            }
+            });
+        } else {
+            crate::par::planes(x.data_mut(), plane, |k, p| {
+                let (m, s, g, b) = affine(k);
+                p.iter_mut().for_each(|v| *v = (*v - m) * s * g + b);
+            });
         }
         if train {
             let unbias = count as f64 / (count - 1) as f64;
@@ -256,17 +256,14 @@ impl BatchNorm {
         }
         // dx = γ/σ · (dy − mean(dy) − x̂ · mean(dy·x̂)).
         let gamma = self.weight.value.data();
-        let data = dy.data_mut();
-        for i in 0..n {
-            for ch in 0..c {
-                let at = (i * c + ch) * plane;
-                let k = gamma[ch] * inv_std[ch];
-                let (md, mdx) = ((sums[ch].0 / count) as f32, (sums[ch].1 / count) as f32);
-                for (d, &h) in data[at..at + plane].iter_mut().zip(&xhat[at..at + plane]) {
-                    *d = k * (*d - md - h * mdx);
-                }
+        crate::par::planes_ref(dy.data_mut(), xhat, plane, |p, d, h| {
+            let ch = p % c;
+            let k = gamma[ch] * inv_std[ch];
+            let (md, mdx) = ((sums[ch].0 / count) as f32, (sums[ch].1 / count) as f32);
+            for (d, &h) in d.iter_mut().zip(h.iter()) {
+                *d = k * (*d - md - h * mdx);
             }
-        }
+        });
         Ok(Some(dy))
     }
 }

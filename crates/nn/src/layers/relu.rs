@@ -29,10 +29,15 @@ impl Layer for Relu {
     fn forward(&mut self, mut x: Tensor, train: bool) -> Result<Tensor> {
         if train {
             self.mask.clear();
-            self.mask.extend(x.data().iter().map(|&v| v > 0.0));
+            self.mask.resize(x.len(), false);
+            crate::par::zip_mut(x.data_mut(), &mut self.mask, |v, keep| {
+                *keep = *v > 0.0;
+                *v = v.max(0.0);
+            });
             self.saved = Some(x.shape().to_vec());
+        } else {
+            crate::par::map_mut(x.data_mut(), |v| *v = v.max(0.0));
         }
-        x.data_mut().iter_mut().for_each(|v| *v = v.max(0.0));
         Ok(x)
     }
 
@@ -52,9 +57,9 @@ impl Layer for Relu {
             return Ok(None);
         }
         // A select, not a branch: vectorises.
-        for (d, &keep) in dy.data_mut().iter_mut().zip(&self.mask) {
+        crate::par::zip_ref(dy.data_mut(), &self.mask, |d, &keep| {
             *d = if keep { *d } else { 0.0 };
-        }
+        });
         Ok(Some(dy))
     }
 

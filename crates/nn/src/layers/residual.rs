@@ -209,10 +209,7 @@ impl Residual {
 
 /// `a += b`, element by element.
 fn add_into(a: &mut Tensor, b: &Tensor) {
-    a.data_mut()
-        .iter_mut()
-        .zip(b.data())
-        .for_each(|(x, y)| *x += y);
+    crate::par::zip_ref(a.data_mut(), b.data(), |x, y| *x += y);
 }
 
 impl Layer for Residual {
