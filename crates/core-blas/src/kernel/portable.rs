@@ -78,6 +78,30 @@ impl Kernel for Scalar {
     }
 
     #[inline]
+    unsafe fn run_short(
+        self,
+        k: usize,
+        a: *const f32,
+        b: *const f32,
+        beta: f32,
+        c: *mut f32,
+        ldc: usize,
+        m: usize,
+        n: usize,
+    ) {
+        // SAFETY: forwarded contract of `Kernel::run_short` (each arm's `MR` equals `m`; the
+        // panel is 4 wide); `Lanes8` needs no target feature.
+        unsafe {
+            match m {
+                1 => ukr_rowa::<Lanes8, 1, 2, 16, 4>(k, a, 1, b, beta, c, ldc, m, n),
+                2 => ukr_rowa::<Lanes8, 2, 2, 16, 4>(k, a, 1, b, beta, c, ldc, m, n),
+                3 => ukr_rowa::<Lanes8, 3, 2, 16, 4>(k, a, 1, b, beta, c, ldc, m, n),
+                _ => ukr_rowa::<Lanes8, 4, 2, 16, 4>(k, a, 1, b, beta, c, ldc, m, n),
+            }
+        }
+    }
+
+    #[inline]
     unsafe fn run_rowa(
         self,
         k: usize,
@@ -94,10 +118,10 @@ impl Kernel for Scalar {
         // `Lanes8` needs no target feature.
         unsafe {
             match m {
-                1 => ukr_rowa::<Lanes8, 1, 2, 16>(k, a, lda, b, beta, c, ldc, m, n),
-                2 => ukr_rowa::<Lanes8, 2, 2, 16>(k, a, lda, b, beta, c, ldc, m, n),
-                3 => ukr_rowa::<Lanes8, 3, 2, 16>(k, a, lda, b, beta, c, ldc, m, n),
-                _ => ukr_rowa::<Lanes8, 4, 2, 16>(k, a, lda, b, beta, c, ldc, m, n),
+                1 => ukr_rowa::<Lanes8, 1, 2, 16, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                2 => ukr_rowa::<Lanes8, 2, 2, 16, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                3 => ukr_rowa::<Lanes8, 3, 2, 16, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                _ => ukr_rowa::<Lanes8, 4, 2, 16, 1>(k, a, lda, b, beta, c, ldc, m, n),
             }
         }
     }

@@ -213,11 +213,12 @@ unsafe fn avx2_narrow<const R: usize>(
     unsafe { ukr::<V256, R, 1, AVX2_MR, 16>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
 }
 
-/// The row-major-A kernels of `avx2-f32-6x16` ([`ukr_rowa`]): `R` rows (the tile's `m`), 16
-/// columns, or 8 with `NV = 1` (tiles of at most 8 columns).
+/// The in-place-A kernels of `avx2-f32-6x16` ([`ukr_rowa`]): `R` rows (the tile's `m`), 16
+/// columns, or 8 with `NV = 1` (tiles of at most 8 columns); `TS = 1` row-major A, `TS = 6` a
+/// packed micro-panel.
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn avx2_rowa<const R: usize, const NV: usize>(
+unsafe fn avx2_rowa<const R: usize, const NV: usize, const TS: usize>(
     k: usize,
     a: *const f32,
     lda: usize,
@@ -229,7 +230,7 @@ unsafe fn avx2_rowa<const R: usize, const NV: usize>(
     n: usize,
 ) {
     // SAFETY: compiled with avx2+fma; `m == R`, `n <= NV * 8` and memory are the caller's.
-    unsafe { ukr_rowa::<V256, R, NV, 16>(k, a, lda, b, beta, c, ldc, m, n) }
+    unsafe { ukr_rowa::<V256, R, NV, 16, TS>(k, a, lda, b, beta, c, ldc, m, n) }
 }
 
 impl Kernel for Avx2 {
@@ -291,6 +292,44 @@ impl Kernel for Avx2 {
     }
 
     #[inline]
+    unsafe fn run_short(
+        self,
+        k: usize,
+        a: *const f32,
+        b: *const f32,
+        beta: f32,
+        c: *mut f32,
+        ldc: usize,
+        m: usize,
+        n: usize,
+    ) {
+        // SAFETY: holding `Avx2` proves avx2+fma; each arm's `R` equals `m` (1 <= m <= 6 by
+        // contract) and reads the first `R` rows of the 6-wide panel; the narrow arms the first 8
+        // of the 16 columns of each B row (n <= 8).
+        unsafe {
+            if n <= 8 {
+                match m {
+                    1 => avx2_rowa::<1, 1, 6>(k, a, 1, b, beta, c, ldc, m, n),
+                    2 => avx2_rowa::<2, 1, 6>(k, a, 1, b, beta, c, ldc, m, n),
+                    3 => avx2_rowa::<3, 1, 6>(k, a, 1, b, beta, c, ldc, m, n),
+                    4 => avx2_rowa::<4, 1, 6>(k, a, 1, b, beta, c, ldc, m, n),
+                    5 => avx2_rowa::<5, 1, 6>(k, a, 1, b, beta, c, ldc, m, n),
+                    _ => avx2_rowa::<6, 1, 6>(k, a, 1, b, beta, c, ldc, m, n),
+                }
+                return;
+            }
+            match m {
+                1 => avx2_rowa::<1, 2, 6>(k, a, 1, b, beta, c, ldc, m, n),
+                2 => avx2_rowa::<2, 2, 6>(k, a, 1, b, beta, c, ldc, m, n),
+                3 => avx2_rowa::<3, 2, 6>(k, a, 1, b, beta, c, ldc, m, n),
+                4 => avx2_rowa::<4, 2, 6>(k, a, 1, b, beta, c, ldc, m, n),
+                5 => avx2_rowa::<5, 2, 6>(k, a, 1, b, beta, c, ldc, m, n),
+                _ => avx2_rowa::<6, 2, 6>(k, a, 1, b, beta, c, ldc, m, n),
+            }
+        }
+    }
+
+    #[inline]
     unsafe fn run_rowa(
         self,
         k: usize,
@@ -308,22 +347,22 @@ impl Kernel for Avx2 {
         unsafe {
             if n <= 8 {
                 match m {
-                    1 => avx2_rowa::<1, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                    2 => avx2_rowa::<2, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                    3 => avx2_rowa::<3, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                    4 => avx2_rowa::<4, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                    5 => avx2_rowa::<5, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                    _ => avx2_rowa::<6, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                    1 => avx2_rowa::<1, 1, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                    2 => avx2_rowa::<2, 1, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                    3 => avx2_rowa::<3, 1, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                    4 => avx2_rowa::<4, 1, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                    5 => avx2_rowa::<5, 1, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                    _ => avx2_rowa::<6, 1, 1>(k, a, lda, b, beta, c, ldc, m, n),
                 }
                 return;
             }
             match m {
-                1 => avx2_rowa::<1, 2>(k, a, lda, b, beta, c, ldc, m, n),
-                2 => avx2_rowa::<2, 2>(k, a, lda, b, beta, c, ldc, m, n),
-                3 => avx2_rowa::<3, 2>(k, a, lda, b, beta, c, ldc, m, n),
-                4 => avx2_rowa::<4, 2>(k, a, lda, b, beta, c, ldc, m, n),
-                5 => avx2_rowa::<5, 2>(k, a, lda, b, beta, c, ldc, m, n),
-                _ => avx2_rowa::<6, 2>(k, a, lda, b, beta, c, ldc, m, n),
+                1 => avx2_rowa::<1, 2, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                2 => avx2_rowa::<2, 2, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                3 => avx2_rowa::<3, 2, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                4 => avx2_rowa::<4, 2, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                5 => avx2_rowa::<5, 2, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                _ => avx2_rowa::<6, 2, 1>(k, a, lda, b, beta, c, ldc, m, n),
             }
         }
     }
@@ -359,7 +398,7 @@ unsafe fn avx512_ukr(
 /// The row-major-A kernels of `avx512-f32-8x32` ([`ukr_rowa`]): `R` rows (the tile's `m`).
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn avx512_rowa<const R: usize>(
+unsafe fn avx512_rowa<const R: usize, const TS: usize>(
     k: usize,
     a: *const f32,
     lda: usize,
@@ -371,7 +410,7 @@ unsafe fn avx512_rowa<const R: usize>(
     n: usize,
 ) {
     // SAFETY: compiled with avx512f; `m == R` and memory are the caller's.
-    unsafe { ukr_rowa::<V512, R, AVX512_NV, 32>(k, a, lda, b, beta, c, ldc, m, n) }
+    unsafe { ukr_rowa::<V512, R, AVX512_NV, 32, TS>(k, a, lda, b, beta, c, ldc, m, n) }
 }
 
 impl Kernel for Avx512 {
@@ -405,6 +444,34 @@ impl Kernel for Avx512 {
     }
 
     #[inline]
+    unsafe fn run_short(
+        self,
+        k: usize,
+        a: *const f32,
+        b: *const f32,
+        beta: f32,
+        c: *mut f32,
+        ldc: usize,
+        m: usize,
+        n: usize,
+    ) {
+        // SAFETY: holding `Avx512` proves avx512f+avx2+fma; each arm's `R` equals `m`
+        // (1 <= m <= 8 by contract) and reads the first `R` rows of the 8-wide panel.
+        unsafe {
+            match m {
+                1 => avx512_rowa::<1, 8>(k, a, 1, b, beta, c, ldc, m, n),
+                2 => avx512_rowa::<2, 8>(k, a, 1, b, beta, c, ldc, m, n),
+                3 => avx512_rowa::<3, 8>(k, a, 1, b, beta, c, ldc, m, n),
+                4 => avx512_rowa::<4, 8>(k, a, 1, b, beta, c, ldc, m, n),
+                5 => avx512_rowa::<5, 8>(k, a, 1, b, beta, c, ldc, m, n),
+                6 => avx512_rowa::<6, 8>(k, a, 1, b, beta, c, ldc, m, n),
+                7 => avx512_rowa::<7, 8>(k, a, 1, b, beta, c, ldc, m, n),
+                _ => avx512_rowa::<8, 8>(k, a, 1, b, beta, c, ldc, m, n),
+            }
+        }
+    }
+
+    #[inline]
     unsafe fn run_rowa(
         self,
         k: usize,
@@ -421,14 +488,14 @@ impl Kernel for Avx512 {
         // (1 <= m <= 8 by contract); memory per contract.
         unsafe {
             match m {
-                1 => avx512_rowa::<1>(k, a, lda, b, beta, c, ldc, m, n),
-                2 => avx512_rowa::<2>(k, a, lda, b, beta, c, ldc, m, n),
-                3 => avx512_rowa::<3>(k, a, lda, b, beta, c, ldc, m, n),
-                4 => avx512_rowa::<4>(k, a, lda, b, beta, c, ldc, m, n),
-                5 => avx512_rowa::<5>(k, a, lda, b, beta, c, ldc, m, n),
-                6 => avx512_rowa::<6>(k, a, lda, b, beta, c, ldc, m, n),
-                7 => avx512_rowa::<7>(k, a, lda, b, beta, c, ldc, m, n),
-                _ => avx512_rowa::<8>(k, a, lda, b, beta, c, ldc, m, n),
+                1 => avx512_rowa::<1, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                2 => avx512_rowa::<2, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                3 => avx512_rowa::<3, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                4 => avx512_rowa::<4, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                5 => avx512_rowa::<5, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                6 => avx512_rowa::<6, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                7 => avx512_rowa::<7, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                _ => avx512_rowa::<8, 1>(k, a, lda, b, beta, c, ldc, m, n),
             }
         }
     }
