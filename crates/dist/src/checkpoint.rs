@@ -16,14 +16,18 @@ use crate::layers::ChannelPlan;
 use crate::runtime::World;
 
 impl ChannelPlan {
-    /// The axis along which a channel-parallel model holds a block of parameter `name` (a
-    /// dotted name of the whole model): 1 for the weight of a stationary-x convolution (split
-    /// by input channels), 0 for a stationary-y convolution's weight (by filters) and for the
-    /// bias of either (by output channels); `None` for a parameter every rank holds whole.
+    /// The axis along which a channel-parallel model holds a block of parameter or buffer
+    /// `name` (a dotted name of the whole model): 1 for the weight of a stationary-x
+    /// convolution (split by input channels), 0 for a stationary-y convolution's weight (by
+    /// filters), for the bias of either (by output channels) and for a split batch norm's
+    /// weight, bias and running statistics; `None` for a tensor every rank holds whole.
     pub fn split_axis(&self, name: &str) -> Option<usize> {
         let (layer, param) = name.rsplit_once('.')?;
         let listed = |v: &[String]| v.iter().any(|l| l == layer);
         match param {
+            "weight" | "bias" | "running_mean" | "running_var" if listed(&self.batch_norm) => {
+                Some(0)
+            }
             "weight" if listed(&self.channel) => Some(1),
             "weight" if listed(&self.filter) => Some(0),
             "bias" if listed(&self.channel) || listed(&self.filter) => Some(0),
@@ -123,6 +127,14 @@ pub fn save_channel_parallel(
         };
         gathered.push(Some((whole, m)));
     }
+    // The whole running statistics of the split batch norms.
+    let mut buffers: Vec<Option<Tensor>> = Vec::new();
+    for (name, value) in &local.buffers {
+        buffers.push(match plan.split_axis(name) {
+            Some(axis) => Some(gather_whole(row, value.data(), value.shape(), axis)?),
+            None => None,
+        });
+    }
     if !write {
         return Ok(());
     }
@@ -131,6 +143,11 @@ pub fn save_channel_parallel(
         if let Some((whole, m)) = g {
             snap.params[i].1 = whole;
             snap.momentum[i] = m.as_ref().map_or(&[][..], |t| t.data());
+        }
+    }
+    for (i, whole) in buffers.iter().enumerate() {
+        if let Some(whole) = whole {
+            snap.buffers[i].1 = whole;
         }
     }
     Ok(save_snapshot(path, &snap)?)
@@ -187,6 +204,7 @@ mod tests {
         let plan = ChannelPlan {
             channel: vec!["2".into()],
             filter: vec!["features.5".into()],
+            batch_norm: vec!["3.b1".into()],
             whole: vec!["0".into()],
         };
         assert_eq!(plan.split_axis("2.weight"), Some(1));
@@ -196,6 +214,10 @@ mod tests {
         assert_eq!(plan.split_axis("0.weight"), None);
         assert_eq!(plan.split_axis("12.weight"), None);
         assert_eq!(plan.split_axis("2"), None);
+        for t in ["weight", "bias", "running_mean", "running_var"] {
+            assert_eq!(plan.split_axis(&format!("3.b1.{t}")), Some(0));
+            assert_eq!(plan.split_axis(&format!("3.b2.{t}")), None);
+        }
     }
 
     #[test]

@@ -16,7 +16,10 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::{self, ThreadId};
 
-use nn::{Conv, Layer, MaxPool, NnError, Parameter, Relu, Sequential, Tensor};
+use nn::{
+    BatchNorm, Conv, GlobalAvgPool, Layer, MaxPool, NnError, Parameter, Relu, Residual, Sequential,
+    Tensor,
+};
 
 use crate::channel_conv::{ChannelParallelConv, FilterParallelConv, from_blocks};
 use crate::comm::Communicator;
@@ -437,29 +440,37 @@ impl DistLayer for FilterParallelConv {
     }
 }
 
-/// How [`channel_parallel`] distributed a model: the layers it replaced.
+/// How [`channel_parallel`] distributed a model: the layers it replaced (dotted names, as in
+/// the model's parameter names).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ChannelPlan {
     /// Names of the convolutions run channel parallel (stationary-x).
     pub channel: Vec<String>,
     /// Names of the convolutions run filter parallel (stationary-y).
     pub filter: Vec<String>,
-    /// Names of the convolutions left whole (their channel counts do not divide in blocks).
+    /// Names of the batch norms run on channel blocks (each rank normalises its block of
+    /// channels; the statistics of a channel are all on one rank, so no collective).
+    pub batch_norm: Vec<String>,
+    /// Names of the convolutions left whole (their channel counts do not divide in blocks, or
+    /// they sit in a residual block that cannot run on blocks).
     pub whole: Vec<String>,
 }
 
-/// `model` (a flat [`Sequential`]: LeNet, VGG, C3D) as block `part` of `parts` of a channel
-/// parallel model over the communicator of `comm` (a [`crate::ProcessorGrid`] row), every rank
-/// of it passing the same model (same seed) and, in training, the same samples.
+/// `model` as block `part` of `parts` of a channel parallel model over the communicator of
+/// `comm` (a [`crate::ProcessorGrid`] row), every rank of it passing the same model (same seed)
+/// and, in training, the same samples.
 ///
-/// Runs of top-level convolutions whose input and output channels divide in `parts` blocks,
-/// with the ReLUs and max-pools between them (channel-wise, so they work on blocks), are split:
-/// a [`ChannelScatter`] before the run, convolutions alternating between [`ChannelParallelConv`]
-/// (stationary-x) and [`FilterParallelConv`] (stationary-y) as "Channel and Filter
-/// Parallelism for Large-Scale CNN Training" pairs them (either takes and leaves channel
-/// blocks), and a [`ChannelGather`] after it. Every other layer (the first convolution of 1 or 3
-/// channels, batch norm, residual blocks, the classifier) runs whole and identically on every
-/// rank. Parameter names are kept, each rank holding its slice of a split layer's tensors.
+/// Runs of top-level layers that can work on channel blocks are split: convolutions whose input
+/// and output channels divide in `parts` blocks, the channel-wise layers between them (ReLU,
+/// max-pool, batch norm, global average pooling), and residual blocks and nested sequences made
+/// only of those (the ResNets' stages). A [`ChannelScatter`] goes before the run and a
+/// [`ChannelGather`] after it. Convolutions alternate between [`ChannelParallelConv`]
+/// (stationary-x) and [`FilterParallelConv`] (stationary-y) as "Channel and Filter Parallelism
+/// for Large-Scale CNN Training" pairs them (either takes and leaves channel blocks; a residual
+/// block's shortcut starts its own alternation); batch norms keep their block of channels'
+/// parameters and running statistics. Every other layer (the first convolution of 1 or 3
+/// channels and what follows it before the run, the classifier) runs whole and identically on
+/// every rank. Parameter names are kept, each rank holding its slice of a split layer's tensors.
 ///
 /// With [`nn::ConvAlgo::Auto`] every rank times its own choice, so the copies of a whole layer
 /// may round differently on different ranks and drift apart at rounding level; build the model
@@ -480,53 +491,38 @@ pub fn channel_parallel(
             "channel_parallel takes a model with an input shape, not a block".into(),
         ));
     }
-    let mut out = Sequential::new(&input);
-    let mut plan = ChannelPlan::default();
-    let mut split = false;
-    let mut stationary_x = true;
-    let splittable = |conv: &Conv| {
-        let c = conv.config();
-        parts > 1 && c.in_channels.is_multiple_of(parts) && c.out_channels.is_multiple_of(parts)
+    let mut splitter = ChannelSplitter {
+        comm,
+        parts,
+        part,
+        plan: ChannelPlan::default(),
+        stationary_x: true,
     };
+    let mut out = Sequential::new(&input);
+    let mut split = false;
     for (name, layer) in model.into_layers() {
-        let conv = layer.downcast_ref::<Conv>();
-        let channel_wise =
-            layer.downcast_ref::<Relu>().is_some() || layer.downcast_ref::<MaxPool>().is_some();
-        match conv {
-            Some(conv) if splittable(conv) => {
-                if !split {
-                    out = out.push_boxed(
-                        &format!("{name}_scatter"),
-                        Box::new(Bound::new(ChannelScatter::new(parts, part)?, comm)),
-                    )?;
-                    split = true;
-                    stationary_x = true;
-                }
-                let cfg = conv.config().clone();
-                let algo = conv.algorithm();
-                let boxed: Box<dyn Layer> = if stationary_x {
-                    plan.channel.push(name.clone());
-                    let l = ChannelParallelConv::from_conv(conv, cfg, algo, parts, part)?;
-                    Box::new(Bound::new(l, comm))
-                } else {
-                    plan.filter.push(name.clone());
-                    let l = FilterParallelConv::from_conv(conv, cfg, algo, parts, part)?;
-                    Box::new(Bound::new(l, comm))
-                };
-                stationary_x = !stationary_x;
-                out = out.push_boxed(&name, boxed)?;
-                continue;
-            }
-            Some(_) => plan.whole.push(name.clone()),
-            None => {}
+        let starts = splitter.starts_run(layer.as_ref());
+        let channel_wise = channel_wise(layer.as_ref());
+        if starts && !split {
+            out = out.push_boxed(
+                &format!("{name}_scatter"),
+                Box::new(Bound::new(ChannelScatter::new(parts, part)?, comm)),
+            )?;
+            split = true;
+            splitter.stationary_x = true;
         }
-        if split && !channel_wise {
+        if split && (starts || channel_wise) {
+            out = out.push_boxed(&name, splitter.split(&name, layer)?)?;
+            continue;
+        }
+        if split {
             out = out.push_boxed(
                 &format!("{name}_gather"),
                 Box::new(Bound::new(ChannelGather::new(parts, part)?, comm)),
             )?;
             split = false;
         }
+        convs(&name, layer.as_ref(), &mut splitter.plan.whole);
         out = out.push_boxed(&name, layer)?;
     }
     if split {
@@ -535,7 +531,156 @@ pub fn channel_parallel(
             Box::new(Bound::new(ChannelGather::new(parts, part)?, comm)),
         )?;
     }
-    Ok((out, plan))
+    Ok((out, splitter.plan))
+}
+
+/// Layers that act on each channel alone, so they run unchanged (or, batch norm, on its block
+/// of parameters) on channel blocks.
+fn channel_wise(layer: &dyn Layer) -> bool {
+    layer.downcast_ref::<Relu>().is_some()
+        || layer.downcast_ref::<MaxPool>().is_some()
+        || layer.downcast_ref::<BatchNorm>().is_some()
+        || layer.downcast_ref::<GlobalAvgPool>().is_some()
+}
+
+/// The dotted names of the convolutions in `layer` (itself, or inside blocks).
+fn convs(path: &str, layer: &dyn Layer, out: &mut Vec<String>) {
+    if layer.downcast_ref::<Conv>().is_some() {
+        out.push(path.to_string());
+    } else if let Some(seq) = layer.downcast_ref::<Sequential>() {
+        for (name, l) in seq.names().iter().zip(seq.layers()) {
+            convs(&format!("{path}.{name}"), l.as_ref(), out);
+        }
+    } else if let Some(block) = layer.downcast_ref::<Residual>() {
+        convs(path, block.body(), out);
+        if let Some((name, s)) = block.shortcut() {
+            convs(&format!("{path}.{name}"), s, out);
+        }
+    }
+}
+
+/// [`channel_parallel`]'s walk: what it replaced, and which kind the next convolution takes.
+struct ChannelSplitter {
+    comm: CommHandle,
+    parts: usize,
+    part: usize,
+    plan: ChannelPlan,
+    stationary_x: bool,
+}
+
+impl ChannelSplitter {
+    fn conv_divides(&self, conv: &Conv) -> bool {
+        let c = conv.config();
+        let parts = self.parts;
+        parts > 1 && c.in_channels.is_multiple_of(parts) && c.out_channels.is_multiple_of(parts)
+    }
+
+    /// Whether `layer` can run on channel blocks.
+    fn block_wise(&self, layer: &dyn Layer) -> bool {
+        if let Some(conv) = layer.downcast_ref::<Conv>() {
+            return self.conv_divides(conv);
+        }
+        if channel_wise(layer) {
+            return true;
+        }
+        let all = |s: &Sequential| s.layers().iter().all(|l| self.block_wise(l.as_ref()));
+        if let Some(seq) = layer.downcast_ref::<Sequential>() {
+            return all(seq);
+        }
+        if let Some(block) = layer.downcast_ref::<Residual>() {
+            return all(block.body()) && block.shortcut().is_none_or(|(_, s)| all(s));
+        }
+        false
+    }
+
+    /// Whether a split run starts (or goes on) at `layer`: it runs on blocks and holds a
+    /// convolution to split.
+    fn starts_run(&self, layer: &dyn Layer) -> bool {
+        let mut found = Vec::new();
+        convs("", layer, &mut found);
+        !found.is_empty() && self.block_wise(layer)
+    }
+
+    /// `layer` (for which [`ChannelSplitter::block_wise`] holds) on this rank's channel block;
+    /// `path` is its dotted name.
+    fn split(&mut self, path: &str, layer: Box<dyn Layer>) -> Result<Box<dyn Layer>> {
+        let (comm, parts, part) = (self.comm, self.parts, self.part);
+        if let Some(conv) = layer.downcast_ref::<Conv>() {
+            let (cfg, algo) = (conv.config().clone(), conv.algorithm());
+            let boxed: Box<dyn Layer> = if self.stationary_x {
+                self.plan.channel.push(path.to_string());
+                let l = ChannelParallelConv::from_conv(conv, cfg, algo, parts, part)?;
+                Box::new(Bound::new(l, comm))
+            } else {
+                self.plan.filter.push(path.to_string());
+                let l = FilterParallelConv::from_conv(conv, cfg, algo, parts, part)?;
+                Box::new(Bound::new(l, comm))
+            };
+            self.stationary_x = !self.stationary_x;
+            return Ok(boxed);
+        }
+        if let Some(bn) = layer.downcast_ref::<BatchNorm>() {
+            self.plan.batch_norm.push(path.to_string());
+            return Ok(Box::new(batch_norm_block(bn, parts, part)?));
+        }
+        if channel_wise(layer.as_ref()) {
+            return Ok(layer);
+        }
+        let any: Box<dyn std::any::Any> = layer.into_any();
+        let any = match any.downcast::<Sequential>() {
+            Ok(seq) => return Ok(Box::new(self.split_seq(path, *seq)?)),
+            Err(other) => other,
+        };
+        match any.downcast::<Residual>() {
+            Ok(block) => Ok(Box::new(block.try_map(|name, s| match name {
+                None => self.split_seq(path, s),
+                Some(n) => {
+                    // The shortcut starts its own alternation; the body's goes on after it.
+                    let after_body = std::mem::replace(&mut self.stationary_x, true);
+                    let s = self.split_seq(&format!("{path}.{n}"), s);
+                    self.stationary_x = after_body;
+                    s
+                }
+            })?)),
+            Err(_) => Err(DistError::Training(format!(
+                "{path}: no channel-block form for this layer"
+            ))),
+        }
+    }
+
+    /// A nested block (no input shape) with every layer on channel blocks.
+    fn split_seq(&mut self, path: &str, seq: Sequential) -> Result<Sequential> {
+        let mut out = Sequential::block();
+        for (name, layer) in seq.into_layers() {
+            let l = self.split(&format!("{path}.{name}"), layer)?;
+            out = out.push_boxed(&name, l)?;
+        }
+        Ok(out)
+    }
+}
+
+/// Block `part` of `parts` of batch norm `bn`: its channels' weight, bias and running
+/// statistics.
+fn batch_norm_block(bn: &BatchNorm, parts: usize, part: usize) -> Result<BatchNorm> {
+    let channels = bn.params().first().map_or(0, |(_, p)| p.value.len());
+    if !channels.is_multiple_of(parts) {
+        return Err(DistError::Training(format!(
+            "{}: {channels} channels do not split in {parts} blocks",
+            bn.describe()
+        )));
+    }
+    let c = channels / parts;
+    let range = part * c..(part + 1) * c;
+    let mut out = BatchNorm::new(c)?;
+    for ((_, dst), (_, src)) in out.params_mut().into_iter().zip(bn.params()) {
+        dst.value
+            .data_mut()
+            .copy_from_slice(&src.value.data()[range.clone()]);
+    }
+    for ((_, dst), (_, src)) in out.buffers_mut().into_iter().zip(bn.buffers()) {
+        dst.data_mut().copy_from_slice(&src.data()[range.clone()]);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -87,10 +87,11 @@
 //!
 //! In a model they are [`nn::Layer`]s through [`Bound`]: a layer must be `Send` and an MPI
 //! communicator is not, so the communicator is [`register`]ed with the running thread and the
-//! layer keeps a [`CommHandle`] to it. [`channel_parallel`] rewrites a flat model (LeNet, VGG,
-//! C3D) that way: the runs of convolutions whose channels divide are split (stationary-x and
-//! stationary-y alternating, a [`ChannelScatter`] before and a [`ChannelGather`] after), the
-//! rest runs whole on every rank. With [`DataParallel`] over the grid's sample communicator this
+//! layer keeps a [`CommHandle`] to it. [`channel_parallel`] rewrites a model (LeNet, VGG, C3D,
+//! the ResNets) that way: the runs of convolutions whose channels divide, with the channel-wise
+//! layers between them and the residual blocks made of those, are split (stationary-x and
+//! stationary-y alternating, batch norms on their block of channels, a [`ChannelScatter`]
+//! before and a [`ChannelGather`] after), the rest runs whole on every rank. With [`DataParallel`] over the grid's sample communicator this
 //! is the paper's hybrid; `tests/mpi_channel_model.rs` trains such a model on every grid of 1, 2
 //! and 4 ranks and checks it takes the single-process steps (`train --parallel channel` or
 //! `--parallel 2x2` runs it). [`save_channel_parallel`] gathers the blocks into the checkpoint

@@ -2,20 +2,23 @@
 //! test` runs N = 1, 2, 4), for every `samples × channels` processor grid of N ranks, a small CNN
 //! made channel parallel by `dist::channel_parallel` (over the grid row) and trained with
 //! `DataParallel` (over the grid column) takes the same steps as the whole model trained on one
-//! process: equal losses at every step (the last batch of one sample leaves ranks without
+//! process, for a plain CNN and for a ResNet whose residual blocks and batch norms run on
+//! channel blocks (batch norm synchronised over the sample blocks): equal losses at every step (the last batch of one sample leaves ranks without
 //! samples) and equal logits afterwards. Then the split model is
 //! checkpointed (`dist::save_channel_parallel`: the whole tensors gathered from the row's
-//! blocks): the file equals the single-process model and momentum, and a split model resumed
+//! blocks): the file equals the single-process model, running statistics and momentum, and a
+//! split model resumed
 //! from it takes the single process's next step. One PASS line per rank; the first failed
 //! check aborts the job.
 
 use dist::{
     ChannelPlan, Communicator, DataParallel, ProcessorGrid, Runtime, World, channel_parallel,
-    register, save_channel_parallel, split_momentum,
+    register, save_channel_parallel, split_momentum, sync_batch_norm,
 };
 use nn::checkpoint::{self, TrainState};
 use nn::{
-    Conv, ConvAlgo, ConvConfig, Flatten, Linear, MaxPool, Relu, Sequential, Sgd, Tensor, local_step,
+    BatchNorm, Conv, ConvAlgo, ConvConfig, Flatten, GlobalAvgPool, Linear, MaxPool, Relu, Residual,
+    Sequential, Sgd, Tensor, local_step,
 };
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -30,9 +33,74 @@ fn batch(n: usize, seed: u64) -> (Tensor, Vec<usize>) {
     common::batch(n, &SAMPLE, seed)
 }
 
+/// The two models under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Convolutions, ReLUs and a max-pool.
+    Plain,
+    /// A ResNet: batch norms and residual blocks, one with a projection shortcut.
+    Residual,
+}
+
+fn model(kind: Kind, algo: ConvAlgo, seed: u64) -> nn::Result<Sequential> {
+    match kind {
+        Kind::Plain => plain(algo, seed),
+        Kind::Residual => resnet(algo, seed),
+    }
+}
+
+/// 3×10×9 samples, 5 classes: a whole stem (3 channels, conv + batch norm + ReLU), then on
+/// channel blocks a residual block 8 → 8 (identity shortcut) and one 8 → 16 of stride 2
+/// (projection shortcut), global average pooling; the classifier whole.
+fn resnet(algo: ConvAlgo, seed: u64) -> nn::Result<Sequential> {
+    let rng = &mut SmallRng::seed_from_u64(seed);
+    // No bias before a batch norm (as the ResNets): its gradient would be rounding noise.
+    Sequential::new(&SAMPLE)
+        .push(Conv::new(
+            ConvConfig::conv2d(3, 8, 3).padding(1).no_bias(),
+            algo,
+            rng,
+        )?)?
+        .push(BatchNorm::new(8)?)?
+        .push(Relu::new())?
+        .push(Residual::basic_block(8, 8, 1, algo, rng)?)?
+        .push(Residual::basic_block(8, 16, 2, algo, rng)?)?
+        .push(GlobalAvgPool::new())?
+        .push(Flatten::new())?
+        .push(Linear::new(16, 5, rng)?)
+}
+
+/// The plan `channel_parallel` must make of `kind`'s model on `channels` blocks.
+fn want_plan(kind: Kind, channels: usize) -> ChannelPlan {
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    match (kind, channels) {
+        (Kind::Plain, 1) => ChannelPlan {
+            whole: names(&["0", "2", "5", "7"]),
+            ..ChannelPlan::default()
+        },
+        (Kind::Plain, _) => ChannelPlan {
+            channel: names(&["2", "7"]),
+            filter: names(&["5"]),
+            whole: names(&["0"]),
+            ..ChannelPlan::default()
+        },
+        (Kind::Residual, 1) => ChannelPlan {
+            whole: names(&["0", "3.c1", "3.c2", "4.c1", "4.c2", "4.short.0"]),
+            ..ChannelPlan::default()
+        },
+        // Block 4's shortcut starts its own alternation; its body goes on from block 3's.
+        (Kind::Residual, _) => ChannelPlan {
+            channel: names(&["3.c1", "4.c1", "4.short.0"]),
+            filter: names(&["3.c2", "4.c2"]),
+            batch_norm: names(&["3.b1", "3.b2", "4.b1", "4.b2", "4.short.1"]),
+            whole: names(&["0"]),
+        },
+    }
+}
+
 /// 3×10×9 samples, 5 classes: a whole stem (3 channels), a split run of three convolutions with
 /// a max-pool inside (8 → 8 → 16 → 8 channels: stationary x, y, x), the classifier whole.
-fn model(algo: ConvAlgo, seed: u64) -> nn::Result<Sequential> {
+fn plain(algo: ConvAlgo, seed: u64) -> nn::Result<Sequential> {
     let rng = &mut SmallRng::seed_from_u64(seed);
     Sequential::new(&[3, 10, 9])
         .push(Conv::new(
@@ -60,40 +128,38 @@ fn model(algo: ConvAlgo, seed: u64) -> nn::Result<Sequential> {
         .push(Linear::new(8 * 3 * 2, 5, rng)?)
 }
 
-/// Trains both models for a few steps on grid `samples × channels`; the number of checks.
-fn run(world: &World, samples: usize, channels: usize) -> Result<usize, String> {
+/// Trains both models of `kind` for a few steps on grid `samples × channels`; the number of
+/// checks.
+fn run(world: &World, kind: Kind, samples: usize, channels: usize) -> Result<usize, String> {
     let e = |e: &dyn std::fmt::Display| e.to_string();
     let algo = ConvAlgo::Convgemm;
     let grid = ProcessorGrid::new(world, samples, channels).map_err(|x| e(&x))?;
     let part = grid.coords().1;
     let (channel_comm, sample_comm) = grid.into_comms();
     let reg = register(channel_comm);
-    let (mut split, plan) = channel_parallel(
-        model(algo, 7).map_err(|x| e(&x))?,
+    let (split, plan) = channel_parallel(
+        model(kind, algo, 7).map_err(|x| e(&x))?,
         reg.handle(),
         channels,
         part,
     )
     .map_err(|x| e(&x))?;
-    let want_plan = if channels == 1 {
-        ChannelPlan {
-            whole: ["0", "2", "5", "7"].map(String::from).to_vec(),
-            ..ChannelPlan::default()
-        }
-    } else {
-        ChannelPlan {
-            channel: vec!["2".into(), "7".into()],
-            filter: vec!["5".into()],
-            whole: vec!["0".into()],
-        }
-    };
-    if plan != want_plan {
-        return Err(format!("plan {plan:?}, expected {want_plan:?}"));
+    let want = want_plan(kind, channels);
+    if plan != want {
+        return Err(format!("plan {plan:?}, expected {want:?}"));
     }
-    let mut whole = model(algo, 7).map_err(|x| e(&x))?;
+    // Batch norm's statistics are summed over the sample blocks (ranks of one channel block).
+    let samples_reg = register(sample_comm);
+    let sample_comm = samples_reg.comm();
+    let mut split = if samples > 1 {
+        sync_batch_norm(split, samples_reg.handle()).map_err(|x| e(&x))?
+    } else {
+        split
+    };
+    let mut whole = model(kind, algo, 7).map_err(|x| e(&x))?;
     let mut opt_split = Sgd::new(0.3, 0.9, 5e-4).map_err(|x| e(&x))?;
     let mut opt_whole = opt_split.clone();
-    let mut dp = DataParallel::new(&sample_comm);
+    let mut dp = DataParallel::new(&*sample_comm);
     let mut checks = 0;
     // The last batch of one sample leaves the ranks of every sample block but the first
     // without samples: they still run the channel blocks' collectives.
@@ -118,7 +184,7 @@ fn run(world: &World, samples: usize, channels: usize) -> Result<usize, String> 
     let mut id = [std::process::id() as f32];
     world.broadcast(&mut id, 0).map_err(|x| e(&x))?;
     let path = std::env::temp_dir().join(format!(
-        "mpi-channel-ckpt-{}-{samples}x{channels}.safetensors",
+        "mpi-channel-ckpt-{}-{kind:?}-{samples}x{channels}.safetensors",
         id[0] as u64
     ));
     let state = TrainState { epoch: 0, step: 4 };
@@ -134,7 +200,7 @@ fn run(world: &World, samples: usize, channels: usize) -> Result<usize, String> 
     )
     .map_err(|x| e(&x))?;
     world.barrier().map_err(|x| e(&x))?;
-    let mut resumed = model(algo, 99).map_err(|x| e(&x))?;
+    let mut resumed = model(kind, algo, 99).map_err(|x| e(&x))?;
     let mut opt_resumed = Sgd::new(0.3, 0.9, 5e-4).map_err(|x| e(&x))?;
     let loaded = checkpoint::load(&path, &mut resumed, &mut opt_resumed).map_err(|x| e(&x))?;
     world.barrier().map_err(|x| e(&x))?;
@@ -152,15 +218,24 @@ fn run(world: &World, samples: usize, channels: usize) -> Result<usize, String> 
         )?;
         checks += 1;
     }
+    for ((name, p), (_, q)) in resumed.buffers().iter().zip(whole.buffers()) {
+        close(&format!("checkpointed {name}"), p.data(), q.data())?;
+        checks += 1;
+    }
     let (got, want) = (opt_resumed.buffers(), opt_whole.buffers());
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         close(&format!("checkpointed momentum {i}"), g, w)?;
         checks += 1;
     }
     // Resumed and split again, it takes the single process's next step.
-    let (mut split, plan) =
+    let (split, plan) =
         channel_parallel(resumed, reg.handle(), channels, part).map_err(|x| e(&x))?;
     split_momentum(&mut opt_resumed, &split, &plan, channels, part).map_err(|x| e(&x))?;
+    let mut split = if samples > 1 {
+        sync_batch_norm(split, samples_reg.handle()).map_err(|x| e(&x))?
+    } else {
+        split
+    };
     let (x, labels) = batch(12, 200);
     let got = dp
         .step(&mut split, &mut opt_resumed, &x, &labels)
@@ -187,16 +262,18 @@ fn main() {
     let world = runtime.world();
     let size = world.size();
     let mut checks = 0;
-    for channels in (1..=size).filter(|c| size % c == 0) {
-        match run(&world, size / channels, channels) {
-            Ok(n) => checks += n,
-            Err(what) => {
-                eprintln!(
-                    "mpi_channel_model: rank {}/{size}: FAIL: grid {}×{channels}: {what}",
-                    world.rank(),
-                    size / channels,
-                );
-                world.abort(1);
+    for kind in [Kind::Plain, Kind::Residual] {
+        for channels in (1..=size).filter(|c| size % c == 0) {
+            match run(&world, kind, size / channels, channels) {
+                Ok(n) => checks += n,
+                Err(what) => {
+                    eprintln!(
+                        "mpi_channel_model: rank {}/{size}: FAIL: {kind:?}, grid {}×{channels}: {what}",
+                        world.rank(),
+                        size / channels,
+                    );
+                    world.abort(1);
+                }
             }
         }
     }

@@ -335,9 +335,11 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 split_momentum(&mut opt, &model, &plan, channels, part)?;
             }
             say!(
-                "{samples}×{channels} grid: channel parallel {:?}, filter parallel {:?}, whole {:?}",
+                "{samples}×{channels} grid: channel parallel {:?}, filter parallel {:?}, batch norm \
+                 on blocks {:?}, whole {:?}",
                 plan.channel,
                 plan.filter,
+                plan.batch_norm,
                 plan.whole
             );
             channel_plan = Some(plan);
