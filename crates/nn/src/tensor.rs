@@ -4,10 +4,13 @@
 //! next step. Large freed blocks go back to the kernel (glibc's mmap and trim thresholds), so
 //! the next step page-faults and zeroes them again: 5-12% of a ResNet-20 step. Instead, a
 //! dropped tensor's buffer of at least [`RECYCLE_MIN`] values waits in a per-thread free list
-//! keyed by length (bounded in bytes) for the next [`Tensor::zeros`] or clone of that length; a
-//! request no waiting buffer fits first frees as many bytes of waiting buffers, so the list
-//! does not raise the peak. Nothing else changes: a recycled buffer is zeroed (or overwritten
-//! by the clone's values) like a new one.
+//! keyed by length for the next [`Tensor::zeros`] or clone of that length. Bounds: of each
+//! length no more buffers wait than the list's requests of that length once had in use at the
+//! same time (tensors built from other buffers, e.g. by `dist`'s collectives, do not make their
+//! lengths hoard), at most [`RECYCLE_CAP_BYTES`] in all, and a request no waiting buffer fits
+//! first frees as many bytes of waiting buffers, so the list does not raise the peak. Nothing
+//! else changes: a recycled buffer is zeroed (or overwritten by the clone's values) like a new
+//! one.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -17,11 +20,14 @@ use crate::error::{NnError, Result};
 /// Buffers shorter than this (64 KiB) are left to the allocator, whose own free lists are cheap.
 pub const RECYCLE_MIN: usize = 1 << 14;
 /// At most this many bytes wait for reuse on one thread.
-const RECYCLE_CAP_BYTES: usize = 512 << 20;
+pub const RECYCLE_CAP_BYTES: usize = 512 << 20;
+
 #[derive(Default)]
 struct Recycler {
     free: HashMap<usize, Vec<Vec<f32>>>,
     bytes: usize,
+    /// Per length: buffers handed out by requests and not yet dropped, and the most ever at once.
+    demand: HashMap<usize, (usize, usize)>,
 }
 
 thread_local! {
@@ -38,12 +44,15 @@ fn reuse(len: usize) -> Option<Vec<f32>> {
     RECYCLER
         .try_with(|r| {
             let mut r = r.borrow_mut();
+            let (live, peak) = r.demand.entry(len).or_default();
+            *live += 1;
+            *peak = (*peak).max(*live);
             if let Some(v) = r.free.get_mut(&len).and_then(Vec::pop) {
                 r.bytes -= len * size_of::<f32>();
                 return Some(v);
             }
             let mut freed = 0;
-            let Recycler { free, bytes } = &mut *r;
+            let Recycler { free, bytes, .. } = &mut *r;
             for list in free.values_mut() {
                 while freed < len && !list.is_empty() {
                     let v = list.pop().expect("not empty");
@@ -80,8 +89,8 @@ fn copied(src: &[f32]) -> Vec<f32> {
     }
 }
 
-/// Keeps `v` for a later [`zeroed`] or copy of its length, within the byte bound; otherwise
-/// frees it.
+/// Keeps `v` for a later [`zeroed`] or copy of its length, within the bounds (the module's
+/// doc); otherwise frees it.
 fn recycle(v: Vec<f32>) {
     let len = v.len();
     if len < RECYCLE_MIN || v.capacity() != len {
@@ -90,10 +99,20 @@ fn recycle(v: Vec<f32>) {
     // During thread teardown the list may be gone: then the buffer is simply freed.
     let _ = RECYCLER.try_with(|r| {
         let mut r = r.borrow_mut();
+        let Some((live, peak)) = r.demand.get_mut(&len) else {
+            // No request ever asked for this length.
+            return;
+        };
+        *live = live.saturating_sub(1);
+        let peak = *peak;
         let bytes = len * size_of::<f32>();
-        if r.bytes + bytes <= RECYCLE_CAP_BYTES {
-            r.free.entry(len).or_default().push(v);
-            r.bytes += bytes;
+        let Recycler {
+            free, bytes: total, ..
+        } = &mut *r;
+        let list = free.entry(len).or_default();
+        if list.len() < peak && *total + bytes <= RECYCLE_CAP_BYTES {
+            list.push(v);
+            *total += bytes;
         }
     });
 }
@@ -241,5 +260,30 @@ mod tests {
         let fresh = c.clone();
         assert_eq!(fresh, src);
         assert!(!ptrs.contains(&fresh.data().as_ptr()));
+    }
+
+    #[test]
+    fn buffers_from_elsewhere_wait_only_up_to_the_requests_demand() {
+        // A length no request asked for: dropped buffers are freed, however many.
+        let odd = RECYCLE_MIN + 11;
+        for _ in 0..3 {
+            drop(Tensor::new(&[odd], vec![1.0; odd]).unwrap());
+        }
+        assert_eq!(waiting_bytes(), 0);
+        // Requests had at most two of this length in use at once: of five foreign buffers
+        // dropped, two wait.
+        let n = RECYCLE_MIN + 13;
+        let (a, b) = (Tensor::zeros(&[n]), Tensor::zeros(&[n]));
+        drop((a, b));
+        assert_eq!(waiting_bytes(), 2 * n * 4);
+        let _ = (Tensor::zeros(&[n]), Tensor::zeros(&[n]));
+        assert_eq!(waiting_bytes(), 2 * n * 4, "the two came back");
+        let foreign: Vec<Tensor> = (0..5)
+            .map(|_| Tensor::new(&[n], vec![2.0; n]).unwrap())
+            .collect();
+        drop(foreign);
+        assert_eq!(waiting_bytes(), 2 * n * 4);
+        let _ = (Tensor::zeros(&[n]), Tensor::zeros(&[n]));
+        assert_eq!(waiting_bytes(), 2 * n * 4);
     }
 }
