@@ -499,7 +499,7 @@ struct Args {
 
 /// The products of a batch: per product, B panels outermost (one `k × NR` panel stays in L1 while
 /// the A panels pass over it), one short-product kernel call per tile ([`Kernel::run_short`]:
-/// 03:44 UTC, 81 × 32×37×32 61-62% → 72-73% of peak, 81 × 96×32×32 70-79% → 80-90%, ratios to
+/// 03:36 UTC, 81 × 32×37×32 61-62% → 72-73% of peak, 81 × 96×32×32 70-79% → 80-90%, ratios to
 /// `gemm_rowa_batched` in the same runs 0.84-0.94 → 0.95-1.08; the row order made no
 /// difference).
 ///
