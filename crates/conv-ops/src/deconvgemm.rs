@@ -14,9 +14,12 @@
 //! Two panels can land on the same element of dx (neighbouring taps and lines overlap), so the
 //! paper unpacks sequentially. Here the work is split so that threads never share an element of
 //! dx: by blocks of whole images when they divide evenly among the threads (columns of C for
-//! different images hit different images of dx), otherwise by blocks of input channels (rows of
-//! C for different channels hit different planes of dx). Each block runs its own single-threaded
-//! GEMMs, all blocks in parallel.
+//! different images hit different images of dx); otherwise, on 1-2-D layers whose line blocks
+//! reach past the kernel, in two rounds over 2·threads blocks of output lines (even blocks, then
+//! odd ones: two blocks of a round are one block apart, so their dx lines never meet; every
+//! thread keeps the whole M of the GEMM and no dy column is packed twice); otherwise by blocks
+//! of input channels (rows of C for different channels hit different planes of dx). Each block
+//! runs its own single-threaded GEMMs, all blocks of a round in parallel.
 //!
 //! A pointwise layer (1×1 kernel, stride 1, no padding) has col2im = identity: dx of one image
 //! and group is the dense product W_gᵀ·dy, stored by the GEMM straight into dx.
@@ -178,13 +181,16 @@ struct Plan<'a> {
 }
 
 impl Plan<'_> {
-    /// Images `n_lo..n_hi`, input channels `c_lo..c_hi` of group `grp`: panels of whole output
-    /// lines × whole channels, each computed by a single-threaded GEMM and scattered into dx.
+    /// Images `n_lo..n_hi`, input channels `c_lo..c_hi` of group `grp`, output lines
+    /// `l_lo..l_hi` of those images (counted from image `n_lo`'s first line; `None`: all):
+    /// panels of whole output lines × whole channels, each computed by a single-threaded GEMM
+    /// and scattered into dx.
     fn block(
         &self,
         grp: usize,
         (n_lo, n_hi): (usize, usize),
         (c_lo, c_hi): (usize, usize),
+        line_range: Option<(usize, usize)>,
     ) -> Result<()> {
         let g = self.g;
         let d = &self.d;
@@ -195,8 +201,8 @@ impl Plan<'_> {
         );
         let (olen, width) = (g.output_spatial_len(), d.output[2]);
         let lines_per_image = olen / width;
-        let lines = (n_hi - n_lo) * lines_per_image;
-        let line_block = (self.blocking.cols / width).clamp(1, lines);
+        let (l_lo, l_hi) = line_range.unwrap_or((0, (n_hi - n_lo) * lines_per_image));
+        let line_block = (self.blocking.cols / width).clamp(1, l_hi - l_lo);
         let cols_max = line_block * width;
         let ch_block = (self.blocking.floats / (cols_max * rlen)).clamp(1, c_hi - c_lo);
         let b = ChannelMajor {
@@ -211,7 +217,7 @@ impl Plan<'_> {
         let wg = &self.w[grp * kg * cg * rlen..][..kg * cg * rlen];
         with_panel(ch_block * rlen * cols_max, |panel| {
             let mut one = |l0: usize, c0: usize| -> Result<()> {
-                let nl = line_block.min(lines - l0);
+                let nl = line_block.min(l_hi - l0);
                 let cols = nl * width;
                 let j0 = n_lo * olen + l0 * width;
                 let bcols = Columns { b: &b, j0, cols };
@@ -237,7 +243,7 @@ impl Plan<'_> {
             // Lines outer, channels inner: the B block (dy's columns) is reused from cache by
             // every channel block, and W is small enough to stay cached (measured: the other
             // order is 0-13% slower on the layers).
-            for l0 in (0..lines).step_by(line_block) {
+            for l0 in (l_lo..l_hi).step_by(line_block) {
                 for c0 in (c_lo..c_hi).step_by(ch_block) {
                     one(l0, c0)?;
                 }
@@ -352,6 +358,16 @@ pub(crate) fn backward_data_with(
     // the threads, otherwise whole channels (balanced by channel count).
     let by_images = threads == 1 || batch % threads == 0 || (cg % threads != 0 && batch >= cg);
     let parts = threads.min(if by_images { batch } else { cg });
+    // Else, on 1-2-D layers, two rounds over 2·threads blocks of output lines (the even blocks,
+    // then the odd ones): blocks of one round are a block apart, so their dx lines never meet
+    // when a block's lines reach past the kernel ((k − 1)·dil < (h + 1)·s along the lines'
+    // dimension); every thread keeps all channels (the whole M of the GEMM, no B packed twice).
+    let d = g.dims3();
+    let lines = batch * g.output_spatial_len() / d.output[2];
+    let nb = 2 * threads;
+    let coloured = !by_images
+        && g.rank() <= 2
+        && (d.kernel[1] - 1) * d.dilation[1] < (lines / nb + 1) * d.stride[1];
     let plan = Plan {
         g,
         d: g.dims3(),
@@ -364,6 +380,21 @@ pub(crate) fn backward_data_with(
         },
         blocking,
     };
+    if coloured {
+        for round in 0..2 {
+            (0..g.groups() * threads)
+                .into_par_iter()
+                .try_for_each(|item| -> Result<()> {
+                    let (grp, b) = (item / threads, 2 * (item % threads) + round);
+                    let (l0, l1) = (lines * b / nb, lines * (b + 1) / nb);
+                    if l0 == l1 {
+                        return Ok(());
+                    }
+                    plan.block(grp, (0, batch), (0, cg), Some((l0, l1)))
+                })?;
+        }
+        return Ok(());
+    }
     let run = |item: usize| -> Result<()> {
         let (grp, part) = (item / parts, item % parts);
         let cut = |len: usize| (len * part / parts, len * (part + 1) / parts);
@@ -375,7 +406,7 @@ pub(crate) fn backward_data_with(
         if images.0 == images.1 || channels.0 == channels.1 {
             return Ok(());
         }
-        plan.block(grp, images, channels)
+        plan.block(grp, images, channels, None)
     };
     let items = g.groups() * parts;
     if threads == 1 {

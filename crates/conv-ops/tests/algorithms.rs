@@ -744,3 +744,65 @@ fn non_finite_values_reach_only_their_outputs() {
         }
     }
 }
+
+/// deconvgemm when the images do not divide among the threads (batch 1, odd batches): two
+/// rounds over blocks of output lines on 1-2-D layers, the channel split otherwise (3-D, or
+/// blocks too short for the kernel's reach), on 2-4 threads against the reference.
+#[test]
+fn deconvgemm_line_rounds() {
+    let layers = [
+        ConvGeometry::new(1, 7, 5, &[20, 9], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+        // Reach 4 along the lines: coloured with 2 threads (blocks of 4-5 lines), not with 4.
+        ConvGeometry::new(1, 4, 6, &[21, 8], &[3, 2])
+            .unwrap()
+            .with_dilation(&[2, 1])
+            .unwrap(),
+        ConvGeometry::new(3, 5, 4, &[17, 11], &[3, 3])
+            .unwrap()
+            .with_stride(&[2])
+            .unwrap()
+            .with_padding_per_side(&[2, 1], &[0, 1])
+            .unwrap(),
+        ConvGeometry::new(1, 6, 4, &[40], &[5])
+            .unwrap()
+            .with_padding(&[2])
+            .unwrap(),
+        ConvGeometry::new(1, 4, 4, &[6, 9, 7], &[3, 3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap()
+            .with_groups(2)
+            .unwrap(),
+    ];
+    for threads in [2, 3, 4] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        for (i, g) in layers.iter().enumerate() {
+            let (dy, w) = (uniform(300 + i as u64, g.y_len()), uniform(301, g.w_len()));
+            let mut want = vec![0f32; g.x_len()];
+            reference::backward_data(g, &dy, &w, &mut want).unwrap();
+            for _ in 0..3 {
+                let mut dx = vec![f32::NAN; g.x_len()];
+                pool.install(|| {
+                    backward_data(
+                        g,
+                        &dy,
+                        &w,
+                        &mut dx,
+                        BackwardDataAlgo::Deconvgemm,
+                        &mut Workspace::new(false),
+                    )
+                })
+                .unwrap();
+                tol(g.out_channels_per_group() * g.kernel_len())
+                    .check(&format!("{threads} threads, {g:?}"), &dx, &want)
+                    .unwrap();
+            }
+        }
+    }
+}
