@@ -59,7 +59,7 @@ pub use layers::{
 };
 pub use loss::{correct, cross_entropy};
 pub use model::{MODELS, ModelOptions, Sequential, build, build_with};
-pub use optim::Sgd;
+pub use optim::{LrSchedule, Sgd};
 pub use tensor::Tensor;
 pub use train::{
     EpochReport, StepResult, TrainConfig, TrainReport, evaluate, fit, fit_with, local_step,

@@ -8,7 +8,7 @@ use crate::data::Dataset;
 use crate::error::{NnError, Result};
 use crate::loss::{correct, cross_entropy};
 use crate::model::Sequential;
-use crate::optim::Sgd;
+use crate::optim::{LrSchedule, Sgd};
 use crate::tensor::Tensor;
 
 /// How long to train.
@@ -24,6 +24,9 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Steps excluded from the throughput (plans, caches and buffers are built in the first).
     pub warmup_steps: usize,
+    /// The learning rate over the run, a factor on the optimizer's rate as passed in (which is
+    /// restored when the run ends).
+    pub schedule: LrSchedule,
 }
 
 impl Default for TrainConfig {
@@ -34,6 +37,7 @@ impl Default for TrainConfig {
             batch_size: 64,
             seed: 0,
             warmup_steps: 2,
+            schedule: LrSchedule::constant(),
         }
     }
 }
@@ -147,6 +151,7 @@ pub fn fit_with<E: From<NnError>>(
     let (mut steps_run, mut timed, mut timed_samples, mut all, mut all_samples) =
         (0usize, Duration::ZERO, 0usize, Duration::ZERO, 0usize);
     let mut last_loss = f64::NAN;
+    let base_lr = opt.lr;
     let mut test_accuracy = None;
     let mut evaluated_at = None;
     'epochs: for _ in 0..cfg.epochs {
@@ -162,7 +167,10 @@ pub fn fit_with<E: From<NnError>>(
                 break;
             }
             let t = Instant::now();
-            let StepResult { loss, correct } = step(model, opt, x, &labels)?;
+            opt.lr = base_lr * cfg.schedule.factor(state.step, state.epoch);
+            let result = step(model, opt, x, &labels);
+            opt.lr = base_lr;
+            let StepResult { loss, correct } = result?;
             if !loss.is_finite() {
                 return Err(NnError::NonFinite {
                     loss,

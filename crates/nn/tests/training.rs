@@ -3,8 +3,8 @@
 use rand::SeedableRng;
 
 use nn::{
-    ConvAlgo, Dataset, EpochReport, ModelOptions, Parameter, Sequential, Sgd, Tensor, TrainConfig,
-    TrainState, build, build_with, checkpoint, evaluate, fit, local_step,
+    ConvAlgo, Dataset, EpochReport, LrSchedule, ModelOptions, Parameter, Sequential, Sgd, Tensor,
+    TrainConfig, TrainState, build, build_with, checkpoint, evaluate, fit, local_step,
 };
 
 #[test]
@@ -167,9 +167,11 @@ fn checkpoint_round_trip_and_resume() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("lenet.safetensors");
     let data = Dataset::synthetic(64, &[1, 28, 28], 10, 3).unwrap();
+    // A schedule that depends on the step: the resumed run must continue it, not restart it.
     let cfg = TrainConfig {
         epochs: 1,
         batch_size: 16,
+        schedule: LrSchedule::cosine(2, 8).unwrap(),
         ..Default::default()
     };
 
@@ -249,6 +251,77 @@ fn checkpoint_round_trip_and_resume() {
     let missing = dir.join("no/such/dir/x.safetensors");
     assert!(checkpoint::save(&missing, &resumed, &opt2, loaded).is_err());
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `fit` with a schedule takes the steps of a loop that sets each step's rate by hand, ends with
+/// the optimizer's rate as it was passed in, and differs from a constant rate.
+#[test]
+fn the_schedule_sets_each_steps_rate() {
+    let data = Dataset::synthetic(48, &[1, 28, 28], 10, 5).unwrap();
+    let schedule = LrSchedule::multi_step(vec![1], 0.1).unwrap();
+    let cfg = TrainConfig {
+        epochs: 2,
+        batch_size: 16,
+        seed: 3,
+        schedule: LrSchedule::cosine(2, 5).unwrap(),
+        ..Default::default()
+    };
+    let cases = [
+        cfg.clone(),
+        TrainConfig {
+            schedule,
+            ..cfg.clone()
+        },
+    ];
+    let mut finals = Vec::new();
+    for cfg in cases {
+        let mut fitted = build("lenet", ConvAlgo::Convgemm, 4).unwrap();
+        let mut opt = Sgd::new(0.05, 0.9, 5e-4).unwrap();
+        fit(
+            &mut fitted,
+            &mut opt,
+            &data,
+            None,
+            &cfg,
+            TrainState::default(),
+            |_, _, _, _| Ok(()),
+        )
+        .unwrap();
+        assert_eq!(opt.lr, 0.05, "the base rate is restored");
+        let mut manual = build("lenet", ConvAlgo::Convgemm, 4).unwrap();
+        let mut opt = Sgd::new(0.05, 0.9, 5e-4).unwrap();
+        let mut step = 0;
+        for epoch in 0..2 {
+            for (x, labels) in data.batches(16, Some(3 + epoch as u64)).unwrap() {
+                opt.lr = 0.05 * cfg.schedule.factor(step, epoch);
+                local_step(&mut manual, &mut opt, x, &labels).unwrap();
+                step += 1;
+            }
+        }
+        for ((n, a), (_, b)) in fitted.params().iter().zip(manual.params()) {
+            assert_eq!(a.value, b.value, "{n}");
+        }
+        finals.push(fitted);
+    }
+    let mut constant = build("lenet", ConvAlgo::Convgemm, 4).unwrap();
+    let mut opt = Sgd::new(0.05, 0.9, 5e-4).unwrap();
+    let cfg = TrainConfig {
+        schedule: LrSchedule::constant(),
+        ..cfg
+    };
+    fit(
+        &mut constant,
+        &mut opt,
+        &data,
+        None,
+        &cfg,
+        TrainState::default(),
+        |_, _, _, _| Ok(()),
+    )
+    .unwrap();
+    for f in &finals {
+        assert_ne!(f.params()[0].1.value, constant.params()[0].1.value);
+    }
 }
 
 #[test]

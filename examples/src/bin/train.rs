@@ -26,8 +26,8 @@ use dist::{
 };
 use examples::peak_rss_bytes;
 use nn::{
-    ConvAlgo, Dataset, EpochReport, ModelOptions, Sgd, TrainConfig, TrainState, build, build_with,
-    checkpoint, fit, fit_with,
+    ConvAlgo, Dataset, EpochReport, LrSchedule, ModelOptions, Sgd, TrainConfig, TrainState, build,
+    build_with, checkpoint, fit, fit_with,
 };
 
 /// The data sets this binary can load.
@@ -81,6 +81,20 @@ struct Args {
     /// Learning rate (SGD, momentum 0.9, weight decay 5e-4).
     #[arg(long, default_value_t = 0.05)]
     lr: f32,
+    /// Learning-rate schedule: `cosine` (linear warm-up over --lr-warmup steps, then cosine
+    /// annealing to 0 at the run's last step: its epochs, or --steps); `step` (times --lr-gamma
+    /// at each of the --lr-milestones epochs); `constant`. A resumed run continues it.
+    #[arg(long, default_value = "cosine", value_parser = ["constant", "cosine", "step"])]
+    lr_schedule: String,
+    /// Warm-up steps of the cosine schedule; default: half an epoch, at most a tenth of the run.
+    #[arg(long)]
+    lr_warmup: Option<usize>,
+    /// Epochs (counted from 0) at which the step schedule multiplies the rate by --lr-gamma.
+    #[arg(long, value_delimiter = ',')]
+    lr_milestones: Vec<usize>,
+    /// Factor of the step schedule.
+    #[arg(long, default_value_t = 0.1)]
+    lr_gamma: f32,
     /// Threads (rayon pool size); default: all cores.
     #[arg(long)]
     threads: Option<usize>,
@@ -117,6 +131,23 @@ struct Args {
     /// over the ranks holding the batch (a synchronised batch norm).
     #[arg(long)]
     local_batch_norm: bool,
+}
+
+/// The schedule `args` ask for, over a run of `samples` training samples per epoch resumed at
+/// `state`: the cosine ends at the last step of the run's epochs, or of its --steps.
+fn lr_schedule(args: &Args, samples: usize, state: TrainState) -> Result<LrSchedule, String> {
+    let schedule = match args.lr_schedule.as_str() {
+        "cosine" => {
+            let per_epoch = samples.div_ceil(args.batch_size.max(1));
+            let end = (state.epoch + args.epochs) * per_epoch;
+            let end = args.steps.map_or(end, |s| end.min(state.step + s));
+            let warmup = args.lr_warmup.unwrap_or((per_epoch / 2).min(end / 10));
+            LrSchedule::cosine(warmup, end)
+        }
+        "step" => LrSchedule::multi_step(args.lr_milestones.clone(), args.lr_gamma),
+        _ => Ok(LrSchedule::constant()),
+    };
+    schedule.map_err(|e| format!("--lr-schedule {}: {e}", args.lr_schedule))
 }
 
 fn main() -> ExitCode {
@@ -293,6 +324,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         max_steps: args.steps,
         batch_size: args.batch_size,
         seed: args.seed,
+        schedule: lr_schedule(args, train.len(), state)?,
         ..TrainConfig::default()
     };
     let total = state.epoch + args.epochs;
