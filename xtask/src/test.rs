@@ -21,9 +21,9 @@ const MPI_TIMEOUT_SECS: u32 = 300;
 const MPI_FEATURE: &str = "mpi";
 
 /// The `train` run that every distributed layout must reproduce: a ResNet-20 with batch norm at
-/// the default learning rate for four steps, so that a missing gradient sum or a batch norm
-/// normalised per shard moves the loss by about 1e-2 while rounding moves it by about 1e-7.
-const TRAIN_ARGS: [&str; 13] = [
+/// a constant learning rate of 0.05 for four steps, so that a missing gradient sum or a batch
+/// norm normalised per shard moves the loss by about 1e-2 while rounding moves it by about 1e-7.
+const TRAIN_ARGS: [&str; 15] = [
     "--model",
     "resnet20",
     "--dataset",
@@ -34,6 +34,8 @@ const TRAIN_ARGS: [&str; 13] = [
     "4",
     "--lr",
     "0.05",
+    "--lr-schedule",
+    "constant",
     "--threads",
     "1",
     "--json",
