@@ -107,7 +107,7 @@ pub use gemm::Gemm;
 pub use isa::{Isa, isa};
 pub use offset::{
     DOT_MR, DOT_NC, DotTile, OFFSET_LANES, OFFSET_MR, OFFSET_NV, OffsetTile, Offsets,
-    offset_dot_tile, offset_tile, offset_tile_vectors,
+    offset_dot_rows, offset_dot_tile, offset_tile, offset_tile_vectors,
 };
 pub use pack::{PackA, PackB};
 pub use packed::{PackedOperand, gemm_packed_batched, gemm_rowa_batched, pack_rows};

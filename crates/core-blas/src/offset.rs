@@ -15,6 +15,8 @@
 //!   `acc[i][j] (:= or +=) Σ_r Σ_l dy[i · ldd + r · 8 + l] · x[runs[r] + offs[j] + l]`, `l < 8`:
 //!
 //!   per row and column the 8 lane sums accumulated over the runs in order, then the lanes added.
+//!   [`Gemm::offset_dot_rows`] does every column of the list, adding the sums into whole rows of
+//!   an output (arguments checked once per call).
 //!
 //! The kernels know nothing of convolution: a direct convolution makes `x` a zero-padded input,
 //! a step per (input channel, tap) with its offset, and a run per 8 consecutive outputs with its
@@ -266,6 +268,119 @@ impl Gemm {
         }
         Ok(())
     }
+}
+
+impl Gemm {
+    /// Whole rows of offset dot products, added into `out`: for `i < m` (1..=[`DOT_MR`]) and
+    /// every column `j < offs.len()`,
+    ///
+    /// `out[i · ldo + j] += Σ_r Σ_l dy[i · ldd + r · 8 + l] · x[runs[r] + offs[j] + l]`, `l < 8`
+    ///
+    /// ([`Gemm::offset_dot_tile`] over the columns `DOT_NC` at a time, each tile's sums added to
+    /// `out`; other values of `out` untouched). The arguments are checked once per call instead
+    /// of once per tile, and the tiles' sums go straight into `out` (a direct convolution's
+    /// weight-gradient rows: one call per (dy rows, run chunk)).
+    ///
+    /// Errors: as [`Gemm::offset_dot_tile`] for `m`, `ldd`, `dy` and `x`;
+    /// [`Error::LeadingDimension`] on `ldo` (below `offs.len()` when `m > 1`);
+    /// [`Error::SliceTooShort`] on `out` (fewer than `(m − 1) · ldo + offs.len()` values).
+    #[allow(clippy::too_many_arguments)]
+    pub fn offset_dot_rows(
+        &self,
+        m: usize,
+        dy: &[f32],
+        ldd: usize,
+        runs: &Offsets,
+        offs: &Offsets,
+        x: &[f32],
+        out: &mut [f32],
+        ldo: usize,
+    ) -> Result<(), Error> {
+        if !(1..=DOT_MR).contains(&m) {
+            return Err(shape("m", format!("1..={DOT_MR}"), m.to_string()));
+        }
+        let ncols = offs.len();
+        if m > 1 && ldo < ncols {
+            return Err(Error::LeadingDimension {
+                arg: "ldo",
+                value: ldo,
+                min: ncols,
+            });
+        }
+        let out_need = if ncols == 0 { 0 } else { (m - 1) * ldo + ncols };
+        if out.len() < out_need {
+            return Err(Error::SliceTooShort {
+                arg: "out",
+                len: out.len(),
+                needed: out_need,
+            });
+        }
+        let row = runs.len() * OFFSET_LANES;
+        if m > 1 && ldd < row {
+            return Err(Error::LeadingDimension {
+                arg: "ldd",
+                value: ldd,
+                min: row,
+            });
+        }
+        let needed = if row == 0 { 0 } else { (m - 1) * ldd + row };
+        if dy.len() < needed {
+            return Err(Error::SliceTooShort {
+                arg: "dy",
+                len: dy.len(),
+                needed,
+            });
+        }
+        if runs.is_empty() || ncols == 0 {
+            // Every sum is empty: out += 0.
+            return Ok(());
+        }
+        check_reach(runs.max, offs.max, x)?;
+        let (r, dp) = (runs.as_slice(), dy.as_ptr());
+        let mut acc: DotTile = Default::default();
+        for j0 in (0..ncols).step_by(DOT_NC) {
+            let nc = DOT_NC.min(ncols - j0);
+            let mut ptrs = [x.as_ptr(); DOT_NC];
+            for (p, &o) in ptrs.iter_mut().zip(&offs.offs[j0..j0 + nc]) {
+                // `o <= offs.max < x.len()` (checked above): inside the slice.
+                *p = x.as_ptr().wrapping_add(o);
+            }
+            // SAFETY: m in 1..=DOT_MR and nc in 1..=DOT_NC; dy row i, run r reads
+            // dy[i·ldd + r·8 .. + 8] inside `needed` (checked); column j, run r reads
+            // x[o_j + runs[r] .. + 8] with o_j + runs[r] + 8 <= offs.max + runs.max + 8 <=
+            // x.len() (checked). Holding the family value proves its features.
+            unsafe {
+                match self.family {
+                    Family::Scalar(k) => dot_any(k, m, nc, r, dp, ldd, &ptrs, &mut acc, false),
+                    #[cfg(target_arch = "x86_64")]
+                    Family::Avx2(k) => dot_any(k, m, nc, r, dp, ldd, &ptrs, &mut acc, false),
+                    #[cfg(target_arch = "x86_64")]
+                    Family::Avx512(k) => dot_any(k, m, nc, r, dp, ldd, &ptrs, &mut acc, false),
+                }
+            }
+            for (i, a) in acc.iter().enumerate().take(m) {
+                for (o, &v) in out[i * ldo + j0..][..nc].iter_mut().zip(a) {
+                    *o += v;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// [`Gemm::offset_dot_rows`] with the process-wide kernel family.
+#[allow(clippy::too_many_arguments)]
+pub fn offset_dot_rows(
+    m: usize,
+    dy: &[f32],
+    ldd: usize,
+    runs: &Offsets,
+    offs: &Offsets,
+    x: &[f32],
+    out: &mut [f32],
+    ldo: usize,
+) -> Result<(), Error> {
+    Gemm::global()?.offset_dot_rows(m, dy, ldd, runs, offs, x, out, ldo)
 }
 
 /// [`Gemm::offset_tile`] with the process-wide kernel family.

@@ -315,3 +315,93 @@ fn offset_dot_tile_rejects_bad_arguments() {
         assert_eq!(acc[2][3], 16.0);
     }
 }
+
+/// `offset_dot_rows` against the naive sums for every family: every row count, column counts
+/// around multiples of DOT_NC, runs 0-17, padded output rows (untouched gaps and other values),
+/// the sums added to what `out` held; and the argument errors.
+#[test]
+fn offset_dot_rows_matches_naive_and_checks_arguments() {
+    for isa in common::families() {
+        let g = Gemm::new(isa).unwrap();
+        for nruns in [0usize, 1, 3, 17] {
+            let runs = Offsets::new((0..nruns).map(|r| (r * 37 + 5) % 301).collect());
+            for ncols in [1usize, 3, 4, 5, 8, 13] {
+                let all = stencil(ncols);
+                let offs = Offsets::new(all.clone());
+                let x = random(runs.max() + offs.max() + LANES + 3, 7 + ncols as u64);
+                let ldd = nruns * LANES + 1;
+                let dy = random(DOT_MR * ldd, 9 + nruns as u64);
+                for m in 1..=DOT_MR {
+                    let ldo = ncols + 2;
+                    let init = random(DOT_MR * ldo + 1, 11);
+                    let mut out = init.clone();
+                    g.offset_dot_rows(m, &dy, ldd, &runs, &offs, &x, &mut out, ldo)
+                        .unwrap();
+                    let what = format!("{isa} runs {nruns} cols {ncols} m {m}");
+                    for (idx, &got) in out.iter().enumerate() {
+                        let (i, j) = (idx / ldo, idx % ldo);
+                        if i >= m || j >= ncols {
+                            assert_eq!(got.to_bits(), init[idx].to_bits(), "{what}: out[{idx}]");
+                            continue;
+                        }
+                        let (mut s, mut sabs) = (init[idx] as f64, init[idx].abs() as f64);
+                        for (r, &base) in runs.as_slice().iter().enumerate() {
+                            for l in 0..LANES {
+                                let p = dy[i * ldd + r * LANES + l] as f64
+                                    * x[base + all[j] + l] as f64;
+                                s += p;
+                                sabs += p.abs();
+                            }
+                        }
+                        let b = bound(nruns * LANES + 1, sabs);
+                        assert!(
+                            (got as f64 - s).abs() <= b,
+                            "{what}: out[{i}][{j}] = {got}, expected {s} ± {b}"
+                        );
+                    }
+                }
+            }
+        }
+        // Errors.
+        let runs = Offsets::new(vec![0, 3]);
+        let offs = Offsets::new(vec![0, 1, 2, 3, 4, 6]);
+        let x = vec![1.0; 17];
+        let dy = vec![1.0; 3 * 16];
+        let mut out = vec![0.0; 3 * 6];
+        expect_shape(
+            g.offset_dot_rows(0, &dy, 16, &runs, &offs, &x, &mut out, 6),
+            "m",
+        );
+        expect_shape(
+            g.offset_dot_rows(DOT_MR + 1, &dy, 16, &runs, &offs, &x, &mut out, 6),
+            "m",
+        );
+        assert!(matches!(
+            g.offset_dot_rows(2, &dy, 16, &runs, &offs, &x, &mut out, 5),
+            Err(Error::LeadingDimension { arg: "ldo", .. })
+        ));
+        assert!(matches!(
+            g.offset_dot_rows(3, &dy, 16, &runs, &offs, &x, &mut out[..17], 6),
+            Err(Error::SliceTooShort { arg: "out", .. })
+        ));
+        assert!(matches!(
+            g.offset_dot_rows(2, &dy, 15, &runs, &offs, &x, &mut out, 6),
+            Err(Error::LeadingDimension { arg: "ldd", .. })
+        ));
+        assert!(matches!(
+            g.offset_dot_rows(3, &dy[..47], 16, &runs, &offs, &x, &mut out, 6),
+            Err(Error::SliceTooShort { arg: "dy", .. })
+        ));
+        assert!(matches!(
+            g.offset_dot_rows(1, &dy, 16, &runs, &offs, &x[..16], &mut out, 6),
+            Err(Error::SliceTooShort { arg: "x", .. })
+        ));
+        // One row needs no leading dimension; each out value gains 16 ones.
+        g.offset_dot_rows(1, &dy[..16], 0, &runs, &offs, &x, &mut out[..6], 0)
+            .unwrap();
+        assert!(out[..6].iter().all(|&v| v == 16.0));
+        let mut out2 = vec![1.0; 6];
+        core_blas::offset_dot_rows(1, &dy[..16], 0, &runs, &offs, &x, &mut out2, 0).unwrap();
+        assert!(out2.iter().all(|&v| v == 17.0));
+    }
+}
