@@ -17,8 +17,7 @@ use dist::{
 };
 use nn::checkpoint::{self, TrainState};
 use nn::{
-    BatchNorm, Conv, ConvAlgo, ConvConfig, Flatten, GlobalAvgPool, Linear, MaxPool, Relu, Residual,
-    Sequential, Sgd, Tensor, local_step,
+    Conv, ConvAlgo, ConvConfig, Flatten, Linear, MaxPool, Relu, Sequential, Sgd, Tensor, local_step,
 };
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -26,11 +25,13 @@ use rand::rngs::SmallRng;
 mod common;
 use common::close;
 
-/// The model's sample shape.
-const SAMPLE: [usize; 3] = [3, 10, 9];
-
-fn batch(n: usize, seed: u64) -> (Tensor, Vec<usize>) {
-    common::batch(n, &SAMPLE, seed)
+/// A batch for `kind`'s model.
+fn batch(kind: Kind, n: usize, seed: u64) -> (Tensor, Vec<usize>) {
+    let sample: &[usize] = match kind {
+        Kind::Plain => &[3, 10, 9],
+        Kind::Residual => &[3, 11, 10],
+    };
+    common::batch(n, sample, seed)
 }
 
 /// The two models under test.
@@ -38,36 +39,15 @@ fn batch(n: usize, seed: u64) -> (Tensor, Vec<usize>) {
 enum Kind {
     /// Convolutions, ReLUs and a max-pool.
     Plain,
-    /// A ResNet: batch norms and residual blocks, one with a projection shortcut.
+    /// A ResNet (`common::resnet`): a stage of residual blocks, one with a projection shortcut.
     Residual,
 }
 
 fn model(kind: Kind, algo: ConvAlgo, seed: u64) -> nn::Result<Sequential> {
     match kind {
         Kind::Plain => plain(algo, seed),
-        Kind::Residual => resnet(algo, seed),
+        Kind::Residual => common::resnet(algo, seed),
     }
-}
-
-/// 3×10×9 samples, 5 classes: a whole stem (3 channels, conv + batch norm + ReLU), then on
-/// channel blocks a residual block 8 → 8 (identity shortcut) and one 8 → 16 of stride 2
-/// (projection shortcut), global average pooling; the classifier whole.
-fn resnet(algo: ConvAlgo, seed: u64) -> nn::Result<Sequential> {
-    let rng = &mut SmallRng::seed_from_u64(seed);
-    // No bias before a batch norm (as the ResNets): its gradient would be rounding noise.
-    Sequential::new(&SAMPLE)
-        .push(Conv::new(
-            ConvConfig::conv2d(3, 8, 3).padding(1).no_bias(),
-            algo,
-            rng,
-        )?)?
-        .push(BatchNorm::new(8)?)?
-        .push(Relu::new())?
-        .push(Residual::basic_block(8, 8, 1, algo, rng)?)?
-        .push(Residual::basic_block(8, 16, 2, algo, rng)?)?
-        .push(GlobalAvgPool::new())?
-        .push(Flatten::new())?
-        .push(Linear::new(16, 5, rng)?)
 }
 
 /// The plan `channel_parallel` must make of `kind`'s model on `channels` blocks.
@@ -85,14 +65,28 @@ fn want_plan(kind: Kind, channels: usize) -> ChannelPlan {
             ..ChannelPlan::default()
         },
         (Kind::Residual, 1) => ChannelPlan {
-            whole: names(&["0", "3.c1", "3.c2", "4.c1", "4.c2", "4.short.0"]),
+            whole: names(&[
+                "0",
+                "layer1.0.c1",
+                "layer1.0.c2",
+                "layer1.1.c1",
+                "layer1.1.c2",
+                "layer1.1.short.0",
+            ]),
             ..ChannelPlan::default()
         },
-        // Block 4's shortcut starts its own alternation; its body goes on from block 3's.
+        // The stage (a nested sequence of two blocks) runs on channel blocks. Block 1's
+        // shortcut starts its own alternation; its body goes on from block 0's.
         (Kind::Residual, _) => ChannelPlan {
-            channel: names(&["3.c1", "4.c1", "4.short.0"]),
-            filter: names(&["3.c2", "4.c2"]),
-            batch_norm: names(&["3.b1", "3.b2", "4.b1", "4.b2", "4.short.1"]),
+            channel: names(&["layer1.0.c1", "layer1.1.c1", "layer1.1.short.0"]),
+            filter: names(&["layer1.0.c2", "layer1.1.c2"]),
+            batch_norm: names(&[
+                "layer1.0.b1",
+                "layer1.0.b2",
+                "layer1.1.b1",
+                "layer1.1.b2",
+                "layer1.1.short.1",
+            ]),
             whole: names(&["0"]),
         },
     }
@@ -164,7 +158,7 @@ fn run(world: &World, kind: Kind, samples: usize, channels: usize) -> Result<usi
     // The last batch of one sample leaves the ranks of every sample block but the first
     // without samples: they still run the channel blocks' collectives.
     for (step, n) in [12, 12, 12, 1].into_iter().enumerate() {
-        let (x, labels) = batch(n, 100 + step as u64);
+        let (x, labels) = batch(kind, n, 100 + step as u64);
         let got = dp
             .step(&mut split, &mut opt_split, &x, &labels)
             .map_err(|x| e(&x))?;
@@ -174,7 +168,7 @@ fn run(world: &World, kind: Kind, samples: usize, channels: usize) -> Result<usi
         close(&format!("loss of step {step}"), &[got], &[want])?;
         checks += 1;
     }
-    let (x, _) = batch(5, 999);
+    let (x, _) = batch(kind, 5, 999);
     let got = split.forward(x.clone(), false).map_err(|x| e(&x))?;
     let want = whole.forward(x, false).map_err(|x| e(&x))?;
     close("logits after training", got.data(), want.data())?;
@@ -236,7 +230,7 @@ fn run(world: &World, kind: Kind, samples: usize, channels: usize) -> Result<usi
     } else {
         split
     };
-    let (x, labels) = batch(12, 200);
+    let (x, labels) = batch(kind, 12, 200);
     let got = dp
         .step(&mut split, &mut opt_resumed, &x, &labels)
         .map_err(|x| e(&x))?;
@@ -244,7 +238,7 @@ fn run(world: &World, kind: Kind, samples: usize, channels: usize) -> Result<usi
         .map_err(|x| e(&x))?
         .loss;
     close("loss of the step after resuming", &[got], &[want])?;
-    let (x, _) = batch(5, 998);
+    let (x, _) = batch(kind, 5, 998);
     let got = split.forward(x.clone(), false).map_err(|x| e(&x))?;
     let want = whole.forward(x, false).map_err(|x| e(&x))?;
     close("logits after resuming", got.data(), want.data())?;
