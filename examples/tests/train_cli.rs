@@ -122,6 +122,18 @@ fn bad_arguments_are_clear_errors() {
             &["--parallel", "1x2s"][..],
             "a 1×2 grid needs 2 ranks, launched on 1",
         ),
+        (
+            &["--steps", "4", "--lr-warmup", "4"][..],
+            "cosine over 4 steps with 4 warm-up steps",
+        ),
+        (
+            &["--lr-schedule", "step", "--lr-gamma", "0"][..],
+            "`lr gamma`: 0 (must be finite and > 0)",
+        ),
+        (
+            &["--lr-schedule", "linear"][..],
+            "possible values: constant, cosine, step",
+        ),
     ] {
         let out = train(args);
         assert!(!out.status.success(), "{args:?} should fail");
