@@ -1,6 +1,6 @@
 #!/bin/sh
-# Training throughput of `train` against PyTorch's (the anchors' train_bench.py), 1 thread, back
-# to back, so each ratio pairs measurements taken within a minute of each other.
+# Training throughput of `train` against PyTorch's (the anchors' train_bench.py), 1 thread (or
+# THREADS), back to back, so each ratio pairs measurements taken within a minute of each other.
 #   cargo build --release -p examples --bin train
 #   scripts/train_vs_pytorch.sh [lenet resnet20 vgg16 resnet34]
 # PYTHON (default python3) needs torch (and torchvision for resnet34); ANCHORS points to the
@@ -9,18 +9,19 @@ set -e
 P=${PYTHON:-python3}
 A=${ANCHORS:-../shared/anchors/conv}/train_bench.py
 T=${TRAIN:-target/release/train}
+N=${THREADS:-1}
 j() { python3 -c "import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); print('ours', d['model'], d['conv_algo'], 'samples/s', round(d['samples_per_sec'],2), 'peakRSS MiB', d['peak_rss_bytes']>>20)"; }
 ours() { # model batch steps
-    $T --model "$1" --dataset synthetic --batch-size "$2" --steps "$3" --threads 1 --json | j
-    $T --model "$1" --dataset synthetic --batch-size "$2" --steps "$3" --threads 1 --conv-algo convgemm --json | j
+    $T --model "$1" --dataset synthetic --batch-size "$2" --steps "$3" --threads $N --json | j
+    $T --model "$1" --dataset synthetic --batch-size "$2" --steps "$3" --threads $N --conv-algo convgemm --json | j
 }
 date -u +%T; cat /proc/loadavg
 for m in ${*:-lenet resnet20 vgg16 resnet34}; do
     case $m in
-    lenet) $P $A --model lenet --threads 1 --no-wait --min-time 5 2>&1 | grep "^lenet"; ours lenet 64 300 ;;
-    resnet20) $P $A --model resnet20 --threads 1 --no-wait --min-time 8 2>&1 | grep "^resnet20"; ours resnet20 64 14 ;;
-    vgg16) $P $A --model vgg16 --threads 1 --no-wait --steps 4 --warmup 1 2>&1 | grep "^vgg16"; ours vgg16 64 6 ;;
-    resnet34) $P $A --model resnet34 --threads 1 --no-wait --steps 3 --warmup 1 2>&1 | grep "^resnet34"; ours resnet34 8 5 ;;
+    lenet) $P $A --model lenet --threads $N --no-wait --min-time 5 2>&1 | grep "^lenet"; ours lenet 64 300 ;;
+    resnet20) $P $A --model resnet20 --threads $N --no-wait --min-time 8 2>&1 | grep "^resnet20"; ours resnet20 64 14 ;;
+    vgg16) $P $A --model vgg16 --threads $N --no-wait --steps 4 --warmup 1 2>&1 | grep "^vgg16"; ours vgg16 64 6 ;;
+    resnet34) $P $A --model resnet34 --threads $N --no-wait --steps 3 --warmup 1 2>&1 | grep "^resnet34"; ours resnet34 8 5 ;;
     *) echo "unknown model $m" >&2; exit 1 ;;
     esac
 done
