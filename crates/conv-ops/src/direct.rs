@@ -28,9 +28,7 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
-use core_blas::{
-    AlignedVec, DOT_MR, DOT_NC, DotTile, Gemm, OFFSET_LANES, OFFSET_MR, OffsetTile, Offsets,
-};
+use core_blas::{AlignedVec, DOT_MR, Gemm, OFFSET_LANES, OFFSET_MR, OffsetTile, Offsets};
 
 use crate::error::{ConvError, Result, gemm_err};
 use crate::geometry::{ConvGeometry, MAX_RANK};
@@ -529,7 +527,7 @@ pub(crate) fn forward(
 /// stay in L2 while every (output-channel, column) tile reads them).
 const FILTER_BLOCK_BYTES: usize = 256 << 10;
 
-/// Pixel runs per [`core_blas::offset_dot_tile`] call in [`backward_filter`]: the 3 dy rows of
+/// Pixel runs per [`core_blas::offset_dot_rows`] call in [`backward_filter`]: the 3 dy rows of
 /// a call (3 × 128 × 8 floats = 12 KiB) stay in L1d across the column tiles.
 const FILTER_RUNS: usize = 128;
 
@@ -546,9 +544,9 @@ thread_local! {
 /// copies side by side, about [`FILTER_BLOCK_BYTES`]) and group, dy is copied run by run
 /// (zero-padded partial runs: their lanes add 0 · x, and when x holds a NaN or infinity the
 /// partial runs are summed apart over their own lanes, so that it reaches exactly the dw
-/// entries whose sums contain it), then core-blas's [`core_blas::offset_dot_tile`]
-/// (3 output channels × 4 columns, dot products over up to [`FILTER_RUNS`] runs per call)
-/// accumulates dw. Threads: the images split in contiguous parts, one dw partial sum per part,
+/// entries whose sums contain it), then core-blas's [`core_blas::offset_dot_rows`]
+/// (3 output channels × every column, in tiles of 4 columns, dot products over up to
+/// [`FILTER_RUNS`] runs per call, added into dw). Threads: the images split in contiguous parts, one dw partial sum per part,
 /// when there are at least as many blocks of images as threads; else each block's dw rows
 /// split across the threads.
 pub(crate) fn backward_filter(
@@ -748,33 +746,22 @@ fn filter_images(
                 };
                 // dw rows k0.. (`out`: whole rows) over every run of the block.
                 let rows_block = |k_first: usize, out: &mut [f32]| -> Result<()> {
-                    let mut acc: DotTile = Default::default();
                     let kn = out.len() / wcols;
                     for (at, runs) in chunks {
                         for kk in (0..kn).step_by(DOT_MR) {
                             let m = DOT_MR.min(kn - kk);
                             let rows = &src[(k_first + kk) * ldd + at..];
-                            for j0 in (0..wcols).step_by(DOT_NC) {
-                                let j1 = (j0 + DOT_NC).min(wcols);
-                                gemm.offset_dot_tile(
-                                    m,
-                                    rows,
-                                    ldd,
-                                    runs,
-                                    &plan.offs,
-                                    j0..j1,
-                                    xb,
-                                    &mut acc,
-                                    false,
-                                )
-                                .map_err(gemm_err)?;
-                                for (i, a) in acc.iter().enumerate().take(m) {
-                                    let o = &mut out[(kk + i) * wcols + j0..][..j1 - j0];
-                                    for (o, &v) in o.iter_mut().zip(a) {
-                                        *o += v;
-                                    }
-                                }
-                            }
+                            gemm.offset_dot_rows(
+                                m,
+                                rows,
+                                ldd,
+                                runs,
+                                &plan.offs,
+                                xb,
+                                &mut out[kk * wcols..],
+                                wcols,
+                            )
+                            .map_err(gemm_err)?;
                         }
                     }
                     Ok(())
