@@ -221,7 +221,8 @@ pub(crate) unsafe fn ukr<
 /// step broadcasts the `MR` values of column `t`. `C[0..m, 0..n] := A · Bp + beta · C` with unit
 /// column stride (row stride `ldc`), alpha = 1. Instantiated with `MR = m` exactly (only the
 /// rows of the tile are read). Measured 03:27 UTC on 81 × 96×32×32 batches: 93-95% of peak
-/// against 82-84% for [`ukr`] on the same packed operands.
+/// against 82-84% for [`ukr`] on the same packed operands. `BPF`: prefetch B 16 steps ahead (as
+/// [`ukr`] does), for the driver's full tiles.
 ///
 /// # Safety
 /// `m == MR`, `n <= NV · LANES <= BS`; `a + r · lda + t · TS` readable for `r < MR`, `t < k`;
@@ -235,6 +236,7 @@ pub(crate) unsafe fn ukr_rowa<
     const NV: usize,
     const BS: usize,
     const TS: usize,
+    const BPF: bool,
 >(
     k: usize,
     a: *const f32,
@@ -258,6 +260,10 @@ pub(crate) unsafe fn ukr_rowa<
         while t + 4 <= k {
             for u in 0..4 {
                 step_rows::<S, MR, NV>(&mut acc, &rows, (t + u) * TS, b.add(u * BS));
+            }
+            if BPF {
+                // B 16 steps ahead (the driver's panels stream from L2; never faults).
+                S::prefetch(b.wrapping_add(16 * BS));
             }
             b = b.add(4 * BS);
             t += 4;

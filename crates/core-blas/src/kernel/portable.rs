@@ -93,10 +93,10 @@ impl Kernel for Scalar {
         // panel is 4 wide); `Lanes8` needs no target feature.
         unsafe {
             match m {
-                1 => ukr_rowa::<Lanes8, 1, 2, 16, 4>(k, a, 1, b, beta, c, ldc, m, n),
-                2 => ukr_rowa::<Lanes8, 2, 2, 16, 4>(k, a, 1, b, beta, c, ldc, m, n),
-                3 => ukr_rowa::<Lanes8, 3, 2, 16, 4>(k, a, 1, b, beta, c, ldc, m, n),
-                _ => ukr_rowa::<Lanes8, 4, 2, 16, 4>(k, a, 1, b, beta, c, ldc, m, n),
+                1 => ukr_rowa::<Lanes8, 1, 2, 16, 4, false>(k, a, 1, b, beta, c, ldc, m, n),
+                2 => ukr_rowa::<Lanes8, 2, 2, 16, 4, false>(k, a, 1, b, beta, c, ldc, m, n),
+                3 => ukr_rowa::<Lanes8, 3, 2, 16, 4, false>(k, a, 1, b, beta, c, ldc, m, n),
+                _ => ukr_rowa::<Lanes8, 4, 2, 16, 4, false>(k, a, 1, b, beta, c, ldc, m, n),
             }
         }
     }
@@ -118,10 +118,10 @@ impl Kernel for Scalar {
         // `Lanes8` needs no target feature.
         unsafe {
             match m {
-                1 => ukr_rowa::<Lanes8, 1, 2, 16, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                2 => ukr_rowa::<Lanes8, 2, 2, 16, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                3 => ukr_rowa::<Lanes8, 3, 2, 16, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                _ => ukr_rowa::<Lanes8, 4, 2, 16, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                1 => ukr_rowa::<Lanes8, 1, 2, 16, 1, false>(k, a, lda, b, beta, c, ldc, m, n),
+                2 => ukr_rowa::<Lanes8, 2, 2, 16, 1, false>(k, a, lda, b, beta, c, ldc, m, n),
+                3 => ukr_rowa::<Lanes8, 3, 2, 16, 1, false>(k, a, lda, b, beta, c, ldc, m, n),
+                _ => ukr_rowa::<Lanes8, 4, 2, 16, 1, false>(k, a, lda, b, beta, c, ldc, m, n),
             }
         }
     }

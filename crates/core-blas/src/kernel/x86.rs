@@ -218,7 +218,7 @@ unsafe fn avx2_narrow<const R: usize>(
 /// packed micro-panel.
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn avx2_rowa<const R: usize, const NV: usize, const TS: usize>(
+unsafe fn avx2_rowa<const R: usize, const NV: usize, const TS: usize, const BPF: bool>(
     k: usize,
     a: *const f32,
     lda: usize,
@@ -230,7 +230,7 @@ unsafe fn avx2_rowa<const R: usize, const NV: usize, const TS: usize>(
     n: usize,
 ) {
     // SAFETY: compiled with avx2+fma; `m == R`, `n <= NV * 8` and memory are the caller's.
-    unsafe { ukr_rowa::<V256, R, NV, 16, TS>(k, a, lda, b, beta, c, ldc, m, n) }
+    unsafe { ukr_rowa::<V256, R, NV, 16, TS, BPF>(k, a, lda, b, beta, c, ldc, m, n) }
 }
 
 impl Kernel for Avx2 {
@@ -269,6 +269,15 @@ impl Kernel for Avx2 {
         // (each edge kernel reads the first `R >= m` rows of the 6-row panel; the narrow ones
         // also only the first 8 of the 16 columns of each B panel row, for `n <= 8`).
         unsafe {
+            if m == AVX2_MR && n == 16 && cs_c == 1 && alpha == 1.0 {
+                // Full tiles with unit column stride and alpha = 1 (dense C, windows): the
+                // exact-row kernel on the panel, B prefetched as in `ukr`. gemm_ratio, 1 thread,
+                // 04:26-04:31 UTC: K = 64 shapes +3-6 points in 3 of 4 rounds (576×12544×64
+                // 78-83 → 84-88%, 576×50176×64 73-81 → 83-85%; one round the other way);
+                // 2048³, 256×3136×2304, 64×50176×576, 128×6272×1152 unchanged.
+                avx2_rowa::<AVX2_MR, AVX2_NV, AVX2_MR, true>(k, a, 1, b, beta, c, rs_c, m, n);
+                return;
+            }
             if n <= 8 {
                 match m {
                     1 => avx2_narrow::<1>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n),
@@ -309,22 +318,22 @@ impl Kernel for Avx2 {
         unsafe {
             if n <= 8 {
                 match m {
-                    1 => avx2_rowa::<1, 1, 6>(k, a, 1, b, beta, c, ldc, m, n),
-                    2 => avx2_rowa::<2, 1, 6>(k, a, 1, b, beta, c, ldc, m, n),
-                    3 => avx2_rowa::<3, 1, 6>(k, a, 1, b, beta, c, ldc, m, n),
-                    4 => avx2_rowa::<4, 1, 6>(k, a, 1, b, beta, c, ldc, m, n),
-                    5 => avx2_rowa::<5, 1, 6>(k, a, 1, b, beta, c, ldc, m, n),
-                    _ => avx2_rowa::<6, 1, 6>(k, a, 1, b, beta, c, ldc, m, n),
+                    1 => avx2_rowa::<1, 1, 6, false>(k, a, 1, b, beta, c, ldc, m, n),
+                    2 => avx2_rowa::<2, 1, 6, false>(k, a, 1, b, beta, c, ldc, m, n),
+                    3 => avx2_rowa::<3, 1, 6, false>(k, a, 1, b, beta, c, ldc, m, n),
+                    4 => avx2_rowa::<4, 1, 6, false>(k, a, 1, b, beta, c, ldc, m, n),
+                    5 => avx2_rowa::<5, 1, 6, false>(k, a, 1, b, beta, c, ldc, m, n),
+                    _ => avx2_rowa::<6, 1, 6, false>(k, a, 1, b, beta, c, ldc, m, n),
                 }
                 return;
             }
             match m {
-                1 => avx2_rowa::<1, 2, 6>(k, a, 1, b, beta, c, ldc, m, n),
-                2 => avx2_rowa::<2, 2, 6>(k, a, 1, b, beta, c, ldc, m, n),
-                3 => avx2_rowa::<3, 2, 6>(k, a, 1, b, beta, c, ldc, m, n),
-                4 => avx2_rowa::<4, 2, 6>(k, a, 1, b, beta, c, ldc, m, n),
-                5 => avx2_rowa::<5, 2, 6>(k, a, 1, b, beta, c, ldc, m, n),
-                _ => avx2_rowa::<6, 2, 6>(k, a, 1, b, beta, c, ldc, m, n),
+                1 => avx2_rowa::<1, 2, 6, false>(k, a, 1, b, beta, c, ldc, m, n),
+                2 => avx2_rowa::<2, 2, 6, false>(k, a, 1, b, beta, c, ldc, m, n),
+                3 => avx2_rowa::<3, 2, 6, false>(k, a, 1, b, beta, c, ldc, m, n),
+                4 => avx2_rowa::<4, 2, 6, false>(k, a, 1, b, beta, c, ldc, m, n),
+                5 => avx2_rowa::<5, 2, 6, false>(k, a, 1, b, beta, c, ldc, m, n),
+                _ => avx2_rowa::<6, 2, 6, false>(k, a, 1, b, beta, c, ldc, m, n),
             }
         }
     }
@@ -347,22 +356,22 @@ impl Kernel for Avx2 {
         unsafe {
             if n <= 8 {
                 match m {
-                    1 => avx2_rowa::<1, 1, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                    2 => avx2_rowa::<2, 1, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                    3 => avx2_rowa::<3, 1, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                    4 => avx2_rowa::<4, 1, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                    5 => avx2_rowa::<5, 1, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                    _ => avx2_rowa::<6, 1, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                    1 => avx2_rowa::<1, 1, 1, false>(k, a, lda, b, beta, c, ldc, m, n),
+                    2 => avx2_rowa::<2, 1, 1, false>(k, a, lda, b, beta, c, ldc, m, n),
+                    3 => avx2_rowa::<3, 1, 1, false>(k, a, lda, b, beta, c, ldc, m, n),
+                    4 => avx2_rowa::<4, 1, 1, false>(k, a, lda, b, beta, c, ldc, m, n),
+                    5 => avx2_rowa::<5, 1, 1, false>(k, a, lda, b, beta, c, ldc, m, n),
+                    _ => avx2_rowa::<6, 1, 1, false>(k, a, lda, b, beta, c, ldc, m, n),
                 }
                 return;
             }
             match m {
-                1 => avx2_rowa::<1, 2, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                2 => avx2_rowa::<2, 2, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                3 => avx2_rowa::<3, 2, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                4 => avx2_rowa::<4, 2, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                5 => avx2_rowa::<5, 2, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                _ => avx2_rowa::<6, 2, 1>(k, a, lda, b, beta, c, ldc, m, n),
+                1 => avx2_rowa::<1, 2, 1, false>(k, a, lda, b, beta, c, ldc, m, n),
+                2 => avx2_rowa::<2, 2, 1, false>(k, a, lda, b, beta, c, ldc, m, n),
+                3 => avx2_rowa::<3, 2, 1, false>(k, a, lda, b, beta, c, ldc, m, n),
+                4 => avx2_rowa::<4, 2, 1, false>(k, a, lda, b, beta, c, ldc, m, n),
+                5 => avx2_rowa::<5, 2, 1, false>(k, a, lda, b, beta, c, ldc, m, n),
+                _ => avx2_rowa::<6, 2, 1, false>(k, a, lda, b, beta, c, ldc, m, n),
             }
         }
     }
@@ -410,7 +419,7 @@ unsafe fn avx512_rowa<const R: usize, const TS: usize>(
     n: usize,
 ) {
     // SAFETY: compiled with avx512f; `m == R` and memory are the caller's.
-    unsafe { ukr_rowa::<V512, R, AVX512_NV, 32, TS>(k, a, lda, b, beta, c, ldc, m, n) }
+    unsafe { ukr_rowa::<V512, R, AVX512_NV, 32, TS, false>(k, a, lda, b, beta, c, ldc, m, n) }
 }
 
 impl Kernel for Avx512 {
