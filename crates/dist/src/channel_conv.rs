@@ -237,7 +237,7 @@ pub(crate) fn check_comm(comm: &impl Communicator, parts: usize, part: usize) ->
 
 /// Checks that `full` is the layer `cfg` describes: weight `K × C × kernel`, a bias exactly when
 /// `cfg` has one.
-fn check_full(full: &Conv, cfg: &ConvConfig) -> Result<()> {
+pub(crate) fn check_full(full: &Conv, cfg: &ConvConfig) -> Result<()> {
     let params = full.params();
     let shape = params[0].1.value.shape();
     let (k, c) = (cfg.out_channels, cfg.in_channels);

@@ -82,8 +82,12 @@
 //! [`FilterParallelConv`] is the stationary-y convolution: filters split over a row, an
 //! allgather of `x` before the local forward, a reduce-scatter of `dx` after the local
 //! backward-data. Either takes its input split by channels and leaves its output split by
-//! channels, so they chain. `tests/mpi_channel_conv.rs` checks both on every grid of 1, 2 and 4
-//! ranks against the whole layer.
+//! channels, so they chain. [`StationaryWConv`] is the paper's stationary-w convolution, of
+//! which both are special cases: a [`ChannelGrid`] arranges a row's ranks as `pc × pf`, and each
+//! rank holds a `K/pf × C/pc` block of the weights (an allgather of `x` over its grid row before
+//! the local forward, a reduce-scatter over its column after it; the reverse in backward).
+//! `tests/mpi_channel_conv.rs` checks all three on every grid of 1, 2 and 4 ranks against the
+//! whole layer (stationary-w on every `pc × pf` split, as a chain of two layers).
 //!
 //! In a model they are [`nn::Layer`]s through [`Bound`]: a layer must be `Send` and an MPI
 //! communicator is not, so the communicator is [`register`]ed with the running thread and the
@@ -155,6 +159,7 @@ mod mpi_comm;
 mod runtime;
 mod single;
 mod spatial;
+mod stationary_w;
 mod sync_bn;
 
 pub use channel_conv::{ChannelParallelConv, FilterParallelConv};
@@ -174,4 +179,5 @@ pub use single::SingleProcess;
 pub use spatial::{
     SpatialGather, SpatialParallel, SpatialPlan, SpatialScatter, rows, spatial_parallel,
 };
+pub use stationary_w::{ChannelGrid, StationaryWConv};
 pub use sync_bn::{SyncBatchNorm, sync_batch_norm};

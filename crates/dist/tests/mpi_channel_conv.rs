@@ -1,14 +1,16 @@
-//! Multi-rank test of the channel-parallel (stationary-x) and filter-parallel (stationary-y)
-//! convolutions: under `mpirun -np N` (`cargo xtask test` runs N = 1, 2, 4), for every
-//! `samples × channels` processor grid of N ranks and for 2D, strided and 3D layers, each rank
-//! runs its block of the layer (its samples, its channel block) and checks that y, dx, and the
-//! weight and bias gradients (summed over its grid column: the segmented allreduce) equal the
-//! matching blocks of the whole layer run on one process. One PASS line per rank; the first
-//! failed check aborts the job.
+//! Multi-rank test of the channel-parallel (stationary-x), filter-parallel (stationary-y) and
+//! stationary-w convolutions: under `mpirun -np N` (`cargo xtask test` runs N = 1, 2, 4), for
+//! every `samples × channels` processor grid of N ranks and for 2D, strided and 3D layers, each
+//! rank runs its block of the layer (its samples, its channel block) and checks that y, dx, and
+//! the weight and bias gradients (summed over its grid column: the segmented allreduce) equal
+//! the matching blocks of the whole layer run on one process. Stationary-w runs on every
+//! `pc × pf` split of the channel blocks, as a chain of two layers (the second on the
+//! transposed grid, as a model chains them). One PASS line per rank; the first failed check
+//! aborts the job.
 
 use dist::{
-    ChannelParallelConv, Communicator, FilterParallelConv, ProcessorGrid, Result as DistResult,
-    Runtime, World,
+    ChannelGrid, ChannelParallelConv, Communicator, FilterParallelConv, ProcessorGrid,
+    Result as DistResult, Runtime, StationaryWConv, World,
 };
 use nn::{Conv, ConvAlgo, ConvConfig, Layer, Tensor};
 use rand::rngs::SmallRng;
@@ -169,6 +171,126 @@ fn run(
     Ok(5)
 }
 
+/// Block `b` of `parts` equal blocks of `len` values.
+fn nth(len: usize, parts: usize, b: usize) -> std::ops::Range<usize> {
+    let l = len / parts;
+    b * l..(b + 1) * l
+}
+
+/// Stationary-w on the `pc × pf` split of a grid row of `pc · pf` channel blocks: layer `cfg`
+/// on the grid, then `next` (input channels = `cfg`'s output channels) on the transposed
+/// `pf × pc` grid, against the two whole layers. Checks y of both, dx, and both layers' weight
+/// and bias gradients.
+fn run_w(
+    world: &World,
+    samples: usize,
+    (pc, pf): (usize, usize),
+    cfg: &ConvConfig,
+    next: &ConvConfig,
+    input: &[usize],
+) -> Result<usize, String> {
+    let e = |x: &dyn std::fmt::Display| x.to_string();
+    let grid = ProcessorGrid::new(world, samples, pc * pf).map_err(|x| e(&x))?;
+    let s = grid.coords().0;
+    let cg = ChannelGrid::new(grid.channel_comm(), pc, pf).map_err(|x| e(&x))?;
+    let (c, f) = cg.coords();
+    let p = pc * pf;
+    let algo = ConvAlgo::Convgemm;
+    let rng = &mut SmallRng::seed_from_u64(7);
+    let mut full_a = Conv::new(cfg.clone(), algo, rng).map_err(|x| e(&x))?;
+    let mut full_b = Conv::new(next.clone(), algo, rng).map_err(|x| e(&x))?;
+    let mut a = StationaryWConv::from_conv(&full_a, cfg.clone(), algo, (pc, pf), (c, f))
+        .map_err(|x| e(&x))?;
+    let mut b = StationaryWConv::from_conv(&full_b, next.clone(), algo, (pf, pc), (f, c))
+        .map_err(|x| e(&x))?;
+    if (
+        a.input_block(),
+        a.output_block(),
+        b.input_block(),
+        b.output_block(),
+    ) != (c * pf + f, f * pc + c, f * pc + c, c * pf + f)
+    {
+        return Err("block numbering".into());
+    }
+
+    // The two whole layers on one process.
+    let x = random(input, 11);
+    let ya = full_a.forward(x.clone(), true).map_err(|x| e(&x))?;
+    let yb = full_b.forward(ya.clone(), true).map_err(|x| e(&x))?;
+    let dy = random(yb.shape(), 12);
+    let dya = full_b
+        .backward(dy.clone(), true)
+        .map_err(|x| e(&x))?
+        .ok_or("no dx")?;
+    let dx = full_a
+        .backward(dya, true)
+        .map_err(|x| e(&x))?
+        .ok_or("no dx")?;
+
+    // This rank's blocks.
+    let ns = input[0] / samples;
+    let rows = s * ns..(s + 1) * ns;
+    let (ci, k, k2) = (cfg.in_channels, cfg.out_channels, next.out_channels);
+    let mut xshape = input.to_vec();
+    xshape[0] = ns;
+    xshape[1] = ci / p;
+    let xb = c * pf + f;
+    let xl = Tensor::new(&xshape, block(&x, rows.clone(), nth(ci, p, xb))).unwrap();
+    let (row, col) = (cg.row(), cg.col());
+    let yal = a.forward(row, col, xl, true).map_err(|x| e(&x))?;
+    close(
+        "y of the first layer",
+        yal.data(),
+        &block(&ya, rows.clone(), nth(k, p, f * pc + c)),
+    )?;
+    // The second layer's grid is the transpose: its row is the first's column.
+    let ybl = b.forward(col, row, yal, true).map_err(|x| e(&x))?;
+    close(
+        "y of the second layer",
+        ybl.data(),
+        &block(&yb, rows.clone(), nth(k2, p, xb)),
+    )?;
+    let mut dyshape = ybl.shape().to_vec();
+    dyshape[0] = ns;
+    let dyl = Tensor::new(&dyshape, block(&dy, rows.clone(), nth(k2, p, xb))).unwrap();
+    let dyal = b
+        .backward(col, row, dyl, true)
+        .map_err(|x| e(&x))?
+        .ok_or("no dx")?;
+    let dxl = a
+        .backward(row, col, dyal, true)
+        .map_err(|x| e(&x))?
+        .ok_or("no dx")?;
+    close("dx", dxl.data(), &block(&dx, rows, nth(ci, p, xb)))?;
+
+    // Gradients, summed over the grid column (same weight block, other samples).
+    for (name, part, whole, (wc, wf), (gc, gf)) in [
+        ("first", &mut a, &full_a, (c, f), (pc, pf)),
+        ("second", &mut b, &full_b, (f, c), (pf, pc)),
+    ] {
+        let want = whole.params();
+        let (kk, cc) = (want[0].1.value.shape()[0], want[0].1.value.shape()[1]);
+        let mut got = part.params_mut();
+        let wgrad = got[0].1.grad.data_mut();
+        grid.sample_comm().allreduce_sum(wgrad).map_err(|x| e(&x))?;
+        let wblock = block(&want[0].1.grad, nth(kk, gf, wf), nth(cc, gc, wc));
+        close(&format!("dw of the {name} layer"), wgrad, &wblock)?;
+        let bgrad = got[1].1.grad.data_mut();
+        grid.sample_comm().allreduce_sum(bgrad).map_err(|x| e(&x))?;
+        let bb = nth(kk, gc * gf, wf * gc + wc);
+        close(
+            &format!("db of the {name} layer"),
+            bgrad,
+            &want[1].1.grad.data()[bb],
+        )?;
+    }
+    // Misuse is an error, not a hang: the grid's row and column swapped on a non-square grid.
+    if pc != pf && a.forward(col, row, random(&xshape, 3), false).is_ok() {
+        return Err("a block run with its row and column swapped must fail".into());
+    }
+    Ok(9)
+}
+
 fn main() {
     let runtime = match Runtime::init() {
         Ok(r) => r,
@@ -202,6 +324,30 @@ fn main() {
                         if y { "y" } else { "x" }
                     );
                     world.abort(1);
+                }
+            }
+        }
+    }
+    // Stationary-w: every pc × pf split of every grid's channel blocks, each layer followed by
+    // a 3-wide convolution back on the transposed grid.
+    for channels in (1..=size).filter(|c| size % c == 0) {
+        for pc in (1..=channels).filter(|p| channels % p == 0) {
+            let pf = channels / pc;
+            for (cfg, input) in &layers {
+                let mut next = cfg.clone();
+                (next.in_channels, next.out_channels) = (cfg.out_channels, cfg.in_channels);
+                next = next.stride(1).padding(1);
+                next.kernel = vec![3];
+                match run_w(&world, size / channels, (pc, pf), cfg, &next, input) {
+                    Ok(n) => checks += n,
+                    Err(what) => {
+                        eprintln!(
+                            "mpi_channel_conv: rank {}/{size}: FAIL: grid {}×{channels}, stationary-w {pc}×{pf}, {cfg:?}: {what}",
+                            world.rank(),
+                            size / channels,
+                        );
+                        world.abort(1);
+                    }
                 }
             }
         }

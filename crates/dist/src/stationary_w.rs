@@ -1,0 +1,398 @@
+//! The stationary-w convolution of "Channel and Filter Parallelism for Large-Scale CNN Training"
+//! (section 3.4): input channels and filters both split, over a `pc × pf` grid of the ranks of a
+//! channel communicator ([`ChannelGrid`]).
+//!
+//! Stationary-x ([`crate::ChannelParallelConv`]) and stationary-y
+//! ([`crate::FilterParallelConv`]) are its `P × 1` and `1 × P` cases; with both grid sides
+//! above 1 each rank holds a `K/pf × C/pc` block of the weights, a quarter of them on a 2 × 2
+//! grid where stationary-x and -y hold a half, and convolves `C/pc` channels into `K/pf`
+//! filters, so the local products shrink in both dimensions.
+
+use nn::{Conv, ConvAlgo, ConvConfig, Layer, Parameter, Tensor};
+use rand::rngs::SmallRng;
+
+use crate::channel_conv::{check_full, from_blocks, to_blocks};
+use crate::comm::Communicator;
+use crate::error::{DistError, Result};
+
+/// A `pc × pf` grid over the ranks of a channel communicator (a [`crate::ProcessorGrid`] row):
+/// rank `r` sits at `(c, f) = (r / pf, r % pf)`, with a communicator for its grid row (same
+/// `c`, ordered by `f`) and one for its column (same `f`, ordered by `c`): the two groups the
+/// stationary-w convolution's allgathers and reduce-scatters run over.
+pub struct ChannelGrid<C: Communicator> {
+    shape: (usize, usize),
+    coords: (usize, usize),
+    row: C,
+    col: C,
+}
+
+impl<C: Communicator> ChannelGrid<C> {
+    /// Arranges the ranks of `comm` as `pc × pf` (collective over `comm`).
+    ///
+    /// Errors: [`DistError::Training`] when `pc · pf` is not `comm.size()`.
+    pub fn new(comm: &C, pc: usize, pf: usize) -> Result<Self> {
+        if pc.checked_mul(pf) != Some(comm.size()) || pc == 0 {
+            return Err(DistError::Training(format!(
+                "a {pc} × {pf} channel grid needs {} ranks, the communicator has {}",
+                pc.saturating_mul(pf),
+                comm.size()
+            )));
+        }
+        let r = comm.rank();
+        let coords = (r / pf, r % pf);
+        let u = |v: usize| {
+            u32::try_from(v).map_err(|_| DistError::ValueOutOfRange {
+                arg: "channel grid coordinate",
+                value: v as u64,
+            })
+        };
+        let missing = || DistError::Training("split returned no communicator".into());
+        let row = comm
+            .split_by_color(Some(u(coords.0)?), u(coords.1)?)?
+            .ok_or_else(missing)?;
+        let col = comm
+            .split_by_color(Some(u(coords.1)?), u(coords.0)?)?
+            .ok_or_else(missing)?;
+        Ok(ChannelGrid {
+            shape: (pc, pf),
+            coords,
+            row,
+            col,
+        })
+    }
+
+    /// `(pc, pf)`.
+    pub fn shape(&self) -> (usize, usize) {
+        self.shape
+    }
+
+    /// This rank's `(c, f)`.
+    pub fn coords(&self) -> (usize, usize) {
+        self.coords
+    }
+
+    /// The ranks of this rank's grid row: same input-channel block `c`, every filter block.
+    pub fn row(&self) -> &C {
+        &self.row
+    }
+
+    /// The ranks of this rank's grid column: same filter block `f`, every input-channel block.
+    pub fn col(&self) -> &C {
+        &self.col
+    }
+
+    /// `(row, col)`, taking the grid apart (e.g. to [`crate::register`] both).
+    pub fn into_comms(self) -> (C, C) {
+        (self.row, self.col)
+    }
+}
+
+/// Block `(c, f)` of a convolution on a `pc × pf` [`ChannelGrid`]: the stationary-w algorithm.
+///
+/// Distributions (`P = pc · pf`; blocks of equal size, numbered from 0):
+/// - `x` and `dx`: this rank holds input-channel block `c · pf + f` of `P`;
+/// - the weights: filters block `f` of `pf` × input channels block `c` of `pc`
+///   (`K/pf × C/pc × kernel`);
+/// - `y` and `dy`: output-channel block `f · pc + c` of `P`, with its bias.
+///
+/// Forward: (1) an allgather over the row assembles input-channel block `c` of `pc`; (2) the
+/// local convolution gives the partial sums, over those channels, of filter block `f`; (3) a
+/// reduce-scatter over the column completes the sums and leaves output block `f · pc + c`, to
+/// which the rank adds its bias block. Backward: (4) an allgather of `dy` over the column
+/// assembles filter block `f`; (5) the local backward-data gives `dx`'s partial sums over those
+/// filters for input block `c`; (6) a reduce-scatter over the row completes them and leaves
+/// block `c · pf + f`; (7) backward-filter is local, and over a sample-parallel grid the weight
+/// gradients are summed over the ranks holding the same block (8, the segmented allreduce,
+/// the caller's).
+///
+/// The output's block numbering is the input's on the transposed grid: a following stationary-w
+/// convolution built for the `pf × pc` grid at `(f, c)` takes it as is (the paper's "its w can be
+/// transposed to account for this"), and leaves block `c · pf + f` again.
+pub struct StationaryWConv {
+    conv: Conv,
+    bias: Option<Parameter>,
+    shape: (usize, usize),
+    coords: (usize, usize),
+    in_channels: usize,
+    out_channels: usize,
+    /// The local convolution's output shape (`N × K/pf × spatial'`), known from the forward.
+    partial_shape: Option<Vec<usize>>,
+}
+
+impl StationaryWConv {
+    /// Block `coords = (c, f)` of the `shape = (pc, pf)` grid of the layer `full` built from
+    /// `cfg` (pass the same `full` on every rank, e.g. built from one seed).
+    ///
+    /// Errors: [`DistError::Training`] when `pc · pf` does not divide the input and output
+    /// channels, a coordinate is off the grid, or `full` is not the layer `cfg` describes;
+    /// [`DistError::Nn`] for an invalid configuration.
+    pub fn from_conv(
+        full: &Conv,
+        cfg: ConvConfig,
+        algo: ConvAlgo,
+        shape: (usize, usize),
+        coords: (usize, usize),
+    ) -> Result<Self> {
+        let (pc, pf) = shape;
+        let (c, k) = (cfg.in_channels, cfg.out_channels);
+        let p = pc.saturating_mul(pf);
+        if p == 0
+            || coords.0 >= pc
+            || coords.1 >= pf
+            || !c.is_multiple_of(p)
+            || !k.is_multiple_of(p)
+        {
+            return Err(DistError::Training(format!(
+                "block {coords:?} of a {pc} × {pf} grid: the grid must hold the block and its \
+                 size {p} must divide {c} input and {k} output channels"
+            )));
+        }
+        check_full(full, &cfg)?;
+        let (cl, kl) = (c / pc, k / pf);
+        let params = full.params();
+        let weight = params[0].1.value.data();
+        let taps = weight.len() / (k * c);
+        let mut local_cfg = cfg.clone();
+        local_cfg.in_channels = cl;
+        local_cfg.out_channels = kl;
+        local_cfg.bias = false;
+        let mut rng = <SmallRng as rand::SeedableRng>::seed_from_u64(0);
+        let mut conv = Conv::new(local_cfg, algo, &mut rng)?;
+        {
+            let mut local = conv.params_mut();
+            let w = local[0].1.value.data_mut();
+            for o in 0..kl {
+                let src = &weight[((coords.1 * kl + o) * c + coords.0 * cl) * taps..];
+                w[o * cl * taps..][..cl * taps].copy_from_slice(&src[..cl * taps]);
+            }
+        }
+        let bias = if cfg.bias {
+            let per = k / p;
+            let at = (coords.1 * pc + coords.0) * per;
+            let b = &params[1].1.value.data()[at..at + per];
+            Some(Parameter::new(Tensor::new(&[per], b.to_vec())?))
+        } else {
+            None
+        };
+        Ok(StationaryWConv {
+            conv,
+            bias,
+            shape,
+            coords,
+            in_channels: c,
+            out_channels: k,
+            partial_shape: None,
+        })
+    }
+
+    /// Checks that `row` and `col` are this block's grid row and column.
+    fn check_comms(&self, row: &impl Communicator, col: &impl Communicator) -> Result<()> {
+        let ((pc, pf), (c, f)) = (self.shape, self.coords);
+        if row.size() != pf || row.rank() != f || col.size() != pc || col.rank() != c {
+            return Err(DistError::Training(format!(
+                "block ({c}, {f}) of a {pc} × {pf} grid run with a row of {} ranks (rank {}) and \
+                 a column of {} (rank {}); expected {pf} (rank {f}) and {pc} (rank {c})",
+                row.size(),
+                row.rank(),
+                col.size(),
+                col.rank()
+            )));
+        }
+        Ok(())
+    }
+
+    /// This rank's block `f · pc + c` of the output channels (`N × K/P × spatial'`) from its
+    /// block `c · pf + f` of the input channels `x` (`N × C/P × spatial`). Collective over the
+    /// grid's `row` and `col` ([`ChannelGrid`]). With `train`, keeps what backward needs.
+    pub fn forward(
+        &mut self,
+        row: &impl Communicator,
+        col: &impl Communicator,
+        x: Tensor,
+        train: bool,
+    ) -> Result<Tensor> {
+        self.check_comms(row, col)?;
+        let (pc, pf) = self.shape;
+        let p = pc * pf;
+        let shape = x.shape().to_vec();
+        if shape.len() < 3 || shape[1] * p != self.in_channels {
+            return Err(DistError::Training(format!(
+                "x has shape {shape:?}, this block takes N × {} × spatial",
+                self.in_channels / p
+            )));
+        }
+        let (n, plane) = (shape[0], shape[2..].iter().product::<usize>());
+        let cl = self.in_channels / pc;
+        // (1) Input-channel block c of pc from the row's pf sub-blocks.
+        let mut gathered = vec![0.0f32; x.len() * pf];
+        row.allgather(x.data(), &mut gathered)?;
+        let mut xc_shape = shape;
+        xc_shape[1] = cl;
+        let xc = Tensor::new(&xc_shape, from_blocks(&gathered, n, cl, plane, pf))?;
+        // (2) Partial sums of filter block f over those channels.
+        let t1 = self.conv.forward(xc, train)?;
+        let partial = t1.shape().to_vec();
+        let plane_y: usize = partial[2..].iter().product();
+        let kl = self.out_channels / pf;
+        // (3) The sums over the column's channel blocks, scattered by output sub-block.
+        let send = to_blocks(t1.data(), n, kl, plane_y, pc);
+        let per = self.out_channels / p;
+        let mut recv = vec![0.0f32; n * per * plane_y];
+        col.reduce_scatter_sum(&send, &mut recv)?;
+        if let Some(b) = &self.bias {
+            for (ch, chunk) in recv.chunks_exact_mut(plane_y).enumerate() {
+                let v = b.value.data()[ch % per];
+                chunk.iter_mut().for_each(|y| *y += v);
+            }
+        }
+        let mut local = partial.clone();
+        local[1] = per;
+        if train {
+            self.partial_shape = Some(partial);
+        }
+        Ok(Tensor::new(&local, recv)?)
+    }
+
+    /// From this rank's block `f · pc + c` of `dy` (`N × K/P × spatial'`): the gradients of its
+    /// weight block and bias block (overwritten), and its block `c · pf + f` of `dx` when
+    /// `need_dx`. Collective over `row` and `col` (every rank passes the same `need_dx`).
+    pub fn backward(
+        &mut self,
+        row: &impl Communicator,
+        col: &impl Communicator,
+        dy: Tensor,
+        need_dx: bool,
+    ) -> Result<Option<Tensor>> {
+        self.check_comms(row, col)?;
+        let partial = self
+            .partial_shape
+            .take()
+            .ok_or_else(|| DistError::Training("backward without a training forward".into()))?;
+        let (pc, pf) = self.shape;
+        let p = pc * pf;
+        let (n, kl) = (partial[0], partial[1]);
+        let plane: usize = partial[2..].iter().product();
+        let per = self.out_channels / p;
+        if dy.len() != n * per * plane {
+            return Err(DistError::Training(format!(
+                "dy has shape {:?}, this block's output is {n} × {per} × {:?}",
+                dy.shape(),
+                &partial[2..]
+            )));
+        }
+        if let Some(b) = &mut self.bias {
+            let g = b.grad.data_mut();
+            g.fill(0.0);
+            for (ch, chunk) in dy.data().chunks_exact(plane).enumerate() {
+                g[ch % per] += chunk.iter().sum::<f32>();
+            }
+        }
+        // (4) Filter block f of dy from the column's pc sub-blocks.
+        let mut gathered = vec![0.0f32; n * kl * plane];
+        col.allgather(dy.data(), &mut gathered)?;
+        let dyf = Tensor::new(&partial, from_blocks(&gathered, n, kl, plane, pc))?;
+        // (5) and (7): dx's partial sums over filter block f; this block's dw.
+        let Some(dx) = self.conv.backward(dyf, need_dx)? else {
+            return Ok(None);
+        };
+        // (6) The sums over the row's filter blocks, scattered by input sub-block.
+        let xs = dx.shape().to_vec();
+        let cl = self.in_channels / pc;
+        let plane_x: usize = xs[2..].iter().product();
+        let send = to_blocks(dx.data(), n, cl, plane_x, pf);
+        let mut recv = vec![0.0f32; n * (self.in_channels / p) * plane_x];
+        row.reduce_scatter_sum(&send, &mut recv)?;
+        let mut local = xs;
+        local[1] = self.in_channels / p;
+        Ok(Some(Tensor::new(&local, recv)?))
+    }
+
+    /// `((pc, pf), (c, f))`: this is block `(c, f)` of a `pc × pf` grid.
+    pub fn block(&self) -> ((usize, usize), (usize, usize)) {
+        (self.shape, self.coords)
+    }
+
+    /// The input-channel block this rank takes and gives back as `dx`: `c · pf + f` of `pc · pf`.
+    pub fn input_block(&self) -> usize {
+        self.coords.0 * self.shape.1 + self.coords.1
+    }
+
+    /// The output-channel block this rank leaves: `f · pc + c` of `pc · pf`.
+    pub fn output_block(&self) -> usize {
+        self.coords.1 * self.shape.0 + self.coords.0
+    }
+
+    /// The local convolution: input channels block `c` to filters block `f`, no bias.
+    pub fn local(&self) -> &Conv {
+        &self.conv
+    }
+
+    /// The weight block (`K/pf × C/pc × kernel`) and the bias block (`K/(pc·pf)`), with
+    /// PyTorch's names.
+    pub fn params(&self) -> Vec<(String, &Parameter)> {
+        let mut v = self.conv.params();
+        if let Some(b) = &self.bias {
+            v.push(("bias".into(), b));
+        }
+        v
+    }
+
+    /// The same, mutable.
+    pub fn params_mut(&mut self) -> Vec<(String, &mut Parameter)> {
+        let mut v = self.conv.params_mut();
+        if let Some(b) = &mut self.bias {
+            v.push(("bias".into(), b));
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::single::SingleProcess;
+
+    /// On a 1 × 1 grid the block is the whole layer.
+    #[test]
+    fn one_block_is_the_whole_layer() {
+        let cfg = ConvConfig::conv2d(3, 4, 3).padding(1);
+        let rng = &mut <SmallRng as rand::SeedableRng>::seed_from_u64(1);
+        let mut full = Conv::new(cfg.clone(), ConvAlgo::Convgemm, rng).unwrap();
+        let mut w =
+            StationaryWConv::from_conv(&full, cfg, ConvAlgo::Convgemm, (1, 1), (0, 0)).unwrap();
+        let x = Tensor::new(
+            &[2, 3, 5, 4],
+            (0..120).map(|v| (v % 7) as f32 - 3.0).collect(),
+        )
+        .unwrap();
+        let s = SingleProcess;
+        let y = w.forward(&s, &s, x.clone(), true).unwrap();
+        assert_eq!(y, full.forward(x, true).unwrap());
+        let dy = Tensor::new(y.shape(), (0..y.len()).map(|v| (v % 5) as f32).collect()).unwrap();
+        let dx = w.backward(&s, &s, dy.clone(), true).unwrap().unwrap();
+        assert_eq!(dx, full.backward(dy, true).unwrap().unwrap());
+        for ((_, a), (_, b)) in w.params().iter().zip(full.params()) {
+            assert_eq!(a.grad, b.grad);
+        }
+    }
+
+    #[test]
+    fn bad_blocks_and_grids_are_errors() {
+        let cfg = ConvConfig::conv2d(4, 6, 3);
+        let rng = &mut <SmallRng as rand::SeedableRng>::seed_from_u64(1);
+        let full = Conv::new(cfg.clone(), ConvAlgo::Convgemm, rng).unwrap();
+        let a = ConvAlgo::Convgemm;
+        // 4 does not divide 6 output channels; (2, 0) is off a 2 × 1 grid.
+        assert!(StationaryWConv::from_conv(&full, cfg.clone(), a, (2, 2), (0, 0)).is_err());
+        assert!(StationaryWConv::from_conv(&full, cfg.clone(), a, (2, 1), (2, 0)).is_err());
+        assert!(StationaryWConv::from_conv(&full, cfg.clone(), a, (0, 1), (0, 0)).is_err());
+        let mut w = StationaryWConv::from_conv(&full, cfg, a, (2, 1), (0, 0)).unwrap();
+        // A single process is not the column of a 2 × 1 grid.
+        let s = SingleProcess;
+        let x = Tensor::new(&[1, 2, 4, 4], vec![0.0; 32]).unwrap();
+        assert!(w.forward(&s, &s, x, false).is_err());
+        assert!(ChannelGrid::new(&s, 2, 1).is_err());
+        let g = ChannelGrid::new(&s, 1, 1).unwrap();
+        assert_eq!((g.shape(), g.coords()), ((1, 1), (0, 0)));
+    }
+}
