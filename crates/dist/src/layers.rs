@@ -25,6 +25,7 @@ use crate::channel_conv::{ChannelParallelConv, FilterParallelConv, from_blocks};
 use crate::comm::Communicator;
 use crate::error::{DistError, Result};
 use crate::runtime::World;
+use crate::stationary_w::{BoundW, GridHandles, StationaryWConv};
 
 thread_local! {
     static REGISTRY: RefCell<HashMap<usize, Rc<World>>> = RefCell::new(HashMap::new());
@@ -454,6 +455,15 @@ pub struct ChannelPlan {
     /// Names of the convolutions left whole (their channel counts do not divide in blocks, or
     /// they sit in a residual block that cannot run on blocks).
     pub whole: Vec<String>,
+    /// Names of the stationary-w convolutions ([`crate::stationary_w_parallel`]).
+    pub stationary_w: Vec<String>,
+    /// Names of the split layers that take their input in the transposed distribution a
+    /// stationary-w convolution leaves (rank `c · pf + f` holding block `f · pc + c`): the
+    /// stationary-w convolutions among them run on the transposed `pf × pc` grid, the others
+    /// (batch norms, stationary-x convolutions) hold block `f · pc + c` of their channels.
+    pub transposed: Vec<String>,
+    /// `(pc, pf)` of a stationary-w plan; `None` for [`channel_parallel`]'s.
+    pub grid: Option<(usize, usize)>,
 }
 
 /// `model` as block `part` of `parts` of a channel parallel model over the communicator of
@@ -491,47 +501,106 @@ pub fn channel_parallel(
             "channel_parallel takes a model with an input shape, not a block".into(),
         ));
     }
-    let mut splitter = ChannelSplitter {
+    let splitter = ChannelSplitter {
         comm,
         parts,
         part,
         plan: ChannelPlan::default(),
         stationary_x: true,
+        w: None,
     };
-    let mut out = Sequential::new(&input);
-    let mut split = false;
-    for (name, layer) in model.into_layers() {
-        let starts = splitter.starts_run(layer.as_ref());
-        let channel_wise = channel_wise(layer.as_ref());
-        if starts && !split {
-            out = out.push_boxed(
-                &format!("{name}_scatter"),
-                Box::new(Bound::new(ChannelScatter::new(parts, part)?, comm)),
-            )?;
-            split = true;
-            splitter.stationary_x = true;
-        }
-        if split && (starts || channel_wise) {
-            out = out.push_boxed(&name, splitter.split(&name, layer)?)?;
-            continue;
+    splitter.run(model, input)
+}
+
+/// `model` as this rank's part of a stationary-w model (section 3.4 of "Channel and Filter
+/// Parallelism for Large-Scale CNN Training") over the `pc × pf` grid of `grid`
+/// ([`crate::GridRegistration`] over a [`crate::ProcessorGrid`] row), every rank passing the
+/// same model (same seed) and, in training, the same samples.
+///
+/// The same runs as [`channel_parallel`] are split, on `pc · pf` channel blocks, but every
+/// convolution is a [`StationaryWConv`]: each rank holds a `K/pf × C/pc` block of its weights.
+/// A stationary-w convolution leaves the transposed distribution (rank `c · pf + f` holding
+/// block `f · pc + c`); the next one runs on the transposed grid and restores it, and the batch
+/// norms and the final gather follow the distribution they find. Where a residual block's body
+/// and shortcut would disagree (a body of two convolutions, a shortcut of one), the shortcut's
+/// first convolution is a stationary-x convolution over the whole row, which keeps the
+/// distribution. On a `P × 1` or `1 × P` grid the model computes what [`channel_parallel`]'s
+/// does with every convolution stationary-x or stationary-y.
+///
+/// Errors: as [`channel_parallel`]; [`DistError::Training`] for a residual block whose
+/// distributions cannot agree (odd and even convolution counts with no convolution at the top
+/// of either branch).
+pub fn stationary_w_parallel(
+    model: Sequential,
+    grid: GridHandles,
+) -> Result<(Sequential, ChannelPlan)> {
+    let (pc, pf) = grid.shape;
+    let (c, f) = grid.coords;
+    let parts = pc * pf;
+    let part = c * pf + f;
+    check_block(parts, part)?;
+    let input = model.input_shape().to_vec();
+    if input.is_empty() {
+        return Err(DistError::Training(
+            "stationary_w_parallel takes a model with an input shape, not a block".into(),
+        ));
+    }
+    let splitter = ChannelSplitter {
+        comm: grid.full,
+        parts,
+        part,
+        plan: ChannelPlan {
+            grid: Some(grid.shape),
+            ..ChannelPlan::default()
+        },
+        stationary_x: true,
+        w: Some(WState {
+            grid,
+            transposed: false,
+            keep: None,
+        }),
+    };
+    splitter.run(model, input)
+}
+
+impl ChannelSplitter {
+    /// The walk over the top-level layers of `model` (input shape `input`).
+    fn run(mut self, model: Sequential, input: Vec<usize>) -> Result<(Sequential, ChannelPlan)> {
+        let (parts, part) = (self.parts, self.part);
+        let comm = self.comm;
+        let splitter = &mut self;
+        let mut out = Sequential::new(&input);
+        let mut split = false;
+        for (name, layer) in model.into_layers() {
+            let starts = splitter.starts_run(layer.as_ref());
+            let channel_wise = channel_wise(layer.as_ref());
+            if starts && !split {
+                out = out.push_boxed(
+                    &format!("{name}_scatter"),
+                    Box::new(Bound::new(ChannelScatter::new(parts, part)?, comm)),
+                )?;
+                split = true;
+                splitter.stationary_x = true;
+                if let Some(w) = &mut splitter.w {
+                    w.transposed = false;
+                }
+            }
+            if split && (starts || channel_wise) {
+                out = out.push_boxed(&name, splitter.split(&name, layer)?)?;
+                continue;
+            }
+            if split {
+                out = out.push_boxed(&format!("{name}_gather"), splitter.gather()?)?;
+                split = false;
+            }
+            convs(&name, layer.as_ref(), &mut splitter.plan.whole);
+            out = out.push_boxed(&name, layer)?;
         }
         if split {
-            out = out.push_boxed(
-                &format!("{name}_gather"),
-                Box::new(Bound::new(ChannelGather::new(parts, part)?, comm)),
-            )?;
-            split = false;
+            out = out.push_boxed("gather", splitter.gather()?)?;
         }
-        convs(&name, layer.as_ref(), &mut splitter.plan.whole);
-        out = out.push_boxed(&name, layer)?;
+        Ok((out, self.plan))
     }
-    if split {
-        out = out.push_boxed(
-            "gather",
-            Box::new(Bound::new(ChannelGather::new(parts, part)?, comm)),
-        )?;
-    }
-    Ok((out, splitter.plan))
 }
 
 /// Layers that act on each channel alone, so they run unchanged (or, batch norm, on its block
@@ -559,16 +628,132 @@ fn convs(path: &str, layer: &dyn Layer, out: &mut Vec<String>) {
     }
 }
 
-/// [`channel_parallel`]'s walk: what it replaced, and which kind the next convolution takes.
+/// The number of times a stationary-w model's distribution flips along `layer`'s main path:
+/// its convolutions, a residual block's body's.
+fn flips(layer: &dyn Layer) -> usize {
+    if layer.downcast_ref::<Conv>().is_some() {
+        1
+    } else if let Some(seq) = layer.downcast_ref::<Sequential>() {
+        seq.layers().iter().map(|l| flips(l.as_ref())).sum()
+    } else if let Some(block) = layer.downcast_ref::<Residual>() {
+        flips(block.body())
+    } else {
+        0
+    }
+}
+
+/// The dotted name of the first convolution among the top-level layers of `seq` (at `path`).
+fn first_conv(path: &str, seq: &Sequential) -> Option<String> {
+    seq.names()
+        .iter()
+        .zip(seq.layers())
+        .find(|(_, l)| l.downcast_ref::<Conv>().is_some())
+        .map(|(n, _)| format!("{path}.{n}"))
+}
+
+/// A stationary-w walk's state.
+struct WState {
+    grid: GridHandles,
+    /// Whether the activations are in the transposed distribution (rank `c · pf + f` holding
+    /// block `f · pc + c`).
+    transposed: bool,
+    /// The convolution that must keep the distribution (a stationary-x one), where a residual
+    /// block's branches would otherwise disagree.
+    keep: Option<String>,
+}
+
+impl WState {
+    /// The channel block this rank holds in the current distribution.
+    fn block(&self) -> usize {
+        let ((pc, pf), (c, f)) = (self.grid.shape, self.grid.coords);
+        if self.transposed {
+            f * pc + c
+        } else {
+            c * pf + f
+        }
+    }
+
+    /// The grid row ordered by the current distribution's blocks.
+    fn comm(&self) -> CommHandle {
+        if self.transposed {
+            self.grid.transposed
+        } else {
+            self.grid.full
+        }
+    }
+}
+
+/// [`channel_parallel`]'s and [`stationary_w_parallel`]'s walk: what it replaced, and which
+/// kind the next convolution takes.
 struct ChannelSplitter {
     comm: CommHandle,
     parts: usize,
     part: usize,
     plan: ChannelPlan,
     stationary_x: bool,
+    /// A stationary-w walk's state; `None` for stationary-x and -y alternating.
+    w: Option<WState>,
 }
 
 impl ChannelSplitter {
+    /// The gather that ends a split run, from the current distribution.
+    fn gather(&self) -> Result<Box<dyn Layer>> {
+        let (comm, part) = match &self.w {
+            Some(w) => (w.comm(), w.block()),
+            None => (self.comm, self.part),
+        };
+        Ok(Box::new(Bound::new(
+            ChannelGather::new(self.parts, part)?,
+            comm,
+        )))
+    }
+
+    /// The channel block this rank holds in the current distribution, and the row's
+    /// communicator ordered by those blocks.
+    fn current(&self) -> (usize, CommHandle) {
+        match &self.w {
+            Some(w) => (w.block(), w.comm()),
+            None => (self.part, self.comm),
+        }
+    }
+
+    /// Records `path` among the layers that run in the transposed distribution, if the walk
+    /// is in it.
+    fn note_transposed(&mut self, path: &str) {
+        if self.w.as_ref().is_some_and(|w| w.transposed) {
+            self.plan.transposed.push(path.to_string());
+        }
+    }
+
+    /// Convolution `conv` at `path` in a stationary-w walk.
+    fn split_w(&mut self, path: &str, conv: &Conv) -> Result<Box<dyn Layer>> {
+        let (cfg, algo) = (conv.config().clone(), conv.algorithm());
+        let (block, comm) = self.current();
+        self.note_transposed(path);
+        let Some(w) = &mut self.w else {
+            return Err(DistError::Training(format!(
+                "{path}: not a stationary-w walk"
+            )));
+        };
+        if w.keep.as_deref() == Some(path) {
+            w.keep = None;
+            self.plan.channel.push(path.to_string());
+            let l = ChannelParallelConv::from_conv(conv, cfg, algo, self.parts, block)?;
+            return Ok(Box::new(Bound::new(l, comm)));
+        }
+        let ((pc, pf), (c, f)) = (w.grid.shape, w.grid.coords);
+        let g = w.grid;
+        let (shape, coords, row, col) = if w.transposed {
+            ((pf, pc), (f, c), g.col, g.row)
+        } else {
+            ((pc, pf), (c, f), g.row, g.col)
+        };
+        w.transposed = !w.transposed;
+        self.plan.stationary_w.push(path.to_string());
+        let l = StationaryWConv::from_conv(conv, cfg, algo, shape, coords)?;
+        Ok(Box::new(BoundW::new(l, row, col)))
+    }
+
     fn conv_divides(&self, conv: &Conv) -> bool {
         let c = conv.config();
         let parts = self.parts;
@@ -605,6 +790,11 @@ impl ChannelSplitter {
     /// `path` is its dotted name.
     fn split(&mut self, path: &str, layer: Box<dyn Layer>) -> Result<Box<dyn Layer>> {
         let (comm, parts, part) = (self.comm, self.parts, self.part);
+        if let Some(conv) = layer.downcast_ref::<Conv>()
+            && self.w.is_some()
+        {
+            return self.split_w(path, conv);
+        }
         if let Some(conv) = layer.downcast_ref::<Conv>() {
             let (cfg, algo) = (conv.config().clone(), conv.algorithm());
             let boxed: Box<dyn Layer> = if self.stationary_x {
@@ -621,7 +811,9 @@ impl ChannelSplitter {
         }
         if let Some(bn) = layer.downcast_ref::<BatchNorm>() {
             self.plan.batch_norm.push(path.to_string());
-            return Ok(Box::new(batch_norm_block(bn, parts, part)?));
+            self.note_transposed(path);
+            let (block, _) = self.current();
+            return Ok(Box::new(batch_norm_block(bn, parts, block)?));
         }
         if channel_wise(layer.as_ref()) {
             return Ok(layer);
@@ -631,7 +823,13 @@ impl ChannelSplitter {
             Ok(seq) => return Ok(Box::new(self.split_seq(path, *seq)?)),
             Err(other) => other,
         };
-        match any.downcast::<Residual>() {
+        let any = match any.downcast::<Residual>() {
+            Ok(block) if self.w.is_some() => {
+                return Ok(Box::new(self.split_residual_w(path, *block)?));
+            }
+            other => other,
+        };
+        match any {
             Ok(block) => Ok(Box::new(block.try_map(|name, s| match name {
                 None => self.split_seq(path, s),
                 Some(n) => {
@@ -646,6 +844,55 @@ impl ChannelSplitter {
                 "{path}: no channel-block form for this layer"
             ))),
         }
+    }
+
+    /// Residual block `block` at `path` in a stationary-w walk: body and shortcut must leave
+    /// the distribution they find the same way, so where their convolution counts differ in
+    /// parity, the first convolution at the top of the shortcut (else of the body) keeps it.
+    fn split_residual_w(&mut self, path: &str, block: Residual) -> Result<Residual> {
+        let body_flips = flips(block.body());
+        let short = block.shortcut().map(|(n, s)| (n.to_string(), flips(s), s));
+        let keep = match &short {
+            Some((_, s_flips, _)) if (s_flips + body_flips).is_multiple_of(2) => None,
+            None if body_flips.is_multiple_of(2) => None,
+            Some((n, _, s)) if first_conv(&format!("{path}.{n}"), s).is_some() => {
+                first_conv(&format!("{path}.{n}"), s).map(|p| (true, p))
+            }
+            _ => match first_conv(path, block.body()) {
+                Some(p) => Some((false, p)),
+                None => {
+                    return Err(DistError::Training(format!(
+                        "{path}: the body and the shortcut leave different distributions and \
+                         neither starts with a convolution to keep it"
+                    )));
+                }
+            },
+        };
+        let start = self.w.as_ref().is_some_and(|w| w.transposed);
+        let mut body_end = start;
+        block.try_map(|name, s| {
+            let on_shortcut = name.is_some();
+            if let Some(w) = &mut self.w {
+                if on_shortcut {
+                    body_end = w.transposed;
+                    w.transposed = start;
+                }
+                w.keep = keep
+                    .as_ref()
+                    .filter(|(short, _)| *short == on_shortcut)
+                    .map(|(_, p)| p.clone());
+            }
+            let out = match name {
+                None => self.split_seq(path, s)?,
+                Some(n) => self.split_seq(&format!("{path}.{n}"), s)?,
+            };
+            if on_shortcut && self.w.as_ref().is_some_and(|w| w.transposed != body_end) {
+                return Err(DistError::Training(format!(
+                    "{path}: the shortcut leaves another distribution than the body"
+                )));
+            }
+            Ok(out)
+        })
     }
 
     /// A nested block (no input shape) with every layer on channel blocks.

@@ -100,7 +100,10 @@
 //! and 4 ranks and checks it takes the single-process steps (`train --parallel channel` or
 //! `--parallel 2x2` runs it). [`save_channel_parallel`] gathers the blocks into the checkpoint
 //! of the whole model, so a run resumes on any grid or one process ([`split_momentum`] cuts the
-//! resumed optimizer state to the blocks):
+//! resumed optimizer state to the blocks). [`stationary_w_parallel`] splits the same runs with
+//! every convolution stationary-w over a `pc × pf` [`GridRegistration`] of the row (each rank
+//! holding a `K/pf × C/pc` block of every split weight); the same test trains it on every split
+//! of the row, checkpoint and resume included:
 //!
 //! ```
 //! use dist::{Communicator, ProcessorGrid, Runtime, channel_parallel, register};
@@ -163,14 +166,14 @@ mod stationary_w;
 mod sync_bn;
 
 pub use channel_conv::{ChannelParallelConv, FilterParallelConv};
-pub use checkpoint::{save_channel_parallel, split_momentum};
+pub use checkpoint::{TensorSplit, save_channel_parallel, split_momentum};
 pub use comm::{ChunkPoster, Communicator, MAX_COUNT};
 pub use data_parallel::{DEFAULT_CHUNK, DataParallel};
 pub use error::{DistError, Result};
 pub use grid::ProcessorGrid;
 pub use layers::{
     Bound, ChannelGather, ChannelPlan, ChannelScatter, CommHandle, DistLayer, Registration,
-    channel_parallel, register,
+    channel_parallel, register, stationary_w_parallel,
 };
 #[cfg(feature = "mpi")]
 pub use mpi_comm::{MpiCommunicator, MpiEnvironment, REQUESTED_THREADING};
@@ -179,5 +182,5 @@ pub use single::SingleProcess;
 pub use spatial::{
     SpatialGather, SpatialParallel, SpatialPlan, SpatialScatter, rows, spatial_parallel,
 };
-pub use stationary_w::{ChannelGrid, StationaryWConv};
+pub use stationary_w::{BoundW, ChannelGrid, GridHandles, GridRegistration, StationaryWConv};
 pub use sync_bn::{SyncBatchNorm, sync_batch_norm};

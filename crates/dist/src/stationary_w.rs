@@ -8,12 +8,16 @@
 //! grid where stationary-x and -y hold a half, and convolves `C/pc` channels into `K/pf`
 //! filters, so the local products shrink in both dimensions.
 
+use std::rc::Rc;
+
 use nn::{Conv, ConvAlgo, ConvConfig, Layer, Parameter, Tensor};
 use rand::rngs::SmallRng;
 
 use crate::channel_conv::{check_full, from_blocks, to_blocks};
 use crate::comm::Communicator;
 use crate::error::{DistError, Result};
+use crate::layers::{CommHandle, Registration, register, to_nn};
+use crate::runtime::World;
 
 /// A `pc × pf` grid over the ranks of a channel communicator (a [`crate::ProcessorGrid`] row):
 /// rank `r` sits at `(c, f) = (r / pf, r % pf)`, with a communicator for its grid row (same
@@ -24,6 +28,7 @@ pub struct ChannelGrid<C: Communicator> {
     coords: (usize, usize),
     row: C,
     col: C,
+    transposed: C,
 }
 
 impl<C: Communicator> ChannelGrid<C> {
@@ -53,11 +58,15 @@ impl<C: Communicator> ChannelGrid<C> {
         let col = comm
             .split_by_color(Some(u(coords.1)?), u(coords.0)?)?
             .ok_or_else(missing)?;
+        let transposed = comm
+            .split_by_color(Some(0), u(coords.1 * pc + coords.0)?)?
+            .ok_or_else(missing)?;
         Ok(ChannelGrid {
             shape: (pc, pf),
             coords,
             row,
             col,
+            transposed,
         })
     }
 
@@ -81,9 +90,14 @@ impl<C: Communicator> ChannelGrid<C> {
         &self.col
     }
 
-    /// `(row, col)`, taking the grid apart (e.g. to [`crate::register`] both).
-    pub fn into_comms(self) -> (C, C) {
-        (self.row, self.col)
+    /// Every rank of the grid, ordered by `f · pc + c`: rank `f · pc + c` of it is this rank.
+    pub fn transposed(&self) -> &C {
+        &self.transposed
+    }
+
+    /// `(row, col, transposed)`, taking the grid apart (e.g. to [`crate::register`] them).
+    pub fn into_comms(self) -> (C, C, C) {
+        (self.row, self.col, self.transposed)
     }
 }
 
@@ -344,6 +358,143 @@ impl StationaryWConv {
             v.push(("bias".into(), b));
         }
         v
+    }
+}
+
+/// The communicators of a [`ChannelGrid`] over a grid row, with the row itself, [`register`]ed
+/// with the current thread for the layers of [`crate::stationary_w_parallel`]. Not `Send`;
+/// dropping it unregisters them.
+pub struct GridRegistration {
+    full: Registration,
+    transposed: Registration,
+    row: Registration,
+    col: Registration,
+    shape: (usize, usize),
+    coords: (usize, usize),
+}
+
+impl GridRegistration {
+    /// Arranges the ranks of the grid row `comm` as `pc × pf` ([`ChannelGrid::new`],
+    /// collective) and registers the four communicators.
+    ///
+    /// Errors: as [`ChannelGrid::new`].
+    pub fn new(comm: World, pc: usize, pf: usize) -> Result<Self> {
+        let grid = ChannelGrid::new(&comm, pc, pf)?;
+        let (shape, coords) = (grid.shape(), grid.coords());
+        let (row, col, transposed) = grid.into_comms();
+        Ok(GridRegistration {
+            full: register(comm),
+            transposed: register(transposed),
+            row: register(row),
+            col: register(col),
+            shape,
+            coords,
+        })
+    }
+
+    /// The handles the distributed layers keep.
+    pub fn handles(&self) -> GridHandles {
+        GridHandles {
+            full: self.full.handle(),
+            transposed: self.transposed.handle(),
+            row: self.row.handle(),
+            col: self.col.handle(),
+            shape: self.shape,
+            coords: self.coords,
+        }
+    }
+
+    /// The grid row's communicator in rank order (the one [`crate::save_channel_parallel`]
+    /// gathers over).
+    pub fn comm(&self) -> Rc<World> {
+        self.full.comm()
+    }
+}
+
+/// `Send` handles of a [`GridRegistration`]'s communicators, with the grid's shape and this
+/// rank's coordinates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GridHandles {
+    /// The grid row in rank order (`c · pf + f`).
+    pub full: CommHandle,
+    /// The grid row ordered by `f · pc + c`.
+    pub transposed: CommHandle,
+    /// This rank's grid row (same `c`).
+    pub row: CommHandle,
+    /// This rank's grid column (same `f`).
+    pub col: CommHandle,
+    /// `(pc, pf)`.
+    pub shape: (usize, usize),
+    /// This rank's `(c, f)`.
+    pub coords: (usize, usize),
+}
+
+/// A [`StationaryWConv`] bound to registered row and column communicators: an [`nn::Layer`].
+pub struct BoundW {
+    layer: StationaryWConv,
+    row: CommHandle,
+    col: CommHandle,
+}
+
+impl BoundW {
+    /// `layer` running over the communicators of `row` and `col` (its grid row and column).
+    pub fn new(layer: StationaryWConv, row: CommHandle, col: CommHandle) -> Self {
+        BoundW { layer, row, col }
+    }
+
+    /// The distributed operator.
+    pub fn inner(&self) -> &StationaryWConv {
+        &self.layer
+    }
+
+    fn run<T>(
+        &mut self,
+        f: impl FnOnce(&mut StationaryWConv, &World, &World) -> Result<T>,
+    ) -> nn::Result<T> {
+        let comms = self.row.get().and_then(|r| Ok((r, self.col.get()?)));
+        let (row, col) = comms.map_err(|e| to_nn(self.describe(), e))?;
+        f(&mut self.layer, &row, &col).map_err(|e| to_nn(self.describe(), e))
+    }
+}
+
+impl Layer for BoundW {
+    fn describe(&self) -> String {
+        let ((pc, pf), (c, f)) = self.layer.block();
+        format!(
+            "StationaryW({}, block ({c}, {f}) of {pc} × {pf})",
+            self.layer.local().describe()
+        )
+    }
+
+    fn forward(&mut self, x: Tensor, train: bool) -> nn::Result<Tensor> {
+        self.run(|l, row, col| l.forward(row, col, x, train))
+    }
+
+    fn backward(&mut self, dy: Tensor, need_dx: bool) -> nn::Result<Option<Tensor>> {
+        self.run(|l, row, col| l.backward(row, col, dy, need_dx))
+    }
+
+    fn params(&self) -> Vec<(String, &Parameter)> {
+        self.layer.params()
+    }
+
+    fn params_mut(&mut self) -> Vec<(String, &mut Parameter)> {
+        self.layer.params_mut()
+    }
+
+    fn output_shape(&self, input: &[usize]) -> nn::Result<Vec<usize>> {
+        // The row's allgather multiplies the channels by pf, the local convolution makes K/pf
+        // filters, the column's reduce-scatter leaves K/(pc·pf) of them.
+        let ((pc, pf), _) = self.layer.block();
+        let mut gathered = input.to_vec();
+        if let Some(c) = gathered.first_mut() {
+            *c *= pf;
+        }
+        let mut out = self.layer.local().output_shape(&gathered)?;
+        if let Some(k) = out.first_mut() {
+            *k /= pc;
+        }
+        Ok(out)
     }
 }
 

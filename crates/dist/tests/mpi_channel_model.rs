@@ -8,12 +8,14 @@
 //! checkpointed (`dist::save_channel_parallel`: the whole tensors gathered from the row's
 //! blocks): the file equals the single-process model, running statistics and momentum, and a
 //! split model resumed
-//! from it takes the single process's next step. One PASS line per rank; the first failed
-//! check aborts the job.
+//! from it takes the single process's next step. The same runs again with every convolution
+//! stationary-w (`dist::stationary_w_parallel`) on every `pc × pf` split of the row. One PASS
+//! line per rank; the first failed check aborts the job.
 
 use dist::{
-    ChannelPlan, Communicator, DataParallel, ProcessorGrid, Runtime, World, channel_parallel,
-    register, save_channel_parallel, split_momentum, sync_batch_norm,
+    ChannelPlan, Communicator, DataParallel, GridRegistration, ProcessorGrid, Runtime, World,
+    channel_parallel, register, save_channel_parallel, split_momentum, stationary_w_parallel,
+    sync_batch_norm,
 };
 use nn::checkpoint::{self, TrainState};
 use nn::{
@@ -88,6 +90,46 @@ fn want_plan(kind: Kind, channels: usize) -> ChannelPlan {
                 "layer1.1.short.1",
             ]),
             whole: names(&["0"]),
+            ..ChannelPlan::default()
+        },
+    }
+}
+
+/// The plan `stationary_w_parallel` must make of `kind`'s model on a `pc × pf` grid.
+fn want_plan_w(kind: Kind, grid: (usize, usize)) -> ChannelPlan {
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    if grid == (1, 1) {
+        return ChannelPlan {
+            grid: Some(grid),
+            ..want_plan(kind, 1)
+        };
+    }
+    match kind {
+        // Every split convolution flips the distribution: 2 runs in it, 5 in the flipped one,
+        // 7 in it again; the gather follows.
+        Kind::Plain => ChannelPlan {
+            stationary_w: names(&["2", "5", "7"]),
+            transposed: names(&["5"]),
+            whole: names(&["0"]),
+            grid: Some(grid),
+            ..ChannelPlan::default()
+        },
+        // Each body flips twice; block 1's projection shortcut (one convolution) keeps the
+        // distribution with a stationary-x convolution.
+        Kind::Residual => ChannelPlan {
+            channel: names(&["layer1.1.short.0"]),
+            stationary_w: names(&["layer1.0.c1", "layer1.0.c2", "layer1.1.c1", "layer1.1.c2"]),
+            batch_norm: names(&[
+                "layer1.0.b1",
+                "layer1.0.b2",
+                "layer1.1.b1",
+                "layer1.1.b2",
+                "layer1.1.short.1",
+            ]),
+            transposed: names(&["layer1.0.b1", "layer1.0.c2", "layer1.1.b1", "layer1.1.c2"]),
+            whole: names(&["0"]),
+            grid: Some(grid),
+            ..ChannelPlan::default()
         },
     }
 }
@@ -122,23 +164,59 @@ fn plain(algo: ConvAlgo, seed: u64) -> nn::Result<Sequential> {
         .push(Linear::new(8 * 3 * 2, 5, rng)?)
 }
 
-/// Trains both models of `kind` for a few steps on grid `samples × channels`; the number of
-/// checks.
-fn run(world: &World, kind: Kind, samples: usize, channels: usize) -> Result<usize, String> {
+/// A channel-parallel registration: the row alone, or a stationary-w grid over it.
+enum Reg {
+    Alternate(dist::Registration),
+    W(GridRegistration),
+}
+
+impl Reg {
+    fn split(
+        &self,
+        model: Sequential,
+        channels: usize,
+        part: usize,
+    ) -> dist::Result<(Sequential, ChannelPlan)> {
+        match self {
+            Reg::Alternate(r) => channel_parallel(model, r.handle(), channels, part),
+            Reg::W(g) => stationary_w_parallel(model, g.handles()),
+        }
+    }
+
+    fn comm(&self) -> std::rc::Rc<World> {
+        match self {
+            Reg::Alternate(r) => r.comm(),
+            Reg::W(g) => g.comm(),
+        }
+    }
+}
+
+/// Trains `kind`'s model for a few steps on grid `samples × channels`, split by
+/// `channel_parallel` or, with `w = Some((pc, pf))`, by `stationary_w_parallel` on that split of
+/// the row; the number of checks.
+fn run(
+    world: &World,
+    kind: Kind,
+    samples: usize,
+    channels: usize,
+    w: Option<(usize, usize)>,
+) -> Result<usize, String> {
     let e = |e: &dyn std::fmt::Display| e.to_string();
     let algo = ConvAlgo::Convgemm;
     let grid = ProcessorGrid::new(world, samples, channels).map_err(|x| e(&x))?;
     let part = grid.coords().1;
     let (channel_comm, sample_comm) = grid.into_comms();
-    let reg = register(channel_comm);
-    let (split, plan) = channel_parallel(
-        model(kind, algo, 7).map_err(|x| e(&x))?,
-        reg.handle(),
-        channels,
-        part,
-    )
-    .map_err(|x| e(&x))?;
-    let want = want_plan(kind, channels);
+    let reg = match w {
+        None => Reg::Alternate(register(channel_comm)),
+        Some((pc, pf)) => Reg::W(GridRegistration::new(channel_comm, pc, pf).map_err(|x| e(&x))?),
+    };
+    let (split, plan) = reg
+        .split(model(kind, algo, 7).map_err(|x| e(&x))?, channels, part)
+        .map_err(|x| e(&x))?;
+    let want = match w {
+        None => want_plan(kind, channels),
+        Some(g) => want_plan_w(kind, g),
+    };
     if plan != want {
         return Err(format!("plan {plan:?}, expected {want:?}"));
     }
@@ -222,8 +300,7 @@ fn run(world: &World, kind: Kind, samples: usize, channels: usize) -> Result<usi
         checks += 1;
     }
     // Resumed and split again, it takes the single process's next step.
-    let (split, plan) =
-        channel_parallel(resumed, reg.handle(), channels, part).map_err(|x| e(&x))?;
+    let (split, plan) = reg.split(resumed, channels, part).map_err(|x| e(&x))?;
     split_momentum(&mut opt_resumed, &split, &plan, channels, part).map_err(|x| e(&x))?;
     let mut split = if samples > 1 {
         sync_batch_norm(split, samples_reg.handle()).map_err(|x| e(&x))?
@@ -258,15 +335,20 @@ fn main() {
     let mut checks = 0;
     for kind in [Kind::Plain, Kind::Residual] {
         for channels in (1..=size).filter(|c| size % c == 0) {
-            match run(&world, kind, size / channels, channels) {
-                Ok(n) => checks += n,
-                Err(what) => {
-                    eprintln!(
-                        "mpi_channel_model: rank {}/{size}: FAIL: {kind:?}, grid {}×{channels}: {what}",
-                        world.rank(),
-                        size / channels,
-                    );
-                    world.abort(1);
+            let splits = (1..=channels)
+                .filter(|pc| channels % pc == 0)
+                .map(|pc| Some((pc, channels / pc)));
+            for w in std::iter::once(None).chain(splits) {
+                match run(&world, kind, size / channels, channels, w) {
+                    Ok(n) => checks += n,
+                    Err(what) => {
+                        eprintln!(
+                            "mpi_channel_model: rank {}/{size}: FAIL: {kind:?}, grid {}×{channels}, stationary-w {w:?}: {what}",
+                            world.rank(),
+                            size / channels,
+                        );
+                        world.abort(1);
+                    }
                 }
             }
         }
