@@ -29,6 +29,8 @@
 //!   crates that may not use intrinsics ([`mod@offset`]).
 //! - [`AlignedVec`]: a growable f32 buffer on a 64-byte boundary (vector loads never straddle
 //!   two cache lines on rows a multiple of 16 floats apart), for operands of the kernels above.
+//! - [`mod@vector`]: level-1 kernels for element-wise layers (sums and dots in f64, batch norm,
+//!   ReLU with a bit mask, in-place add), one table of function pointers per family ([`Vector`]).
 //! - [`isa()`]: the kernel in use; [`Gemm`] builds a context for a chosen family ([`Isa`]) or block
 //!   sizes ([`BlockSizes`]); [`peak::fma_peak_gflops`] measures the FMA roofline.
 //!
@@ -97,6 +99,7 @@ pub mod peak;
 mod small;
 pub mod store;
 mod transpose;
+pub mod vector;
 mod view;
 
 pub use aligned::AlignedVec;
@@ -114,6 +117,7 @@ pub use packed::{PackedOperand, gemm_packed_batched, gemm_rowa_batched, pack_row
 pub use small::{SMALL_MAX, SmallA, small_a_rows, small_a_strided};
 pub use store::{Bias, DenseStore, Store, Tile, Window};
 pub use transpose::transpose_lanes;
+pub use vector::Vector;
 pub use view::{MatMut, MatRef};
 
 /// cblas row-major `sgemm` with the process-wide kernel: `C := alpha · op(A) · op(B) + beta · C`,

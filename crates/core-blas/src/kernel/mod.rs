@@ -18,6 +18,8 @@ pub(crate) mod portable;
 mod probe;
 pub(crate) mod small;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod vector;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 
 /// The SIMD vocabulary a micro-kernel body is written in. Implementations are thin wrappers around

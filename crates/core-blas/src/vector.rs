@@ -1,0 +1,460 @@
+//! Level-1 kernels for element-wise layers: reductions (sum, squared deviations, dot) returning
+//! f64, batch normalisation's forward and backward, ReLU with a bit mask, and an in-place sum.
+//!
+//! A [`Vector`] is a table of function pointers for one kernel family, built once
+//! ([`Vector::global`] follows `CORE_BLAS_ISA` like the GEMM; [`Vector::new`] picks a family).
+//! Fetch it once per layer call and call its methods per plane or chunk: a call costs one
+//! indirect jump and its length checks, so 64-value slices are worth a call. The free functions
+//! ([`sum`], [`add`], ...) look the process-wide table up on every call (a few instructions more).
+//!
+//! Families: `avx2` (AVX2; `avx512` hosts run the same 256-bit bodies: these loops are bound by
+//! loads and stores, not by register width) and the portable `scalar` family. Any length, no
+//! alignment requirement. The AVX2 element-wise bodies run their main loop from the first 32-byte
+//! boundary of the written slice and cover the rest with whole vectors overlapping it (the first
+//! and last 8 values, computed before anything is stored); below 8 values they run the portable
+//! loop. The reductions finish with masked loads.
+//!
+//! **Every family returns the same bits.** The element-wise kernels round as the plain scalar
+//! loops do (multiply then add, no fused multiply-add: `(x − m) · s` then `· g + b`), so they give
+//! the bits of `x.iter_mut().for_each(|v| …)` written with the same operations. The reductions use
+//! one summation order in every family, defined below, so `CORE_BLAS_ISA` never changes a result.
+//!
+//! **Reduction order and error.** Terms `t_i` (`x_i`, `(x_i − m)²`, `a_i · b_i`, each rounded to
+//! f32) are accumulated in 32 f32 lanes, term `i` into lane `i mod 32`; after every 1024 terms
+//! (32 per lane), and at the end, each lane is converted to f64 and added into its f64 lane
+//! accumulator, and the f32 lanes restart from 0. The 32 f64 lanes are then added in a fixed
+//! tree (see `combine`). An f32 lane thus sums at most 32 terms: its rounding error is at most
+//! about `31 · 2⁻²⁴ · Σ|t|` of those terms (≈ 1.8e-6 relative for same-signed terms), the f64 part
+//! adds nothing measurable. A NaN or infinite term makes the result NaN or infinite as in a plain
+//! loop (∞ − ∞ gives NaN).
+//!
+//! **ReLU masks are bits**: value `i`'s bit is bit `i % 8` of `mask[i / 8]` (least significant
+//! first); `mask` needs [`mask_bytes`]`(len)` bytes. A chunk of a larger tensor starting at value
+//! `o` (a multiple of 8) uses `&mut mask[o / 8..]`. [`Vector::relu_train`] writes the unused high
+//! bits of the last byte as 0. NaN follows `f32::max`: `relu(NaN) = 0` with a 0 bit (as nn's scalar
+//! loop); backward keeps `d` where the bit is set (NaN included) and writes `+0.0` elsewhere.
+
+use std::sync::OnceLock;
+
+use crate::isa::Family;
+use crate::{Error, Gemm, Isa};
+
+/// Bytes of a ReLU bit mask over `len` values: `ceil(len / 8)`.
+pub const fn mask_bytes(len: usize) -> usize {
+    len.div_ceil(8)
+}
+
+/// f32 lanes of the reductions' accumulators.
+pub(crate) const RED_LANES: usize = 32;
+/// Terms per flush of the f32 lanes into the f64 lanes (32 per lane).
+pub(crate) const RED_BLOCK: usize = 1024;
+
+/// The kernels of one family, as plain function pointers (the unsafe ones require the family's
+/// CPU features; a table is only handed out when the CPU has them).
+#[derive(Clone, Copy)]
+pub(crate) struct Fns {
+    pub(crate) sum: unsafe fn(&[f32]) -> f64,
+    pub(crate) sum_sq_dev: unsafe fn(&[f32], f32) -> f64,
+    /// `a`, `b` of one length.
+    pub(crate) dot: unsafe fn(&[f32], &[f32]) -> f64,
+    /// `a`, `b` of one length.
+    pub(crate) sum_dot: unsafe fn(&[f32], &[f32]) -> (f64, f64),
+    /// `x`, `xhat` of one length.
+    pub(crate) bn_train: unsafe fn(&mut [f32], &mut [f32], f32, f32, f32, f32),
+    pub(crate) scale_shift: unsafe fn(&mut [f32], f32, f32),
+    /// `d`, `h` of one length.
+    pub(crate) bn_backward: unsafe fn(&mut [f32], &[f32], f32, f32, f32),
+    /// `mask.len() >= mask_bytes(x.len())`.
+    pub(crate) relu_train: unsafe fn(&mut [f32], &mut [u8]),
+    pub(crate) relu: unsafe fn(&mut [f32]),
+    /// `mask.len() >= mask_bytes(d.len())`.
+    pub(crate) relu_backward: unsafe fn(&mut [f32], &[u8]),
+    /// `a`, `b` of one length.
+    pub(crate) add: unsafe fn(&mut [f32], &[f32]),
+}
+
+/// The level-1 kernels of one family. See the [module documentation](self) for the contract
+/// (summation order, rounding, masks, NaN).
+#[derive(Clone, Copy)]
+pub struct Vector {
+    isa: Isa,
+    f: Fns,
+}
+
+impl std::fmt::Debug for Vector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vector").field("isa", &self.isa).finish()
+    }
+}
+
+static SCALAR: Vector = Vector {
+    isa: Isa::Scalar,
+    f: PORTABLE,
+};
+#[cfg(target_arch = "x86_64")]
+static AVX2: Vector = Vector {
+    isa: Isa::Avx2,
+    f: crate::kernel::vector::AVX2,
+};
+#[cfg(target_arch = "x86_64")]
+static AVX512: Vector = Vector {
+    isa: Isa::Avx512,
+    f: crate::kernel::vector::AVX2,
+};
+
+fn same_len(arg: &'static str, want: usize, got: usize) -> Result<(), Error> {
+    if want == got {
+        Ok(())
+    } else {
+        Err(Error::ShapeMismatch {
+            arg,
+            expected: format!("{want} values (the length of the first slice)"),
+            got: format!("{got} values"),
+        })
+    }
+}
+
+fn mask_len(len: usize, mask: usize) -> Result<(), Error> {
+    let needed = mask_bytes(len);
+    if mask >= needed {
+        Ok(())
+    } else {
+        Err(Error::SliceTooShort {
+            arg: "mask",
+            len: mask,
+            needed,
+        })
+    }
+}
+
+impl Vector {
+    /// The table of `isa`; errors if the CPU lacks the family.
+    pub fn new(isa: Isa) -> Result<&'static Vector, Error> {
+        Ok(match Family::require(isa)? {
+            Family::Scalar(_) => &SCALAR,
+            #[cfg(target_arch = "x86_64")]
+            Family::Avx2(_) => &AVX2,
+            #[cfg(target_arch = "x86_64")]
+            Family::Avx512(_) => &AVX512,
+        })
+    }
+
+    /// The process-wide table: the family of [`Gemm::global`] (`CORE_BLAS_ISA` or the best
+    /// available), looked up once.
+    pub fn global() -> Result<&'static Vector, Error> {
+        static GLOBAL: OnceLock<Result<&'static Vector, Error>> = OnceLock::new();
+        GLOBAL
+            .get_or_init(|| Vector::new(Gemm::global()?.isa()))
+            .clone()
+    }
+
+    /// The family of this table.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// `Σ x` (order and error: module documentation).
+    #[inline]
+    pub fn sum(&self, x: &[f32]) -> f64 {
+        // SAFETY: the table is only handed out for a family the CPU has.
+        unsafe { (self.f.sum)(x) }
+    }
+
+    /// `Σ (x − m)²`, each term rounded in f32 as `(x − m) · (x − m)` (the variance's numerator).
+    #[inline]
+    pub fn sum_sq_dev(&self, x: &[f32], m: f32) -> f64 {
+        // SAFETY: as in `sum`.
+        unsafe { (self.f.sum_sq_dev)(x, m) }
+    }
+
+    /// `Σ a · b`. Errors if the lengths differ.
+    #[inline]
+    pub fn dot(&self, a: &[f32], b: &[f32]) -> Result<f64, Error> {
+        same_len("b", a.len(), b.len())?;
+        // SAFETY: as in `sum`; lengths checked.
+        Ok(unsafe { (self.f.dot)(a, b) })
+    }
+
+    /// `(Σ a, Σ a · b)` in one pass (batch norm backward's `Σ dy`, `Σ dy · x̂`), each sum equal
+    /// to [`sum`](Vector::sum) / [`dot`](Vector::dot). Errors if the lengths differ.
+    #[inline]
+    pub fn sum_dot(&self, a: &[f32], b: &[f32]) -> Result<(f64, f64), Error> {
+        same_len("b", a.len(), b.len())?;
+        // SAFETY: as in `sum`; lengths checked.
+        Ok(unsafe { (self.f.sum_dot)(a, b) })
+    }
+
+    /// Batch-norm forward in training: `xhat[i] = (x[i] − m) · s`, then `x[i] = xhat[i] · g + b`
+    /// (multiply then add). Errors if the lengths differ.
+    #[inline]
+    pub fn bn_train(
+        &self,
+        x: &mut [f32],
+        xhat: &mut [f32],
+        m: f32,
+        s: f32,
+        g: f32,
+        b: f32,
+    ) -> Result<(), Error> {
+        same_len("xhat", x.len(), xhat.len())?;
+        // SAFETY: as in `sum`; lengths checked.
+        unsafe { (self.f.bn_train)(x, xhat, m, s, g, b) };
+        Ok(())
+    }
+
+    /// `x[i] = x[i] · a + b` (multiply then add): batch norm in evaluation, any affine map.
+    #[inline]
+    pub fn scale_shift(&self, x: &mut [f32], a: f32, b: f32) {
+        // SAFETY: as in `sum`.
+        unsafe { (self.f.scale_shift)(x, a, b) }
+    }
+
+    /// Batch-norm backward (data): `d[i] = k · ((d[i] − md) − h[i] · mdx)` with `h` = x̂.
+    /// Errors if the lengths differ.
+    #[inline]
+    pub fn bn_backward(
+        &self,
+        d: &mut [f32],
+        h: &[f32],
+        k: f32,
+        md: f32,
+        mdx: f32,
+    ) -> Result<(), Error> {
+        same_len("h", d.len(), h.len())?;
+        // SAFETY: as in `sum`; lengths checked.
+        unsafe { (self.f.bn_backward)(d, h, k, md, mdx) };
+        Ok(())
+    }
+
+    /// ReLU in training: bit `i` of `mask` = `x[i] > 0`, then `x[i] = max(x[i], 0)` (`f32::max`).
+    /// Writes the first [`mask_bytes`]`(x.len())` bytes of `mask` (unused high bits 0); errors if
+    /// `mask` is shorter.
+    #[inline]
+    pub fn relu_train(&self, x: &mut [f32], mask: &mut [u8]) -> Result<(), Error> {
+        mask_len(x.len(), mask.len())?;
+        // SAFETY: as in `sum`; mask length checked.
+        unsafe { (self.f.relu_train)(x, mask) };
+        Ok(())
+    }
+
+    /// ReLU: `x[i] = max(x[i], 0)` (`f32::max`: NaN becomes 0).
+    #[inline]
+    pub fn relu(&self, x: &mut [f32]) {
+        // SAFETY: as in `sum`.
+        unsafe { (self.f.relu)(x) }
+    }
+
+    /// ReLU backward: `d[i]` kept where bit `i` of `mask` is set, `+0.0` elsewhere. Errors if
+    /// `mask` has fewer than [`mask_bytes`]`(d.len())` bytes.
+    #[inline]
+    pub fn relu_backward(&self, d: &mut [f32], mask: &[u8]) -> Result<(), Error> {
+        mask_len(d.len(), mask.len())?;
+        // SAFETY: as in `sum`; mask length checked.
+        unsafe { (self.f.relu_backward)(d, mask) };
+        Ok(())
+    }
+
+    /// `a[i] += b[i]`. Errors if the lengths differ.
+    #[inline]
+    pub fn add(&self, a: &mut [f32], b: &[f32]) -> Result<(), Error> {
+        same_len("b", a.len(), b.len())?;
+        // SAFETY: as in `sum`; lengths checked.
+        unsafe { (self.f.add)(a, b) };
+        Ok(())
+    }
+}
+
+/// [`Vector::sum`] with the process-wide family.
+pub fn sum(x: &[f32]) -> Result<f64, Error> {
+    Ok(Vector::global()?.sum(x))
+}
+
+/// [`Vector::sum_sq_dev`] with the process-wide family.
+pub fn sum_sq_dev(x: &[f32], m: f32) -> Result<f64, Error> {
+    Ok(Vector::global()?.sum_sq_dev(x, m))
+}
+
+/// [`Vector::dot`] with the process-wide family.
+pub fn dot(a: &[f32], b: &[f32]) -> Result<f64, Error> {
+    Vector::global()?.dot(a, b)
+}
+
+/// [`Vector::sum_dot`] with the process-wide family.
+pub fn sum_dot(a: &[f32], b: &[f32]) -> Result<(f64, f64), Error> {
+    Vector::global()?.sum_dot(a, b)
+}
+
+/// [`Vector::bn_train`] with the process-wide family.
+pub fn bn_train(
+    x: &mut [f32],
+    xhat: &mut [f32],
+    m: f32,
+    s: f32,
+    g: f32,
+    b: f32,
+) -> Result<(), Error> {
+    Vector::global()?.bn_train(x, xhat, m, s, g, b)
+}
+
+/// [`Vector::scale_shift`] with the process-wide family.
+pub fn scale_shift(x: &mut [f32], a: f32, b: f32) -> Result<(), Error> {
+    Vector::global()?.scale_shift(x, a, b);
+    Ok(())
+}
+
+/// [`Vector::bn_backward`] with the process-wide family.
+pub fn bn_backward(d: &mut [f32], h: &[f32], k: f32, md: f32, mdx: f32) -> Result<(), Error> {
+    Vector::global()?.bn_backward(d, h, k, md, mdx)
+}
+
+/// [`Vector::relu_train`] with the process-wide family.
+pub fn relu_train(x: &mut [f32], mask: &mut [u8]) -> Result<(), Error> {
+    Vector::global()?.relu_train(x, mask)
+}
+
+/// [`Vector::relu`] with the process-wide family.
+pub fn relu(x: &mut [f32]) -> Result<(), Error> {
+    Vector::global()?.relu(x);
+    Ok(())
+}
+
+/// [`Vector::relu_backward`] with the process-wide family.
+pub fn relu_backward(d: &mut [f32], mask: &[u8]) -> Result<(), Error> {
+    Vector::global()?.relu_backward(d, mask)
+}
+
+/// [`Vector::add`] with the process-wide family.
+pub fn add(a: &mut [f32], b: &[f32]) -> Result<(), Error> {
+    Vector::global()?.add(a, b)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The portable family: plain loops the compiler vectorises for the target baseline, in the
+// summation order the SIMD families use.
+
+/// The fixed tree over the 32 f64 lanes, `d[l]` = lane `l`: four groups `e[j]` over the lanes
+/// `4q + j` (q = 0..8) as `((q0 + q1) + (q2 + q3)) + ((q4 + q5) + (q6 + q7))`, then
+/// `(e0 + e2) + (e1 + e3)` (the AVX2 family's f64x4 vectors and its 128-bit halves).
+pub(crate) fn combine(d: &[f64; RED_LANES]) -> f64 {
+    let q = |i: usize, j: usize| d[4 * i + j];
+    let e: [f64; 4] = std::array::from_fn(|j| {
+        ((q(0, j) + q(1, j)) + (q(2, j) + q(3, j))) + ((q(4, j) + q(5, j)) + (q(6, j) + q(7, j)))
+    });
+    (e[0] + e[2]) + (e[1] + e[3])
+}
+
+/// The portable reduction of `K` sums over `n` terms: `term(i)` gives term `i` of each sum;
+/// a last partial group of 32 adds +0.0 for the missing terms (as the SIMD families' zero lanes).
+#[inline(always)]
+fn reduce<const K: usize>(n: usize, term: impl Fn(usize) -> [f32; K]) -> [f64; K] {
+    let mut d = [[0f64; RED_LANES]; K];
+    let mut i = 0;
+    while i < n {
+        let end = (i + RED_BLOCK).min(n);
+        let mut a = [[0f32; RED_LANES]; K];
+        while i + RED_LANES <= end {
+            for l in 0..RED_LANES {
+                let t = term(i + l);
+                for k in 0..K {
+                    a[k][l] += t[k];
+                }
+            }
+            i += RED_LANES;
+        }
+        if i < end {
+            for l in 0..RED_LANES {
+                let t = if i + l < end { term(i + l) } else { [0.0; K] };
+                for k in 0..K {
+                    a[k][l] += t[k];
+                }
+            }
+            i = end;
+        }
+        for k in 0..K {
+            for l in 0..RED_LANES {
+                d[k][l] += a[k][l] as f64;
+            }
+        }
+    }
+    std::array::from_fn(|k| combine(&d[k]))
+}
+
+const PORTABLE: Fns = Fns {
+    sum: p_sum,
+    sum_sq_dev: p_sum_sq_dev,
+    dot: p_dot,
+    sum_dot: p_sum_dot,
+    bn_train: p_bn_train,
+    scale_shift: p_scale_shift,
+    bn_backward: p_bn_backward,
+    relu_train: p_relu_train,
+    relu: p_relu,
+    relu_backward: p_relu_backward,
+    add: p_add,
+};
+
+fn p_sum(x: &[f32]) -> f64 {
+    reduce(x.len(), |i| [x[i]])[0]
+}
+
+fn p_sum_sq_dev(x: &[f32], m: f32) -> f64 {
+    reduce(x.len(), |i| {
+        let d = x[i] - m;
+        [d * d]
+    })[0]
+}
+
+fn p_dot(a: &[f32], b: &[f32]) -> f64 {
+    let b = &b[..a.len()];
+    reduce(a.len(), |i| [a[i] * b[i]])[0]
+}
+
+fn p_sum_dot(a: &[f32], b: &[f32]) -> (f64, f64) {
+    let b = &b[..a.len()];
+    let [s, sx] = reduce(a.len(), |i| [a[i], a[i] * b[i]]);
+    (s, sx)
+}
+
+pub(crate) fn p_bn_train(x: &mut [f32], xhat: &mut [f32], m: f32, s: f32, g: f32, b: f32) {
+    for (h, v) in xhat.iter_mut().zip(x.iter_mut()) {
+        *h = (*v - m) * s;
+        *v = *h * g + b;
+    }
+}
+
+pub(crate) fn p_scale_shift(x: &mut [f32], a: f32, b: f32) {
+    x.iter_mut().for_each(|v| *v = *v * a + b);
+}
+
+pub(crate) fn p_bn_backward(d: &mut [f32], h: &[f32], k: f32, md: f32, mdx: f32) {
+    for (d, &h) in d.iter_mut().zip(h) {
+        *d = k * ((*d - md) - h * mdx);
+    }
+}
+
+pub(crate) fn p_relu_train(x: &mut [f32], mask: &mut [u8]) {
+    for (xs, m) in x.chunks_mut(8).zip(mask.iter_mut()) {
+        let mut bits = 0u8;
+        for (l, v) in xs.iter_mut().enumerate() {
+            bits |= ((*v > 0.0) as u8) << l;
+            *v = v.max(0.0);
+        }
+        *m = bits;
+    }
+}
+
+pub(crate) fn p_relu(x: &mut [f32]) {
+    x.iter_mut().for_each(|v| *v = v.max(0.0));
+}
+
+pub(crate) fn p_relu_backward(d: &mut [f32], mask: &[u8]) {
+    for (ds, &m) in d.chunks_mut(8).zip(mask) {
+        for (l, v) in ds.iter_mut().enumerate() {
+            *v = if m >> l & 1 != 0 { *v } else { 0.0 };
+        }
+    }
+}
+
+pub(crate) fn p_add(a: &mut [f32], b: &[f32]) {
+    a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+}
