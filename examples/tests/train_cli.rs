@@ -123,6 +123,14 @@ fn bad_arguments_are_clear_errors() {
             "a 1×2 grid needs 2 ranks, launched on 1",
         ),
         (
+            &["--parallel", "channel", "--channel-grid", "2x2"][..],
+            "a 2×2 grid needs 4 channel blocks, the layout has 1",
+        ),
+        (
+            &["--channel-grid", "2by2"][..],
+            "--channel-grid `2by2`: expected PCxPF",
+        ),
+        (
             &["--steps", "4", "--lr-warmup", "4"][..],
             "cosine over 4 steps with 4 warm-up steps",
         ),

@@ -45,16 +45,18 @@ const TRAIN_ARGS: [&str; 17] = [
     "--json",
 ];
 
-/// `--parallel` layouts `train` runs in under `mpirun`, with their rank counts: every sample,
-/// channel and spatial decomposition, alone and on a 2 × 2 grid. The batch of 6 leaves unequal
-/// shards on 4 sample blocks.
-const TRAIN_LAYOUTS: [(usize, &str); 6] = [
-    (2, "data"),
-    (4, "data"),
-    (2, "channel"),
-    (2, "spatial"),
-    (4, "2x2"),
-    (4, "2x2s"),
+/// `--parallel` layouts `train` runs in under `mpirun`, with their rank counts and extra
+/// arguments: every sample, channel and spatial decomposition, alone and on a 2 × 2 grid, and
+/// stationary-w on a 2 × 2 grid of channel blocks. The batch of 6 leaves unequal shards on 4
+/// sample blocks.
+const TRAIN_LAYOUTS: [(usize, &str, &[&str]); 7] = [
+    (2, "data", &[]),
+    (4, "data", &[]),
+    (2, "channel", &[]),
+    (4, "channel", &["--channel-grid", "2x2"]),
+    (2, "spatial", &[]),
+    (4, "2x2", &[]),
+    (4, "2x2s", &[]),
 ];
 
 /// Largest relative difference from the single-process loss a layout may show.
@@ -347,13 +349,14 @@ fn train_steps(p: &mut Pipeline, features: &str) {
     let Some(want) = reference else {
         return p.skipped_failure("train under mpirun", "the single-process run failed");
     };
-    for (ranks, layout) in TRAIN_LAYOUTS {
-        p.step(&format!("mpirun -np {ranks} train --parallel {layout}"), || {
-            let got = train_loss_under_mpirun(&exe, ranks, layout, &[])?;
+    for (ranks, layout, extra) in TRAIN_LAYOUTS {
+        let args = [&["--parallel", layout][..], extra].concat().join(" ");
+        p.step(&format!("mpirun -np {ranks} train {args}"), || {
+            let got = train_loss_under_mpirun(&exe, ranks, layout, extra)?;
             let d = rel_diff(got, want);
             if d > TRAIN_LOSS_RTOL {
                 return Err(XtaskError::Other(format!(
-                    "train --parallel {layout} on {ranks} ranks: loss {got}, one process {want} \
+                    "train {args} on {ranks} ranks: loss {got}, one process {want} \
                      (relative difference {d:.1e} > {TRAIN_LOSS_RTOL:.0e})"
                 )));
             }

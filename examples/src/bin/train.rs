@@ -14,6 +14,8 @@
 //! mpirun -np 2 target/release/train --parallel data --epochs 5
 //! mpirun -np 2 target/release/train --parallel channel --model vgg16 --dataset synthetic --steps 4
 //! mpirun -np 2 target/release/train --parallel spatial --model c3d --dataset synthetic --steps 4
+//! mpirun -np 4 target/release/train --parallel channel --channel-grid 2x2 --model vgg16 \
+//!     --dataset synthetic --steps 4
 //! ```
 
 use std::path::PathBuf;
@@ -21,8 +23,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use dist::{
-    Communicator, DataParallel, ProcessorGrid, Runtime, channel_parallel, register,
-    save_channel_parallel, spatial_parallel, split_momentum, sync_batch_norm,
+    Communicator, DataParallel, GridRegistration, ProcessorGrid, Runtime, channel_parallel,
+    register, save_channel_parallel, spatial_parallel, split_momentum, stationary_w_parallel,
+    sync_batch_norm,
 };
 use examples::peak_rss_bytes;
 use nn::{
@@ -125,6 +128,12 @@ struct Args {
     /// blocks, whose weights are split). Without MPI the world is this one process.
     #[arg(long)]
     parallel: Option<String>,
+    /// With C channel blocks (`--parallel channel` or `SxC`): run every split convolution with
+    /// the stationary-w algorithm on a `PCxPF` grid of the C blocks (PC · PF = C; each rank
+    /// holds a K/PF × C/PC block of every split weight) instead of alternating stationary-x
+    /// and stationary-y.
+    #[arg(long, value_name = "PCxPF")]
+    channel_grid: Option<String>,
     /// With several sample blocks, normalise each batch norm with its own shard's statistics
     /// (PyTorch DDP's default: no collectives inside the model, but the replicas no longer take
     /// the steps one process takes on the whole batch). By default the statistics are summed
@@ -148,6 +157,30 @@ fn lr_schedule(args: &Args, samples: usize, state: TrainState) -> Result<LrSched
         _ => Ok(LrSchedule::constant()),
     };
     schedule.map_err(|e| format!("--lr-schedule {}: {e}", args.lr_schedule))
+}
+
+/// The grid row's communicator registered alone, or with the stationary-w grid over it.
+enum RowRegistration {
+    Row(dist::Registration),
+    Grid(GridRegistration),
+}
+
+impl RowRegistration {
+    /// The handle of the row in rank order.
+    fn handle(&self) -> dist::CommHandle {
+        match self {
+            RowRegistration::Row(r) => r.handle(),
+            RowRegistration::Grid(g) => g.handles().full,
+        }
+    }
+
+    /// The row in rank order.
+    fn comm(&self) -> std::rc::Rc<dist::World> {
+        match self {
+            RowRegistration::Row(r) => r.comm(),
+            RowRegistration::Grid(g) => g.comm(),
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -215,6 +248,30 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                         "unknown --parallel `{other}` (available: data, channel, spatial, SxC, SxCs)"
                     )
                     .into());
+                }
+            }
+        }
+    };
+    let channel_grid = match args.channel_grid.as_deref() {
+        None => None,
+        Some(g) => {
+            let channels = grid_shape.filter(|_| !spatial).map_or(1, |(_, c)| c);
+            let parsed = g
+                .split_once('x')
+                .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)));
+            match parsed {
+                Some((pc, pf)) if pc * pf == channels && channels > 1 => Some((pc, pf)),
+                Some((pc, pf)) => {
+                    return Err(format!(
+                        "--channel-grid {g}: a {pc}×{pf} grid needs {} channel blocks, the layout \
+                         has {channels} (use --parallel channel or SxC over {} ranks)",
+                        pc * pf,
+                        pc * pf
+                    )
+                    .into());
+                }
+                None => {
+                    return Err(format!("--channel-grid `{g}`: expected PCxPF, e.g. 2x2").into());
                 }
             }
         }
@@ -349,10 +406,15 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         let grid = ProcessorGrid::new(&world, samples, channels)?;
         let part = grid.coords().1;
         let (channel_comm, sample_comm) = grid.into_comms();
-        let registration = register(channel_comm);
+        // The row alone, or the stationary-w grid over it (which registers the row too).
+        let registration = match channel_grid {
+            Some((pc, pf)) => RowRegistration::Grid(GridRegistration::new(channel_comm, pc, pf)?),
+            None => RowRegistration::Row(register(channel_comm)),
+        };
+        let row_handle = registration.handle();
         let mut channel_plan = None;
         if channels > 1 && spatial {
-            let (split, plan) = spatial_parallel(model, registration.handle(), channels, part)?;
+            let (split, plan) = spatial_parallel(model, row_handle, channels, part)?;
             model = split;
             say!(
                 "{samples}×{channels} grid: rows split {:?}, whole {:?}",
@@ -360,20 +422,34 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 plan.whole
             );
         } else if channels > 1 {
-            let (split, plan) = channel_parallel(model, registration.handle(), channels, part)?;
+            let (split, plan) = match &registration {
+                RowRegistration::Grid(g) => stationary_w_parallel(model, g.handles())?,
+                RowRegistration::Row(_) => channel_parallel(model, row_handle, channels, part)?,
+            };
             model = split;
             if args.resume.is_some() {
                 // The checkpoint was loaded whole; the momentum follows the model's blocks.
                 split_momentum(&mut opt, &model, &plan, channels, part)?;
             }
-            say!(
-                "{samples}×{channels} grid: channel parallel {:?}, filter parallel {:?}, batch norm \
-                 on blocks {:?}, whole {:?}",
-                plan.channel,
-                plan.filter,
-                plan.batch_norm,
-                plan.whole
-            );
+            if let Some((pc, pf)) = plan.grid {
+                say!(
+                    "{samples}×{channels} grid, channel blocks as {pc}×{pf}: stationary-w {:?}, \
+                     stationary-x {:?}, batch norm on blocks {:?}, whole {:?}",
+                    plan.stationary_w,
+                    plan.channel,
+                    plan.batch_norm,
+                    plan.whole
+                );
+            } else {
+                say!(
+                    "{samples}×{channels} grid: channel parallel {:?}, filter parallel {:?}, \
+                     batch norm on blocks {:?}, whole {:?}",
+                    plan.channel,
+                    plan.filter,
+                    plan.batch_norm,
+                    plan.whole
+                );
+            }
             channel_plan = Some(plan);
         }
         let samples_reg = register(sample_comm);
