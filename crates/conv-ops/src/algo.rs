@@ -117,7 +117,8 @@ impl Preset {
     /// - backward-data: [`BackwardDataAlgo::FlippedDirect`] when the transposed (stride-1)
     ///   form exists and [`direct_applies`]; else the flipped convgemm for stride-1 "same"
     ///   convolutions (output at least as large as the input), deconvgemm otherwise;
-    /// - backward-filter: [`BackwardFilterAlgo::Direct`] when [`direct_applies`] and an
+    /// - backward-filter: [`BackwardFilterAlgo::Direct`] when [`direct_applies`] with at most
+    ///   64 input and output channels per group (wider layers were not measured with it) and an
     ///   image's zero-padded input (one group) is at most 512 KiB (ResNet-20's and LeNet's
     ///   layers: 1.01-2.1× faster than the transposed convgemm at 1 thread, 1.3-3.1× at 2),
     ///   else the transposed convgemm (on large images, ResNet-50's 64@56², VGG's 64@224²,
@@ -139,7 +140,11 @@ impl Preset {
             } else {
                 BackwardDataAlgo::Deconvgemm
             },
-            backward_filter: if direct_applies(g) && padded_image_bytes(g) <= 512 << 10 {
+            backward_filter: if direct_applies(g)
+                && g.in_channels_per_group() <= 64
+                && g.out_channels_per_group() <= 64
+                && padded_image_bytes(g) <= 512 << 10
+            {
                 BackwardFilterAlgo::Direct
             } else {
                 BackwardFilterAlgo::ConvgemmTrans
@@ -161,12 +166,23 @@ impl Preset {
 /// Whether the direct convolution is the faster lean algorithm for `g` (forward, and the
 /// flipped backward-data of stride-1 layers): a kernel larger than 1×1 (a 1×1 kernel has too
 /// few multiply-adds per input value to pay for the padded copy: ResNet-20's 1×1 stride-2
-/// projections run 1.3-1.8× slower direct) and at most 64 input and output channels per group
-/// (from 128 channels on, convgemm's blocked GEMM is as fast or faster: ResNet-50's 128@28²
-/// 1.01×, its stride-2 128@56² 1.12×, 256@14² 1.18×, 512@7² 1.26× slower direct; measured
-/// 2026-11-21 23:30 UTC, docs/PERFORMANCE.md).
+/// projections run 1.3-1.8× slower direct) and at most 64 input and output channels per group,
+/// or at most 128 when the direct plan's output runs are flat (output lines laid out at the
+/// input line pitch, so that 28-wide lines fill 28 of 29 lanes instead of 28 of 32) on output
+/// lines of at least 16 values (the measured range; shorter lines keep the GEMM forms).
+/// Measured: from 128 channels on with per-line runs, convgemm's blocked GEMM is as fast or
+/// faster (ResNet-50's 256@14² 1.18×, 512@7² 1.26× slower direct, 2026-11-21 23:30 UTC); with
+/// flat runs ResNet-50's 128@28² runs 0.93× convgemm's time forward and 0.97× the flipped
+/// convgemm's backward-data, its stride-2 128@56² 0.97× forward (session 8, docs/PERFORMANCE.md),
+/// while 256@14² gains nothing from flat runs (27 runs per plane against 28).
 pub fn direct_applies(g: &ConvGeometry) -> bool {
-    g.kernel_len() > 1 && g.in_channels_per_group() <= 64 && g.out_channels_per_group() <= 64
+    let (cg, kg) = (g.in_channels_per_group(), g.out_channels_per_group());
+    g.kernel_len() > 1
+        && ((cg <= 64 && kg <= 64)
+            || (cg <= 128
+                && kg <= 128
+                && g.output().last().is_some_and(|&w| w >= 16)
+                && crate::direct::flat_line_pitch(g).is_some()))
 }
 
 /// Bytes of one image's zero-padded input for one group (C/G × Π (input + padding) floats).

@@ -64,15 +64,38 @@ fn channel_blocks(kg: usize) -> Vec<(usize, usize)> {
 /// Output pixels per vector (one AVX register of f32).
 pub(crate) const LANES: usize = OFFSET_LANES;
 
-/// One run of at most [`LANES`] consecutive outputs along the last dimension.
+/// One run of [`LANES`] lanes: at most [`LANES`] consecutive outputs along the last dimension
+/// (per-line runs), or, in a *flat* plan, [`LANES`] consecutive positions of the output lines
+/// laid out at the phase plane's line pitch, whose lanes past an output line's end are
+/// computed and dropped (see [`Plan::with_layout`]).
 #[derive(Debug, Clone, Copy)]
 struct PixelRun {
-    /// Offset of its first input (tap 0, channel 0) in the polyphase buffer.
+    /// Offset of lane 0's first input (tap 0, channel 0) in the polyphase buffer.
     src: usize,
     /// Offset of its first output in an output plane.
     dst: usize,
-    /// Outputs in the run, 1..=LANES.
+    /// Outputs in the run, 1..=LANES (back to back in the output plane).
     len: usize,
+    /// Lane of the first output (0 except for a flat run that starts past a line's end).
+    lane: usize,
+    /// Outputs before the dropped lanes (`len` when the run's outputs are one piece).
+    split: usize,
+    /// Dropped lanes between the run's two pieces (0 when one piece).
+    gap: usize,
+}
+
+impl PixelRun {
+    /// A run of `len` outputs from lane 0, one piece.
+    fn line(src: usize, dst: usize, len: usize) -> PixelRun {
+        PixelRun {
+            src,
+            dst,
+            len,
+            lane: 0,
+            split: len,
+            gap: 0,
+        }
+    }
 }
 
 /// Everything about a geometry the kernel loops need, independent of the image and group.
@@ -99,15 +122,36 @@ struct Plan {
 }
 
 impl Plan {
+    /// The plan of the backward-filter pass: per-line runs.
     fn new(g: &ConvGeometry) -> Result<Plan> {
+        Plan::with_layout(g, false)
+    }
+
+    /// The plan of the forward pass: flat runs where they need fewer runs than per-line ones
+    /// (see [`flat_line_pitch`]), per-line runs otherwise.
+    fn forward(g: &ConvGeometry) -> Result<Plan> {
+        Plan::with_layout(g, flat_line_pitch(g).is_some())
+    }
+
+    /// With `flat`, the phase planes' lines are [`flat_line_pitch`] values apart and the runs
+    /// cover the output lines of each output slice laid out at that pitch ([`LANES`]
+    /// consecutive positions per run, the positions past a line's end computed and dropped):
+    /// a valid output reads at most `min(pad before, pad after) − 1` values past its line's
+    /// pitch, into the next line's zero padding before its first input. Without, lines of
+    /// [`ALIGN_FROM`]+ values are padded to a multiple of [`LANES`] and each output line is cut
+    /// into its own runs.
+    fn with_layout(g: &ConvGeometry, flat: bool) -> Result<Plan> {
         let d = g.dims3();
         let mut q = [0usize; MAX_RANK];
         for i in 0..MAX_RANK {
             let padded = d.input[i] + d.pad[i] + pad_after3(g)[i];
             q[i] = padded.div_ceil(d.stride[i]);
         }
-        // Lines of ALIGN_FROM+ values start on 32-byte boundaries (see [`ALIGN_FROM`]).
-        if q[MAX_RANK - 1] >= ALIGN_FROM {
+        let flat = flat.then(|| flat_line_pitch(g)).flatten();
+        if let Some(pitch) = flat {
+            q[MAX_RANK - 1] = pitch;
+        } else if q[MAX_RANK - 1] >= ALIGN_FROM {
+            // Lines of ALIGN_FROM+ values start on 32-byte boundaries (see [`ALIGN_FROM`]).
             q[MAX_RANK - 1] = q[MAX_RANK - 1].next_multiple_of(LANES);
         }
         let sub = q[0] * q[1] * q[2];
@@ -115,9 +159,16 @@ impl Plan {
         let chan = sub * phases;
         let cg = g.in_channels_per_group();
         // Whole 64-byte lines, so that copies side by side start on a line as the first does.
+        // Slack after the last channel: a partial run's lanes (per-line), or a flat run's
+        // dropped lanes (up to a line past the last output).
+        let slack = if flat.is_some() {
+            LANES + q[MAX_RANK - 1]
+        } else {
+            LANES
+        };
         let xq_len = cg
             .checked_mul(chan)
-            .and_then(|v| v.checked_add(LANES))
+            .and_then(|v| v.checked_add(slack))
             .and_then(|v| v.checked_next_multiple_of(16))
             .ok_or(ConvError::Overflow {
                 field: "direct convolution's padded input",
@@ -142,18 +193,24 @@ impl Plan {
             .flat_map(|c| taps.iter().map(move |&t| c * chan + t))
             .collect();
         let o = d.output;
-        let mut runs = Vec::with_capacity(o[0] * o[1] * o[2].div_ceil(LANES));
-        for od in 0..o[0] {
-            for oh in 0..o[1] {
-                for ow in (0..o[2]).step_by(LANES) {
-                    runs.push(PixelRun {
-                        src: (od * q[1] + oh) * q[2] + ow,
-                        dst: (od * o[1] + oh) * o[2] + ow,
-                        len: LANES.min(o[2] - ow),
-                    });
+        let runs = match flat {
+            Some(pitch) => flat_runs(o, q, pitch),
+            None => {
+                let mut runs = Vec::with_capacity(o[0] * o[1] * o[2].div_ceil(LANES));
+                for od in 0..o[0] {
+                    for oh in 0..o[1] {
+                        for ow in (0..o[2]).step_by(LANES) {
+                            runs.push(PixelRun::line(
+                                (od * q[1] + oh) * q[2] + ow,
+                                (od * o[1] + oh) * o[2] + ow,
+                                LANES.min(o[2] - ow),
+                            ));
+                        }
+                    }
                 }
+                runs
             }
-        }
+        };
         let reach = offs.iter().copied().max().unwrap_or(0) + LANES;
         // Every load of every run stays inside the buffer: the last valid input of the last
         // channel is below cg·chan, and a partial run reads at most LANES − 1 values past it.
@@ -286,6 +343,66 @@ fn step_blocks(plan: &Plan, cg: usize) -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// The phase planes' line pitch of a flat plan (see [`Plan::with_layout`]), or `None` when
+/// flat runs would not need fewer runs than per-line ones. Stride 1 along the lines: the
+/// padding between two lines is shared (pitch = input + max(pad before, pad after), at least
+/// the output line); stride s > 1: the polyphase line as it is (a valid output never reads
+/// past it). At least [`LANES`] values, so that a run's outputs lie on at most two lines.
+///
+/// Measured (probe, thread CPU time, 1 thread, session 8): ResNet-50's 128@28² (28 outputs
+/// per 29-value line: 102 runs per plane against 112) and 256@14² (27 against 28) forward.
+pub(crate) fn flat_line_pitch(g: &ConvGeometry) -> Option<usize> {
+    let d = g.dims3();
+    let (l, pa) = (MAX_RANK - 1, pad_after3(g)[MAX_RANK - 1]);
+    let (wo, ho) = (d.output[l], d.output[l - 1]);
+    let pitch = if d.stride[l] == 1 {
+        (d.input[l] + d.pad[l].max(pa)).max(wo)
+    } else {
+        (d.input[l] + d.pad[l] + pa).div_ceil(d.stride[l])
+    };
+    if pitch < LANES || wo == 0 || ho == 0 {
+        return None;
+    }
+    let flat = ((ho - 1) * pitch + wo).div_ceil(LANES);
+    let per_line = ho * wo.div_ceil(LANES);
+    (flat < per_line).then_some(pitch)
+}
+
+/// The runs of a flat plan: per output slice (all dimensions but the last two), the output
+/// lines laid out `pitch` apart, cut into runs of [`LANES`] positions; positions at or past
+/// an output line's end (`o[2]`) are dropped, so a run holds one or two pieces of outputs,
+/// back to back in the output plane.
+fn flat_runs(o: [usize; MAX_RANK], q: [usize; MAX_RANK], pitch: usize) -> Vec<PixelRun> {
+    let (ho, wo) = (o[1], o[2]);
+    let last = (ho - 1) * pitch + wo;
+    let mut runs = Vec::with_capacity(o[0] * last.div_ceil(LANES));
+    for od in 0..o[0] {
+        for f in (0..last).step_by(LANES) {
+            // The valid lanes: positions p < last whose column p % pitch is an output.
+            let valid = |l: usize| f + l < last && (f + l) % pitch < wo;
+            let Some(lane) = (0..LANES).find(|&l| valid(l)) else {
+                continue;
+            };
+            let split = (lane..LANES).take_while(|&l| valid(l)).count();
+            let after = lane + split;
+            let (gap, rest) = match (after..LANES).find(|&l| valid(l)) {
+                Some(l2) => (l2 - after, (l2..LANES).take_while(|&l| valid(l)).count()),
+                None => (0, 0),
+            };
+            let p = f + lane;
+            runs.push(PixelRun {
+                src: od * q[1] * pitch + f,
+                dst: (od * ho + p / pitch) * wo + p % pitch,
+                len: split + rest,
+                lane,
+                split,
+                gap,
+            });
+        }
+    }
+    runs
+}
+
 /// Padding after, right-aligned in three dimensions (1 where the geometry has no dimension).
 fn pad_after3(g: &ConvGeometry) -> [usize; MAX_RANK] {
     let mut p = [0usize; MAX_RANK];
@@ -411,10 +528,16 @@ impl Call<'_> {
                             *out = v;
                         }
                     } else {
+                        // One or two pieces of lanes (a flat run drops the lanes between).
                         let out = &mut plane[r.dst..][..r.len];
-                        for (o, &v) in out.iter_mut().zip(vals) {
-                            let v = if first { v + b } else { *o + v };
-                            *o = if relu { v.max(0.0) } else { v };
+                        let (o1, o2) = out.split_at_mut(r.split);
+                        let second = r.lane + r.split + r.gap;
+                        let pieces = [(o1, &vals[r.lane..]), (o2, &vals[second.min(LANES)..])];
+                        for (out, vals) in pieces {
+                            for (o, &v) in out.iter_mut().zip(vals) {
+                                let v = if first { v + b } else { *o + v };
+                                *o = if relu { v.max(0.0) } else { v };
+                            }
                         }
                     }
                 }
@@ -481,7 +604,7 @@ pub(crate) fn forward(
     relu: bool,
     y: &mut [f32],
 ) -> Result<()> {
-    let plan = Plan::new(g)?;
+    let plan = Plan::forward(g)?;
     let blocks = channel_blocks(g.out_channels_per_group());
     let chunks = step_blocks(&plan, g.in_channels_per_group());
     let wp = (0..g.groups())
@@ -834,6 +957,62 @@ mod tests {
             .with_padding(&[1])
             .unwrap();
         assert_eq!(step_blocks(&Plan::new(&c3d).unwrap(), 64).len(), 1);
+    }
+
+    /// The geometries of the `direct_flat_runs` integration test do get flat plans, with the
+    /// run shapes it means to cover; the 56², 224² and 7² lines (whole runs, or no
+    /// fewer runs flat) and 1-D layers do not.
+    #[test]
+    fn flat_plans() {
+        let lenet = ConvGeometry::new(3, 6, 16, &[14, 14], &[5, 5]).unwrap();
+        assert_eq!(flat_line_pitch(&lenet), Some(14));
+        let r50 = |c, hw| {
+            ConvGeometry::new(2, c, c, &[hw, hw], &[3, 3])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap()
+        };
+        assert_eq!(flat_line_pitch(&r50(12, 28)), Some(29));
+        let s2 = ConvGeometry::new(2, 5, 7, &[13, 23], &[3, 3])
+            .unwrap()
+            .with_stride(&[1, 2])
+            .unwrap()
+            .with_padding_per_side(&[1, 2], &[2, 1])
+            .unwrap();
+        assert_eq!(flat_line_pitch(&s2), Some(13));
+        let dil = ConvGeometry::new(1, 4, 9, &[12, 21], &[3, 3])
+            .unwrap()
+            .with_dilation(&[2])
+            .unwrap()
+            .with_padding_per_side(&[2, 1], &[0, 2])
+            .unwrap();
+        assert_eq!(flat_line_pitch(&dil), Some(23));
+        let one = ConvGeometry::new(2, 6, 10, &[9, 10], &[1, 1])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap();
+        assert_eq!(flat_line_pitch(&one), Some(12));
+        let c3 = ConvGeometry::new(2, 6, 8, &[3, 6, 12], &[3, 3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap()
+            .with_groups(2)
+            .unwrap();
+        assert_eq!(flat_line_pitch(&c3), Some(13));
+        // Run shapes: a run starting past a line's end, one holding two pieces, whole runs.
+        let runs = Plan::forward(&r50(12, 28)).unwrap().runs;
+        assert_eq!(runs.len(), 102);
+        assert!(runs.iter().any(|r| r.lane > 0));
+        assert!(runs.iter().any(|r| r.gap > 0 && r.split < r.len));
+        assert!(runs.iter().any(|r| r.len == LANES));
+        assert_eq!(runs.iter().map(|r| r.len).sum::<usize>(), 28 * 28);
+        // The per-line plans of the backward-filter pass stay per line.
+        assert_eq!(Plan::new(&r50(12, 28)).unwrap().runs.len(), 112);
+        for g in [r50(64, 56), r50(64, 224), r50(512, 7)] {
+            assert_eq!(flat_line_pitch(&g), None, "{g:?}");
+        }
+        let one_d = ConvGeometry::new(1, 2, 2, &[30], &[3]).unwrap();
+        assert_eq!(flat_line_pitch(&one_d), None);
     }
 
     /// The direct backward-filter reads dy in place on the geometry the integration test

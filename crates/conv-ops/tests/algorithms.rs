@@ -455,6 +455,107 @@ fn direct_with_input_channel_blocks() {
 /// The direct backward-filter over many images (several blocks of images, more than one
 /// 128-run chunk per call sequence, images split across 1, 2 and 3 threads with partial sums),
 /// with partial pixel runs, stride, dilation, groups and 3-D, against the reference.
+/// The direct forward and flipped-direct backward-data on geometries whose plans use flat runs
+/// (output lines laid out at the phase planes' line pitch, the lanes past a line's end
+/// dropped; `direct::tests::flat_plans` checks that these do): runs that start past a line's
+/// end, that hold the end of one line and the start of the next, lines shorter than a run,
+/// shared padding between lines (stride 1), a strided last dimension, dilation, asymmetric
+/// padding, a 1×1 kernel with padding (the output line as long as the pitch), 3-D, groups,
+/// bias and ReLU, 1-3 threads (images across threads, or the channel blocks of each band).
+#[test]
+fn direct_flat_runs() {
+    let layers = [
+        // LeNet's c2: 10 outputs per 14-value line.
+        ConvGeometry::new(3, 6, 16, &[14, 14], &[5, 5]).unwrap(),
+        // ResNet-50's 128@28² shape at 12 channels: 28 outputs per 29-value line.
+        ConvGeometry::new(2, 12, 13, &[28, 28], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+        ConvGeometry::new(2, 5, 7, &[13, 23], &[3, 3])
+            .unwrap()
+            .with_stride(&[1, 2])
+            .unwrap()
+            .with_padding_per_side(&[1, 2], &[2, 1])
+            .unwrap(),
+        ConvGeometry::new(1, 4, 9, &[12, 21], &[3, 3])
+            .unwrap()
+            .with_dilation(&[2])
+            .unwrap()
+            .with_padding_per_side(&[2, 1], &[0, 2])
+            .unwrap(),
+        ConvGeometry::new(2, 6, 10, &[9, 10], &[1, 1])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+        ConvGeometry::new(2, 6, 8, &[3, 6, 12], &[3, 3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap()
+            .with_groups(2)
+            .unwrap(),
+    ];
+    for threads in [1, 2, 3] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        for (i, g) in layers.iter().enumerate() {
+            let seed = 300 + 10 * i as u64;
+            let (x, w, dy) = (
+                uniform(seed, g.x_len()),
+                uniform(seed + 1, g.w_len()),
+                uniform(seed + 2, g.y_len()),
+            );
+            let bias = uniform(seed + 3, g.out_channels());
+            let mut want = vec![0f32; g.y_len()];
+            reference::forward(g, &x, &w, Some(&bias), &mut want).unwrap();
+            for relu in [false, true] {
+                let want: Vec<f32> = want
+                    .iter()
+                    .map(|&v| if relu { v.max(0.0) } else { v })
+                    .collect();
+                let mut y = vec![f32::NAN; g.y_len()];
+                pool.install(|| {
+                    forward(
+                        g,
+                        &x,
+                        &w,
+                        Some(&bias),
+                        relu,
+                        &mut y,
+                        ForwardAlgo::Direct,
+                        &mut Workspace::new(false),
+                    )
+                })
+                .unwrap();
+                tol(g.in_channels_per_group() * g.kernel_len())
+                    .check(&format!("{threads} threads, relu {relu}, {g:?}"), &y, &want)
+                    .unwrap();
+            }
+            if conv_ops::transposed_geometry(g).is_ok() {
+                let mut want = vec![0f32; g.x_len()];
+                reference::backward_data(g, &dy, &w, &mut want).unwrap();
+                let mut dx = vec![f32::NAN; g.x_len()];
+                pool.install(|| {
+                    backward_data(
+                        g,
+                        &dy,
+                        &w,
+                        &mut dx,
+                        BackwardDataAlgo::FlippedDirect,
+                        &mut Workspace::new(false),
+                    )
+                })
+                .unwrap();
+                tol(g.out_channels_per_group() * g.kernel_len())
+                    .check(&format!("dx, {threads} threads, {g:?}"), &dx, &want)
+                    .unwrap();
+            }
+        }
+    }
+}
+
 #[test]
 fn direct_backward_filter_blocks_and_threads() {
     let layers = [
@@ -570,8 +671,34 @@ fn lean_preset_per_geometry() {
         Preset::lean_for(&valid).backward_data,
         BackwardDataAlgo::FlippedDirect
     );
+    // 128 channels on 20-wide lines (flat runs: 53 per plane against 60): direct forward and
+    // backward-data, the transposed convgemm for the weights; 256 channels or 12-wide lines:
+    // the GEMM forms.
+    let flat = ConvGeometry::new(1, 128, 128, &[20, 20], &[3, 3])
+        .unwrap()
+        .with_padding(&[1])
+        .unwrap();
+    let p = Preset::lean_for(&flat);
+    assert_eq!(p.forward, ForwardAlgo::Direct);
+    assert_eq!(p.backward_data, BackwardDataAlgo::FlippedDirect);
+    assert_eq!(p.backward_filter, BackwardFilterAlgo::ConvgemmTrans);
+    let p = Preset::lean_for(
+        &ConvGeometry::new(1, 256, 256, &[12, 12], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+    );
+    assert_eq!(p.forward, ForwardAlgo::Convgemm);
+    assert_eq!(p.backward_data, BackwardDataAlgo::FlippedConvgemm);
+    let p = Preset::lean_for(
+        &ConvGeometry::new(1, 128, 128, &[12, 12], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+    );
+    assert_eq!(p.forward, ForwardAlgo::Convgemm);
 
-    for (i, g) in [rn20, s2, proj, wide, valid].iter().enumerate() {
+    for (i, g) in [rn20, s2, proj, wide, valid, flat].iter().enumerate() {
         let p = Preset::lean_for(g);
         let seed = 100 + i as u64;
         let (x, w, dy) = (
