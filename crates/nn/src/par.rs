@@ -1,10 +1,14 @@
 //! Element-wise loops over large tensors, split across rayon's threads (the layers' own loops:
-//! ReLU, batch norm's normalisation, the residual sum). Below [`PAR_MIN`] values, or on one
-//! thread, they run on the calling thread as plain loops.
+//! ReLU, batch norm's normalisation, the residual sum). Each task hands a run of values to one
+//! of `core_blas::vector`'s kernels. Below [`PAR_MIN`] values, or on one thread, they run on the
+//! calling thread in one piece (or plane by plane).
 
 use rayon::prelude::*;
 
-/// Values per parallel task (128 KiB of f32); smaller tensors are not split.
+use crate::error::Result;
+
+/// Values per parallel task (128 KiB of f32); smaller tensors are not split. A multiple of 8,
+/// so a task's values start on a byte of a one-bit-per-value mask.
 pub(crate) const PAR_MIN: usize = 1 << 15;
 
 /// Whether a loop over `len` values is worth splitting.
@@ -12,37 +16,58 @@ fn split(len: usize) -> bool {
     len >= 2 * PAR_MIN && rayon::current_num_threads() > 1
 }
 
-/// `f(&mut a[i])` for every `i`.
-pub(crate) fn map_mut(a: &mut [f32], f: impl Fn(&mut f32) + Sync) {
+/// `f(run)` over consecutive runs of `a` that together cover it once.
+pub(crate) fn runs(a: &mut [f32], f: impl Fn(&mut [f32]) -> Result<()> + Sync) -> Result<()> {
     if split(a.len()) {
-        a.par_chunks_mut(PAR_MIN)
-            .for_each(|a| a.iter_mut().for_each(&f));
+        a.par_chunks_mut(PAR_MIN).try_for_each(&f)
     } else {
-        a.iter_mut().for_each(f);
+        f(a)
     }
 }
 
-/// `f(&mut a[i], &mut b[i])` for every `i` (the slices have one length).
-pub(crate) fn zip_mut<T: Send>(a: &mut [f32], b: &mut [T], f: impl Fn(&mut f32, &mut T) + Sync) {
-    let run = |a: &mut [f32], b: &mut [T]| a.iter_mut().zip(b).for_each(|(x, y)| f(x, y));
-    if split(a.len()) {
-        a.par_chunks_mut(PAR_MIN)
-            .zip(b.par_chunks_mut(PAR_MIN))
-            .for_each(|(a, b)| run(a, b));
-    } else {
-        run(a, b);
-    }
-}
-
-/// `f(&mut a[i], &b[i])` for every `i` (the slices have one length).
-pub(crate) fn zip_ref<T: Sync>(a: &mut [f32], b: &[T], f: impl Fn(&mut f32, &T) + Sync) {
-    let run = |a: &mut [f32], b: &[T]| a.iter_mut().zip(b).for_each(|(x, y)| f(x, y));
+/// `f(run_a, run_b)` over matching runs of `a` and `b` (one length).
+pub(crate) fn runs_ref(
+    a: &mut [f32],
+    b: &[f32],
+    f: impl Fn(&mut [f32], &[f32]) -> Result<()> + Sync,
+) -> Result<()> {
     if split(a.len()) {
         a.par_chunks_mut(PAR_MIN)
             .zip(b.par_chunks(PAR_MIN))
-            .for_each(|(a, b)| run(a, b));
+            .try_for_each(|(a, b)| f(a, b))
     } else {
-        run(a, b);
+        f(a, b)
+    }
+}
+
+/// `f(run, bits)` over runs of `a` with the bytes of a one-bit-per-value mask `bits` that
+/// cover them (bit `i % 8` of byte `i / 8` for value `i` of the run).
+pub(crate) fn runs_bits_mut(
+    a: &mut [f32],
+    bits: &mut [u8],
+    f: impl Fn(&mut [f32], &mut [u8]) -> Result<()> + Sync,
+) -> Result<()> {
+    if split(a.len()) {
+        a.par_chunks_mut(PAR_MIN)
+            .zip(bits.par_chunks_mut(PAR_MIN / 8))
+            .try_for_each(|(a, b)| f(a, b))
+    } else {
+        f(a, bits)
+    }
+}
+
+/// The same with the mask read only.
+pub(crate) fn runs_bits(
+    a: &mut [f32],
+    bits: &[u8],
+    f: impl Fn(&mut [f32], &[u8]) -> Result<()> + Sync,
+) -> Result<()> {
+    if split(a.len()) {
+        a.par_chunks_mut(PAR_MIN)
+            .zip(bits.par_chunks(PAR_MIN / 8))
+            .try_for_each(|(a, b)| f(a, b))
+    } else {
+        f(a, bits)
     }
 }
 
@@ -52,22 +77,22 @@ pub(crate) fn planes_mut(
     a: &mut [f32],
     b: &mut [f32],
     plane: usize,
-    f: impl Fn(usize, &mut [f32], &mut [f32]) + Sync,
-) {
+    f: impl Fn(usize, &mut [f32], &mut [f32]) -> Result<()> + Sync,
+) -> Result<()> {
     if plane == 0 {
-        return;
+        return Ok(());
     }
     if split(a.len()) {
         a.par_chunks_mut(plane)
             .zip(b.par_chunks_mut(plane))
             .enumerate()
             .with_min_len(PAR_MIN.div_ceil(plane))
-            .for_each(|(p, (a, b))| f(p, a, b));
+            .try_for_each(|(p, (a, b))| f(p, a, b))
     } else {
         a.chunks_mut(plane)
             .zip(b.chunks_mut(plane))
             .enumerate()
-            .for_each(|(p, (a, b))| f(p, a, b));
+            .try_for_each(|(p, (a, b))| f(p, a, b))
     }
 }
 
@@ -77,45 +102,53 @@ pub(crate) fn planes_ref(
     a: &mut [f32],
     b: &[f32],
     plane: usize,
-    f: impl Fn(usize, &mut [f32], &[f32]) + Sync,
-) {
+    f: impl Fn(usize, &mut [f32], &[f32]) -> Result<()> + Sync,
+) -> Result<()> {
     if plane == 0 {
-        return;
+        return Ok(());
     }
     if split(a.len()) {
         a.par_chunks_mut(plane)
             .zip(b.par_chunks(plane))
             .enumerate()
             .with_min_len(PAR_MIN.div_ceil(plane))
-            .for_each(|(p, (a, b))| f(p, a, b));
+            .try_for_each(|(p, (a, b))| f(p, a, b))
     } else {
         a.chunks_mut(plane)
             .zip(b.chunks(plane))
             .enumerate()
-            .for_each(|(p, (a, b))| f(p, a, b));
+            .try_for_each(|(p, (a, b))| f(p, a, b))
     }
 }
 
 /// `f(p, &mut a_p)` for every plane `p` of `plane` values of `a` (a multiple of `plane` long).
-pub(crate) fn planes(a: &mut [f32], plane: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+pub(crate) fn planes(
+    a: &mut [f32],
+    plane: usize,
+    f: impl Fn(usize, &mut [f32]) -> Result<()> + Sync,
+) -> Result<()> {
     if plane == 0 {
-        return;
+        return Ok(());
     }
     if split(a.len()) {
         a.par_chunks_mut(plane)
             .enumerate()
             .with_min_len(PAR_MIN.div_ceil(plane))
-            .for_each(|(p, a)| f(p, a));
+            .try_for_each(|(p, a)| f(p, a))
     } else {
-        a.chunks_mut(plane).enumerate().for_each(|(p, a)| f(p, a));
+        a.chunks_mut(plane)
+            .enumerate()
+            .try_for_each(|(p, a)| f(p, a))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::NnError;
 
-    /// The split and unsplit paths visit every value once, with its own partner and plane.
+    /// The split and unsplit paths visit every value once, with its own partner, mask byte and
+    /// plane, and pass errors on.
     #[test]
     fn every_value_once_split_or_not() {
         let pool = rayon::ThreadPoolBuilder::new()
@@ -123,33 +156,65 @@ mod tests {
             .build()
             .unwrap();
         for threads in [1, 2] {
-            let on = |f: &mut (dyn FnMut() + Send)| {
+            let on = |f: &mut (dyn FnMut() -> Result<()> + Send)| {
                 if threads == 2 { pool.install(f) } else { f() }
             };
             for len in [0, 5, 2 * PAR_MIN - 1, 3 * PAR_MIN + 17] {
                 let mut a: Vec<f32> = (0..len).map(|i| i as f32).collect();
-                let mut b: Vec<f32> = vec![1.0; len];
                 on(&mut || {
-                    zip_mut(&mut a, &mut b, |x, y| {
-                        *y += *x;
-                        *x *= 2.0;
+                    runs(&mut a, |r| {
+                        r.iter_mut().for_each(|x| *x *= 2.0);
+                        Ok(())
+                    })
+                })
+                .unwrap();
+                assert!(a.iter().enumerate().all(|(i, &v)| v == 2.0 * i as f32));
+                let c = vec![4.0f32; len];
+                on(&mut || {
+                    runs_ref(&mut a, &c, |x, y| {
+                        assert_eq!(x.len(), y.len());
+                        x.iter_mut().zip(y).for_each(|(x, y)| *x -= y);
+                        Ok(())
+                    })
+                })
+                .unwrap();
+                assert!(
+                    a.iter()
+                        .enumerate()
+                        .all(|(i, &v)| v == 2.0 * i as f32 - 4.0)
+                );
+                // Each run sees the mask bytes of its own values: byte j of a run covers values
+                // 8j.. of it, so write there the whole tensor's byte index of value 8j.
+                let mut bits = vec![0u8; len.div_ceil(8)];
+                let mut idx: Vec<f32> = (0..len).map(|i| i as f32).collect();
+                on(&mut || {
+                    runs_bits_mut(&mut idx, &mut bits, |x, b| {
+                        assert!(b.len() >= x.len().div_ceil(8));
+                        for (j, b) in b.iter_mut().enumerate().take(x.len().div_ceil(8)) {
+                            *b = ((x[8 * j] as usize / 8) % 251) as u8;
+                        }
+                        Ok(())
+                    })
+                })
+                .unwrap();
+                assert!(bits.iter().enumerate().all(|(j, &b)| b as usize == j % 251));
+                on(&mut || {
+                    runs_bits(&mut idx, &bits, |x, b| {
+                        for (j, &b) in b.iter().enumerate().take(x.len().div_ceil(8)) {
+                            assert_eq!(b as usize, (x[8 * j] as usize / 8) % 251);
+                        }
+                        Ok(())
+                    })
+                })
+                .unwrap();
+                let failed = on(&mut || {
+                    runs(&mut a, |_| {
+                        Err(NnError::NoForward {
+                            layer: "test".into(),
+                        })
                     })
                 });
-                assert!(a.iter().enumerate().all(|(i, &v)| v == 2.0 * i as f32));
-                assert!(b.iter().enumerate().all(|(i, &v)| v == 1.0 + i as f32));
-                on(&mut || map_mut(&mut a, |x| *x += 1.0));
-                assert!(
-                    a.iter()
-                        .enumerate()
-                        .all(|(i, &v)| v == 2.0 * i as f32 + 1.0)
-                );
-                let c = vec![4.0f32; len];
-                on(&mut || zip_ref(&mut a, &c, |x, y| *x -= y));
-                assert!(
-                    a.iter()
-                        .enumerate()
-                        .all(|(i, &v)| v == 2.0 * i as f32 - 3.0)
-                );
+                assert!(failed.is_err());
                 for plane in [1, 7, 64] {
                     let n = len / plane * plane;
                     let (mut p, mut q) = (vec![0.0f32; n], vec![0.0f32; n]);
@@ -157,15 +222,19 @@ mod tests {
                         planes_mut(&mut p, &mut q, plane, |k, x, y| {
                             x.fill(k as f32);
                             y.iter_mut().for_each(|v| *v += 1.0);
+                            Ok(())
                         })
-                    });
+                    })
+                    .unwrap();
                     assert!(p.iter().enumerate().all(|(i, &v)| v == (i / plane) as f32));
                     assert!(q.iter().all(|&v| v == 1.0));
                     on(&mut || {
                         planes_ref(&mut p, &q, plane, |k, x, y| {
-                            x.iter_mut().zip(y).for_each(|(x, y)| *x += y + k as f32)
+                            x.iter_mut().zip(y).for_each(|(x, y)| *x += y + k as f32);
+                            Ok(())
                         })
-                    });
+                    })
+                    .unwrap();
                     assert!(
                         p.iter()
                             .enumerate()
@@ -173,9 +242,11 @@ mod tests {
                     );
                     on(&mut || {
                         planes(&mut q, plane, |k, x| {
-                            x.iter_mut().for_each(|v| *v += k as f32)
+                            x.iter_mut().for_each(|v| *v += k as f32);
+                            Ok(())
                         })
-                    });
+                    })
+                    .unwrap();
                     assert!(
                         q.iter()
                             .enumerate()

@@ -1,25 +1,11 @@
 //! [`BatchNorm`]: batch normalisation over the batch and spatial axes, per channel.
 
+use core_blas::vector::Vector;
 use rayon::prelude::*;
 
 use crate::error::{NnError, Result};
 use crate::layer::{Layer, Parameter};
 use crate::tensor::Tensor;
-
-/// Σ f(a[i], b[i]) over a plane in 8 f32 lanes (vectorisable; a plane's partial sums stay short),
-/// returned in f64 for the sum over planes.
-fn lanes(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f64 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for l in 0..8 {
-            acc[l] += f(x[l], y[l]);
-        }
-    }
-    let tail: f64 = ra.iter().zip(rb).map(|(&x, &y)| f(x, y) as f64).sum();
-    acc.iter().map(|&v| v as f64).sum::<f64>() + tail
-}
 
 /// The per-channel statistics hook of [`BatchNorm::forward_reduced`] and
 /// [`BatchNorm::backward_reduced`]: replaces the buffer by its element-wise sum over the
@@ -107,13 +93,14 @@ impl BatchNorm {
         let (n, plane) = self.dims(&shape)?;
         let c = self.channels;
         let local = n * plane;
+        let v = Vector::global()?;
         let (mean, var, count): (Vec<f64>, Vec<f64>, usize) = if train {
             let data = x.data();
             let planes = |ch: usize| (0..n).map(move |i| &data[(i * c + ch) * plane..][..plane]);
             // Σ x per channel, and the number of values, summed over the parts.
             let mut sums: Vec<f64> = (0..c)
                 .into_par_iter()
-                .map(|ch| planes(ch).map(|p| lanes(p, p, |v, _| v)).sum())
+                .map(|ch| planes(ch).map(|p| v.sum(p)).sum())
                 .collect();
             sums.push(local as f64);
             reduce(&mut sums)?;
@@ -128,9 +115,7 @@ impl BatchNorm {
                 .into_par_iter()
                 .map(|ch| {
                     let m = mean[ch] as f32;
-                    planes(ch)
-                        .map(|p| lanes(p, p, |v, _| (v - m) * (v - m)))
-                        .sum()
+                    planes(ch).map(|p| v.sum_sq_dev(p, m)).sum()
                 })
                 .collect();
             reduce(&mut ss)?;
@@ -159,16 +144,16 @@ impl BatchNorm {
         if train {
             crate::par::planes_mut(x.data_mut(), &mut xhat, plane, |k, p, h| {
                 let (m, s, g, b) = affine(k);
-                for (h, v) in h.iter_mut().zip(p.iter_mut()) {
-                    *h = (*v - m) * s;
-                    *v = *h * g + b;
-                }
-            });
+                Ok(v.bn_train(p, h, m, s, g, b)?)
+            })?;
         } else {
+            // y = x·a + b with a = γ/σ and b = β − μ·a (one multiply-add per value).
             crate::par::planes(x.data_mut(), plane, |k, p| {
                 let (m, s, g, b) = affine(k);
-                p.iter_mut().for_each(|v| *v = (*v - m) * s * g + b);
-            });
+                let a = s * g;
+                v.scale_shift(p, a, b - m * a);
+                Ok(())
+            })?;
         }
         if train {
             let unbias = count as f64 / (count - 1) as f64;
@@ -221,20 +206,21 @@ impl BatchNorm {
         let c = self.channels;
         let xhat = xhat.data();
         // Per channel: Σ dy and Σ dy·x̂, then the value count, summed over the parts.
-        let mut flat: Vec<f64> = (0..c)
+        let v = Vector::global()?;
+        let sums: Vec<[f64; 2]> = (0..c)
             .into_par_iter()
             .map(|ch| {
                 let (mut s, mut sx) = (0f64, 0f64);
                 for i in 0..n {
                     let at = (i * c + ch) * plane;
                     let (d, h) = (&dy.data()[at..at + plane], &xhat[at..at + plane]);
-                    s += lanes(d, d, |v, _| v);
-                    sx += lanes(d, h, |a, b| a * b);
+                    let (a, b) = v.sum_dot(d, h)?;
+                    (s, sx) = (s + a, sx + b);
                 }
-                [s, sx]
+                Ok([s, sx])
             })
-            .flatten_iter()
-            .collect();
+            .collect::<Result<_>>()?;
+        let mut flat: Vec<f64> = sums.into_iter().flatten().collect();
         let write = |bn: &mut BatchNorm, flat: &[f64]| {
             for (ch, p) in flat.chunks_exact(2).take(c).enumerate() {
                 bn.bias.grad.data_mut()[ch] = p[0] as f32;
@@ -260,10 +246,8 @@ impl BatchNorm {
             let ch = p % c;
             let k = gamma[ch] * inv_std[ch];
             let (md, mdx) = ((sums[ch].0 / count) as f32, (sums[ch].1 / count) as f32);
-            for (d, &h) in d.iter_mut().zip(h.iter()) {
-                *d = k * (*d - md - h * mdx);
-            }
-        });
+            Ok(v.bn_backward(d, h, k, md, mdx)?)
+        })?;
         Ok(Some(dy))
     }
 }

@@ -1,17 +1,20 @@
 //! [`Relu`]: `y = max(x, 0)`.
 
+use core_blas::vector::{Vector, mask_bytes};
+
 use crate::error::{NnError, Result};
 use crate::layer::Layer;
 use crate::tensor::Tensor;
 
-/// The rectified linear unit. Keeps one bit per value (as bytes) for backward.
+/// The rectified linear unit. Keeps one bit per value for backward.
 #[derive(Debug, Default)]
 pub struct Relu {
     /// The shape of the forward input backward has not consumed yet.
     saved: Option<Vec<usize>>,
-    /// `x > 0` per value of that input. Kept after backward, so the next step's forward
-    /// fills the same allocation instead of faulting in fresh pages.
-    mask: Vec<bool>,
+    /// `x > 0` per value of that input, one bit each (bit `i % 8` of byte `i / 8`). Kept after
+    /// backward, so the next step's forward fills the same allocation instead of faulting in
+    /// fresh pages.
+    mask: Vec<u8>,
 }
 
 impl Relu {
@@ -27,16 +30,21 @@ impl Layer for Relu {
     }
 
     fn forward(&mut self, mut x: Tensor, train: bool) -> Result<Tensor> {
+        let v = Vector::global()?;
         if train {
             self.mask.clear();
-            self.mask.resize(x.len(), false);
-            crate::par::zip_mut(x.data_mut(), &mut self.mask, |v, keep| {
-                *keep = *v > 0.0;
-                *v = v.max(0.0);
-            });
+            self.mask.resize(mask_bytes(x.len()), 0);
+            crate::par::runs_bits_mut(
+                x.data_mut(),
+                &mut self.mask,
+                |x, m| Ok(v.relu_train(x, m)?),
+            )?;
             self.saved = Some(x.shape().to_vec());
         } else {
-            crate::par::map_mut(x.data_mut(), |v| *v = v.max(0.0));
+            crate::par::runs(x.data_mut(), |x| {
+                v.relu(x);
+                Ok(())
+            })?;
         }
         Ok(x)
     }
@@ -56,10 +64,8 @@ impl Layer for Relu {
         if !need_dx {
             return Ok(None);
         }
-        // A select, not a branch: vectorises.
-        crate::par::zip_ref(dy.data_mut(), &self.mask, |d, &keep| {
-            *d = if keep { *d } else { 0.0 };
-        });
+        let v = Vector::global()?;
+        crate::par::runs_bits(dy.data_mut(), &self.mask, |d, m| Ok(v.relu_backward(d, m)?))?;
         Ok(Some(dy))
     }
 

@@ -207,9 +207,10 @@ impl Residual {
     }
 }
 
-/// `a += b`, element by element.
-fn add_into(a: &mut Tensor, b: &Tensor) {
-    crate::par::zip_ref(a.data_mut(), b.data(), |x, y| *x += y);
+/// `a += b`, element by element (`a` and `b` of one shape).
+fn add_into(a: &mut Tensor, b: &Tensor) -> Result<()> {
+    let v = core_blas::vector::Vector::global()?;
+    crate::par::runs_ref(a.data_mut(), b.data(), |a, b| Ok(v.add(a, b)?))
 }
 
 impl Layer for Residual {
@@ -254,7 +255,7 @@ impl Layer for Residual {
                 format!("a shortcut of shape {:?}", h.shape()),
             ));
         }
-        add_into(&mut h, &skip);
+        add_into(&mut h, &skip)?;
         self.out.forward(h, train)
     }
 
@@ -272,7 +273,7 @@ impl Layer for Residual {
         let main = Layer::backward(&mut self.body, d, need_dx)?;
         Ok(match (main, skip) {
             (Some(mut a), Some(b)) => {
-                add_into(&mut a, &b);
+                add_into(&mut a, &b)?;
                 Some(a)
             }
             _ => None,
