@@ -30,7 +30,8 @@ pub enum BackwardDataAlgo {
     /// convolution as a forward one); workspace: the flipped weights.
     FlippedConvgemm,
     /// Stride 1 only: the same transposed convolution run by the direct convolution
-    /// ([`ForwardAlgo::Direct`]); workspace: the flipped weights.
+    /// ([`ForwardAlgo::Direct`]), which packs the flipped weights straight from w (no
+    /// workspace).
     FlippedDirect,
 }
 
@@ -251,9 +252,9 @@ impl fmt::Display for Preset {
 
 /// Bytes of workspace that `conv-ops` allocates for one pass beyond its inputs and outputs:
 /// the im2col / GEMM-result buffer of the `base` algorithms (one group at a time), the Reindex
-/// buffer of `rdx`, the flipped weights of [`BackwardDataAlgo::FlippedConvgemm`] and
-/// [`BackwardDataAlgo::FlippedDirect`], zero for the
-/// fused algorithms. Not counted: the GEMM's packing buffers
+/// buffer of `rdx`, the flipped weights of [`BackwardDataAlgo::FlippedConvgemm`], zero for the
+/// fused algorithms (and [`BackwardDataAlgo::FlippedDirect`], whose packed weights are built
+/// from w directly). Not counted: the GEMM's packing buffers
 /// (per thread, bounded by the cache blocking, independent of the batch), the micro-tile
 /// the store receives, and the C panel of deconvgemm and of the forward convgemm on small
 /// output planes (one per thread, kept in thread-local storage across calls: at most 128 Ki
@@ -270,14 +271,13 @@ pub fn workspace_bytes(g: &ConvGeometry, pass: Pass) -> usize {
         | Pass::Forward(ForwardAlgo::Direct)
         | Pass::BackwardData(BackwardDataAlgo::Deconvgemm)
         | Pass::BackwardFilter(BackwardFilterAlgo::ConvgemmTrans)
-        | Pass::BackwardFilter(BackwardFilterAlgo::Direct) => 0,
+        | Pass::BackwardFilter(BackwardFilterAlgo::Direct)
+        | Pass::BackwardData(BackwardDataAlgo::FlippedDirect) => 0,
         Pass::Forward(ForwardAlgo::Im2colGemm)
         | Pass::BackwardData(BackwardDataAlgo::GemmCol2im)
         | Pass::BackwardFilter(BackwardFilterAlgo::Im2colGemmT)
         | Pass::BackwardFilter(BackwardFilterAlgo::ReindexConvgemm) => buffer,
-        Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm | BackwardDataAlgo::FlippedDirect) => {
-            g.w_len() * size_of::<f32>()
-        }
+        Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm) => g.w_len() * size_of::<f32>(),
     }
 }
 

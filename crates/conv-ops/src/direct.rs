@@ -32,6 +32,7 @@ use core_blas::{AlignedVec, DOT_MR, Gemm, OFFSET_LANES, OFFSET_MR, OffsetTile, O
 
 use crate::error::{ConvError, Result, gemm_err};
 use crate::geometry::{ConvGeometry, MAX_RANK};
+use Weights::{Flipped, Plain};
 
 /// Output channels per register tile.
 pub(crate) const MR: usize = OFFSET_MR;
@@ -411,28 +412,56 @@ fn pad_after3(g: &ConvGeometry) -> [usize; MAX_RANK] {
     p
 }
 
+/// The weights a direct convolution multiplies by.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Weights<'a> {
+    /// The geometry's own weights, K × C/G × taps.
+    Plain(&'a [f32]),
+    /// For the transposed geometry of [`crate::flipped`] (the stride-1 backward-data as a
+    /// forward convolution of dy): the forward layer's weights (C' × K'/G × taps of the
+    /// forward geometry, whose C' and K' are this geometry's K and C), read with the channels
+    /// swapped and the taps reversed, so that no flipped copy is built.
+    Flipped(&'a [f32]),
+}
+
 /// The weights of group `grp` packed for the kernel: block b (`blocks[b] = (k0, m)`) is a panel
 /// of `steps·MR` values holding, per step s = (input channel, tap), the weights
 /// w\[k0 + i\]\[s\] for i < m, then zeros up to [`MR`].
 fn pack_weights(
     g: &ConvGeometry,
     grp: usize,
-    w: &[f32],
+    w: Weights<'_>,
     blocks: &[(usize, usize)],
     wp: &mut Vec<f32>,
 ) {
-    let (kg, steps) = (
+    let (kg, cg, taps) = (
         g.out_channels_per_group(),
-        g.in_channels_per_group() * g.kernel_len(),
+        g.in_channels_per_group(),
+        g.kernel_len(),
     );
+    let steps = cg * taps;
     wp.clear();
     wp.resize(blocks.len() * steps * MR, 0.0);
-    let wg = &w[grp * kg * steps..][..kg * steps];
     for (b, &(k0, m)) in blocks.iter().enumerate() {
         let panel = &mut wp[b * steps * MR..][..steps * MR];
         for i in 0..m {
-            for (s, &v) in wg[(k0 + i) * steps..][..steps].iter().enumerate() {
-                panel[s * MR + i] = v;
+            let k = k0 + i;
+            match w {
+                Plain(w) => {
+                    let row = &w[(grp * kg + k) * steps..][..steps];
+                    for (s, &v) in row.iter().enumerate() {
+                        panel[s * MR + i] = v;
+                    }
+                }
+                Flipped(w) => {
+                    // Forward weight [grp·cg + c][k][taps − 1 − t] (its K'/G = cg, C'/G = kg).
+                    for c in 0..cg {
+                        let src = &w[((grp * cg + c) * kg + k) * taps..][..taps];
+                        for (t, &v) in src.iter().rev().enumerate() {
+                            panel[(c * taps + t) * MR + i] = v;
+                        }
+                    }
+                }
             }
         }
     }
@@ -599,7 +628,7 @@ impl Call<'_> {
 pub(crate) fn forward(
     g: &ConvGeometry,
     x: &[f32],
-    w: &[f32],
+    w: Weights<'_>,
     bias: Option<&[f32]>,
     relu: bool,
     y: &mut [f32],

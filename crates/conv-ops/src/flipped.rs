@@ -62,6 +62,17 @@ pub(crate) fn backward_data(
     ws: &mut Workspace,
 ) -> Result<()> {
     let gt = transposed_geometry(g)?;
+    if algo == ForwardAlgo::Direct {
+        // The direct convolution packs the flipped weights from w itself: no flipped copy.
+        return crate::direct::forward(
+            &gt,
+            dy,
+            crate::direct::Weights::Flipped(w),
+            None,
+            false,
+            dx,
+        );
+    }
     let (cg, kg, rlen) = (
         g.in_channels_per_group(),
         g.out_channels_per_group(),

@@ -96,7 +96,7 @@ pub fn forward(
         relu,
     };
     if algo == ForwardAlgo::Direct {
-        return crate::direct::forward(g, x, w, bias, relu, y);
+        return crate::direct::forward(g, x, crate::direct::Weights::Plain(w), bias, relu, y);
     }
     let result = (|| {
         for grp in 0..g.groups() {
