@@ -78,6 +78,12 @@ pub(crate) fn zeroed(len: usize) -> Vec<f32> {
     }
 }
 
+/// A buffer of `len` values for a caller that overwrites every one of them: a recycled buffer
+/// as its last user left it if one waits (no zeroing pass), else a new zeroed one.
+pub(crate) fn scratch(len: usize) -> Vec<f32> {
+    reuse(len).unwrap_or_else(|| vec![0.0; len])
+}
+
 /// A copy of `src` in a recycled buffer of its length if one waits, else in a new one.
 fn copied(src: &[f32]) -> Vec<f32> {
     match reuse(src.len()) {
@@ -147,6 +153,14 @@ impl Tensor {
         Tensor {
             shape: shape.to_vec(),
             data: zeroed(shape.iter().product()),
+        }
+    }
+
+    /// A tensor of `shape` whose values the caller overwrites before reading ([`scratch`]).
+    pub(crate) fn scratch(shape: &[usize]) -> Self {
+        Tensor {
+            shape: shape.to_vec(),
+            data: scratch(shape.iter().product()),
         }
     }
 

@@ -131,8 +131,9 @@ impl BatchNorm {
             .map(|&v| (1.0 / (v + self.eps as f64).sqrt()) as f32)
             .collect();
         let (gamma, beta) = (self.weight.value.data(), self.bias.value.data());
+        // bn_train writes every value of x̂.
         let mut xhat = if train {
-            crate::tensor::zeroed(x.len())
+            crate::tensor::scratch(x.len())
         } else {
             Vec::new()
         };

@@ -543,7 +543,11 @@ impl Layer for Conv {
         let (w, b) = (weight.value.data(), bias.as_ref().map(|b| b.value.data()));
         let mut yshape = vec![g.batch(), g.out_channels()];
         yshape.extend(g.output());
-        let mut y = Tensor::zeros(&yshape);
+        // conv-ops' forward overwrites y; Winograd's gets zeros.
+        let mut y = match p.winograd {
+            Some(_) => Tensor::zeros(&yshape),
+            None => Tensor::scratch(&yshape),
+        };
         match p.winograd.as_mut() {
             Some(plan) => {
                 plan.forward(x.data(), w, y.data_mut())?;
@@ -608,7 +612,11 @@ impl Layer for Conv {
             conv_ops::bias_grad(&g, dy.data(), b.grad.data_mut())?;
         }
         let dw = weight.grad.data_mut();
-        let mut dx = need_dx.then(|| Tensor::zeros(x.shape()));
+        // conv-ops' backward-data overwrites dx; Winograd's gets zeros.
+        let mut dx = need_dx.then(|| match p.winograd {
+            Some(_) => Tensor::zeros(x.shape()),
+            None => Tensor::scratch(x.shape()),
+        });
         match p.winograd.as_mut() {
             Some(plan) => {
                 plan.backward_filter(x.data(), dy.data(), dw)?;
