@@ -392,3 +392,137 @@ fn probe_gather_pieces() {
         );
     }
 }
+
+/// The offset tile unrolled by `U` steps (offsets read `U` at a time), for the A/B of
+/// [`probe_offset_tile`].
+#[target_feature(enable = "avx2,fma")]
+unsafe fn offset_tile_unrolled<const M: usize, const V: usize, const U: usize>(
+    offs: &[usize],
+    w: *const f32,
+    src: &[*const f32; crate::offset::OFFSET_NV],
+    acc: &mut crate::offset::OffsetTile,
+) {
+    use super::Simd;
+    use crate::offset::OFFSET_MR;
+    // SAFETY: compiled with avx2+fma; memory per the caller (as `tile_body`).
+    unsafe {
+        let mut c = [[V256::zero(); V]; M];
+        let bs: [*const f32; V] = std::array::from_fn(|v| src[v]);
+        let mut wp = w;
+        let mut chunks = offs.chunks_exact(U);
+        for ch in &mut chunks {
+            for u in 0..U {
+                let off = ch[u];
+                let mut b = [V256::zero(); V];
+                for v in 0..V {
+                    b[v] = V256::load(bs[v].add(off));
+                }
+                for m in 0..M {
+                    let a = V256::bcast(wp.add(u * OFFSET_MR + m));
+                    for v in 0..V {
+                        c[m][v] = V256::fma(a, b[v], c[m][v]);
+                    }
+                }
+            }
+            wp = wp.wrapping_add(U * OFFSET_MR);
+        }
+        for &off in chunks.remainder() {
+            let mut b = [V256::zero(); V];
+            for v in 0..V {
+                b[v] = V256::load(bs[v].add(off));
+            }
+            for m in 0..M {
+                let a = V256::bcast(wp.add(m));
+                for v in 0..V {
+                    c[m][v] = V256::fma(a, b[v], c[m][v]);
+                }
+            }
+            wp = wp.wrapping_add(OFFSET_MR);
+        }
+        for m in 0..M {
+            for v in 0..V {
+                V256::store(acc[m][v].as_mut_ptr(), c[m][v]);
+            }
+        }
+    }
+}
+
+/// conv-ops' C3D 64@8×56² direct forward in the tile's terms (3×3×3 taps, 64 input channels:
+/// 1728 steps per call, or `PROBE_CH` channels; 6 output channels × 2 runs of 8 pixels), over
+/// 8 output rows × 4 run pairs × 11 channel blocks, each variant timed on the thread CPU clock
+/// (best of `PROBE_REPS`), as % of the FMA peak measured after it. Variants
+/// (`PROBE_VARIANTS`): 0 the production tile, 1/2/4 unrolled by that many steps.
+#[test]
+#[ignore = "tuning probe: prints timings, asserts nothing"]
+fn probe_offset_tile() {
+    use crate::kernel::offset::OffsetKernel;
+    use crate::offset::{OFFSET_MR, OffsetTile};
+    if Avx2::new().is_none() {
+        return;
+    }
+    let kern = Avx2::new().unwrap();
+    let ch = env_list("PROBE_CH", "64")[0];
+    let reps = env_list("PROBE_REPS", "7")[0];
+    let variants = env_list("PROBE_VARIANTS", "0,1,2,4");
+    let (d, h, w) = (10usize, 58usize, 58usize);
+    let plane = d * h * w;
+    let xq: Vec<f32> = (0..ch * plane + 64)
+        .map(|i| (i % 17) as f32 * 0.01)
+        .collect();
+    let offs: Vec<usize> = (0..ch * 27)
+        .map(|s| {
+            let (c, t) = (s / 27, s % 27);
+            c * plane + (t / 9) * h * w + (t / 3 % 3) * w + t % 3
+        })
+        .collect();
+    let steps = offs.len();
+    let kblocks = 11;
+    let wts: Vec<f32> = (0..kblocks * steps * OFFSET_MR)
+        .map(|i| (i % 13) as f32 * 0.01)
+        .collect();
+    let mut acc: OffsetTile = Default::default();
+    let mut sink = 0.0f32;
+    let mut best = vec![f64::MAX; variants.len()];
+    let mut calls = 0usize;
+    for _ in 0..reps {
+        for (vi, &var) in variants.iter().enumerate() {
+            calls = 0;
+            let t = cpu_secs();
+            for y in 0..8 {
+                for kb in 0..kblocks {
+                    let wp = wts[kb * steps * OFFSET_MR..].as_ptr();
+                    for g in 0..4 {
+                        let b0 = 3 * h * w + y * w + g * 16;
+                        let mut src = [std::ptr::null::<f32>(); crate::offset::OFFSET_NV];
+                        src[0] = xq[b0..].as_ptr();
+                        src[1] = xq[b0 + 8..].as_ptr();
+                        // SAFETY: every offset + base + 8 is inside xq (plane padding), w holds
+                        // steps · MR values per block.
+                        unsafe {
+                            match var {
+                                0 => kern.tile::<6, 2>(&offs, wp, &src, &mut acc, false),
+                                1 => offset_tile_unrolled::<6, 2, 1>(&offs, wp, &src, &mut acc),
+                                2 => offset_tile_unrolled::<6, 2, 2>(&offs, wp, &src, &mut acc),
+                                _ => offset_tile_unrolled::<6, 2, 4>(&offs, wp, &src, &mut acc),
+                            }
+                        }
+                        sink += acc[0][0][0];
+                        calls += 1;
+                    }
+                }
+            }
+            best[vi] = best[vi].min(cpu_secs() - t);
+        }
+    }
+    let peak =
+        crate::peak::fma_peak_gflops(crate::Isa::Avx2, 1, Duration::from_millis(50)).unwrap();
+    let flops = 2.0 * (6 * 16 * steps * calls) as f64;
+    for (vi, &var) in variants.iter().enumerate() {
+        let g = flops / best[vi] / 1e9;
+        println!(
+            "offset tile 6x2, {steps} steps, variant {var}: {g:.1} GFLOP/s, {:.1}% of peak {peak:.1}",
+            100.0 * g / peak
+        );
+    }
+    println!("(checksum {sink})");
+}
