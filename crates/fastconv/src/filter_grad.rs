@@ -15,7 +15,10 @@ use crate::error::Result;
 use crate::ntransform::{
     RowsDest, TileTransforms, multi_mode_product_unchecked, transform_into_rows,
 };
-use crate::tiled::{Segment, channel_group, gather_apply, gather_segments, tiles_per_dim};
+use crate::tiled::{
+    Phased, PhasedBufs, PhasedSource, Segment, channel_group, gather_apply, gather_segments,
+    input_side_phased, tiles_per_dim,
+};
 
 /// Buffers of backward-filter kept by the plan across calls: per thread the accumulator M
 /// (α^N × K × C, tens of MiB for 512 channels) and the block buffers, plus the output transform's.
@@ -44,6 +47,10 @@ struct BlockBufs {
     tmp: AlignedVec,
     u: AlignedVec,
     segs: Vec<Segment>,
+    /// The phased gather's buffers (see `tiled::Phased`).
+    ex: AlignedVec,
+    pt: AlignedVec,
+    ends: Vec<usize>,
 }
 
 /// `dw` (K×C×kernel, overwritten) from `x` and `dy` with the F(r, m′) transforms `tt`
@@ -72,6 +79,7 @@ pub(crate) fn backward_filter(
     let pad: Vec<isize> = g.pad_before().iter().map(|&p| p as isize).collect();
     let zero_pad = vec![0isize; rank];
     let acc_len = a_n * k_out * c_in;
+    let phased = Phased::new(&alpha, &mp);
     if n_blocks == 0 {
         dw.fill(0.0);
         return Ok(());
@@ -89,15 +97,49 @@ pub(crate) fn backward_filter(
             tmp,
             u,
             segs,
+            ex,
+            pt,
+            ends,
         } = &mut st.bufs;
         // V = D ×ₙ Bₙᵀ and U′ = E ×ₙ Gₙ (in f32: the chunks of dy change every call), a group
         // of channels at a time: gather the group's tiles, transform, and the last mode's product
         // writes the group's rows of V (ξ, C, T_b) or U′ (ξ, K, T_b) in place (see `tiled`).
-        for (src, src_dims, tile, pad, channels, mats, dst) in [
+        for (side, (src, src_dims, tile, pad, channels, mats, dst)) in [
             (x, g.input(), &alpha, &pad, c_in, tt.bt(), &mut *v),
             (dy, g.output(), &mp, &zero_pad, k_out, tt.g32(), &mut *u),
-        ] {
-            gather_segments(src_dims, tile, &mp, pad, &tpd, t0, tb, segs);
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            if let Some(ph) = phased.as_ref().filter(|_| side == 0) {
+                // x by phases of the last dimension (see `tiled::Phased`).
+                dst.resize(a_n * channels * tb, 0.0);
+                let inp = PhasedSource {
+                    src,
+                    dims: src_dims,
+                    channels,
+                    pad,
+                    alpha: tile,
+                    step: &mp,
+                    tpd: &tpd,
+                    mats: &mats,
+                };
+                let bufs = PhasedBufs {
+                    d,
+                    scratch,
+                    tmp,
+                    ex,
+                    pt,
+                    segs,
+                    ends,
+                };
+                let cg = channel_group(channels, a_n, tb);
+                input_side_phased(ph, &inp, t0, tb, tb, cg, bufs, dst, channels * tb, |c0| {
+                    RowsDest::Rows { at: c0 * tb }
+                });
+                continue;
+            }
+            gather_segments(src_dims, tile, &mp, pad, &tpd, t0, tb, (0, 0), segs);
             let src_len: usize = src_dims.iter().product();
             let tile_n: usize = tile.iter().product();
             dst.resize(a_n * channels * tb, 0.0);
@@ -117,6 +159,7 @@ pub(crate) fn backward_filter(
                     c0..c0 + cn,
                     mp[rank - 1],
                     tb,
+                    (0, 0, 0),
                     d,
                 );
                 dims[rank] = cn * tb;

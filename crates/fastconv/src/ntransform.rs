@@ -570,8 +570,8 @@ impl Buffer<f32> for core_blas::AlignedVec {
 /// (ξ, channels, tiles) tensor.
 ///
 /// With [`RowsDest::Panels`] the rows are instead cut into pieces of `nr` values laid out as a
-/// GEMM's B micro-panels (see there); the last mode's product then runs into `tmp` a group of
-/// rows at a time and is copied from L1 into place.
+/// GEMM's B micro-panels (see there); the last mode's product then runs into `scratch` a group
+/// of rows at a time and is copied from L1 into place.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn transform_into_rows<T: Real, B: Buffer<T>>(
     x: &[T],
@@ -597,49 +597,63 @@ pub(crate) fn transform_into_rows<T: Real, B: Buffer<T>>(
     };
     let outer: usize = first.iter().map(|u| u.rows()).product();
     let a_last = dims[nm - 1];
+    if let RowsDest::Panels { .. } = dest {
+        scratch.resize_to(last.rows() * inner);
+    }
+    for o in 0..outer {
+        last_mode_rows(
+            last,
+            o,
+            &src[o * a_last * inner..],
+            inner,
+            scratch,
+            y,
+            ldy,
+            dest,
+        );
+    }
+}
+
+/// The last mode's product of index `o` (see [`transform_into_rows`]): `last` times the rows
+/// `x[i · inner..][..inner]`, written as rows `o · last.rows() ..` of the destination. For
+/// [`RowsDest::Panels`] the product goes through `scratch` (at least `last.rows() · inner`).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub(crate) fn last_mode_rows<T: Real>(
+    last: &SparseTransform<T>,
+    o: usize,
+    x: &[T],
+    inner: usize,
+    scratch: &mut [T],
+    y: &mut [T],
+    ldy: usize,
+    dest: RowsDest,
+) {
     let rows = last.rows();
     match dest {
         RowsDest::Rows { at } => {
-            for o in 0..outer {
-                strided_product(
-                    last,
-                    inner,
-                    &src[o * a_last * inner..],
-                    inner,
-                    &mut y[at + o * rows * ldy..],
-                    ldy,
-                );
-            }
+            strided_product(last, inner, x, inner, &mut y[at + o * rows * ldy..], ldy);
         }
         RowsDest::Panels {
             at,
             seg,
+            len,
             nr,
             panel_stride,
         } => {
-            debug_assert!(seg.is_multiple_of(nr) && inner.is_multiple_of(seg));
+            debug_assert!(len.is_multiple_of(nr) && len <= seg && inner.is_multiple_of(seg));
             // The product of one `o` (rows × inner, L1-sized) in `scratch`, then its pieces.
-            scratch.resize_to(rows * inner);
-            for o in 0..outer {
-                strided_product(
-                    last,
-                    inner,
-                    &src[o * a_last * inner..],
-                    inner,
-                    scratch,
-                    inner,
-                );
-                for r in 0..rows {
-                    let yr = &mut y[at + (o * rows + r) * ldy..];
-                    let sr = &scratch[r * inner..][..inner];
-                    match nr {
-                        16 => copy_pieces::<T, 16>(sr, seg, yr, panel_stride),
-                        8 => copy_pieces::<T, 8>(sr, seg, yr, panel_stride),
-                        _ => {
-                            for (c, sc) in sr.chunks_exact(seg).enumerate() {
-                                for (p, piece) in sc.chunks_exact(nr).enumerate() {
-                                    yr[c * nr + p * panel_stride..][..nr].copy_from_slice(piece);
-                                }
+            strided_product(last, inner, x, inner, scratch, inner);
+            for r in 0..rows {
+                let yr = &mut y[at + (o * rows + r) * ldy..];
+                let sr = &scratch[r * inner..][..inner];
+                match nr {
+                    16 => copy_pieces::<T, 16>(sr, seg, len, yr, panel_stride),
+                    8 => copy_pieces::<T, 8>(sr, seg, len, yr, panel_stride),
+                    _ => {
+                        for (c, sc) in sr.chunks_exact(seg).enumerate() {
+                            for (p, piece) in sc[..len].chunks_exact(nr).enumerate() {
+                                yr[c * nr + p * panel_stride..][..nr].copy_from_slice(piece);
                             }
                         }
                     }
@@ -652,9 +666,15 @@ pub(crate) fn transform_into_rows<T: Real, B: Buffer<T>>(
 /// The pieces of one row for [`RowsDest::Panels`] with `nr = N` known at compile time (each
 /// piece a few vector moves instead of a `memcpy` call).
 #[inline(always)]
-fn copy_pieces<T: Real, const N: usize>(sr: &[T], seg: usize, yr: &mut [T], panel_stride: usize) {
+fn copy_pieces<T: Real, const N: usize>(
+    sr: &[T],
+    seg: usize,
+    len: usize,
+    yr: &mut [T],
+    panel_stride: usize,
+) {
     for (c, sc) in sr.chunks_exact(seg).enumerate() {
-        for (p, piece) in sc.chunks_exact(N).enumerate() {
+        for (p, piece) in sc[..len].chunks_exact(N).enumerate() {
             let dst: &mut [T; N] = (&mut yr[c * N + p * panel_stride..][..N])
                 .try_into()
                 .unwrap_or_else(|_| unreachable!("a slice of N values"));
@@ -675,14 +695,17 @@ pub(crate) enum RowsDest {
         /// Offset of row 0.
         at: usize,
     },
-    /// `inner` = segments of `seg` values (a channel's tiles), each cut into pieces of `nr`:
-    /// piece `p` of segment `c` at `y[at + r · ldy + c · nr + p · panel_stride..][..nr]` (the
-    /// NR-wide panels of a (panels, channels, NR) B operand; `seg` a multiple of `nr`).
+    /// `inner` = segments of `seg` values (a channel's tiles), the first `len` of each cut into
+    /// pieces of `nr`: piece `p` of segment `c` at `y[at + r · ldy + c · nr + p ·
+    /// panel_stride..][..nr]` (the NR-wide panels of a (panels, channels, NR) B operand; `len` a
+    /// multiple of `nr`; the rest of a segment is dropped).
     Panels {
         /// Offset of row 0's first piece.
         at: usize,
         /// Values per segment.
         seg: usize,
+        /// Values of a segment written.
+        len: usize,
         /// Values per piece.
         nr: usize,
         /// Distance between consecutive pieces of a segment.

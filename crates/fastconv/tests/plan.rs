@@ -358,3 +358,73 @@ fn gemm_paths_match_reference() {
         }
     }
 }
+
+/// The input side by phases of the last dimension (forward, backward-data, and backward-filter's
+/// x side) against the reference on 2-D and 3-D geometries with enough channels for several
+/// channel groups, blocks that start and end inside runs of tiles (and runs of one tile),
+/// phantom tiles inside and outside the input (1-3 per run: α up to 4·m), padding and cropping.
+#[test]
+fn phased_input_side_matches_reference() {
+    let mut rng = SmallRng::seed_from_u64(88);
+    for case in 0..24u64 {
+        let rank = 2 + (case as usize % 2);
+        let kernel: Vec<usize> = (0..rank).map(|_| rng.random_range(2..=4)).collect();
+        let input: Vec<usize> = (0..rank)
+            .map(|d| {
+                if d == rank - 1 && case % 5 == 0 {
+                    // A few outputs along the last dimension: runs of one tile.
+                    kernel[d] + rng.random_range(0..=1)
+                } else {
+                    rng.random_range(5..=[0, 0, 23, 9][rank])
+                }
+            })
+            .collect();
+        let pb: Vec<usize> = kernel.iter().map(|&r| rng.random_range(0..r)).collect();
+        let pa: Vec<usize> = kernel.iter().map(|&r| rng.random_range(0..r)).collect();
+        let (c, k) = (rng.random_range(18..=40), rng.random_range(3..=20));
+        let g = ConvGeometry::new(2, c, k, &input, &kernel)
+            .unwrap()
+            .with_padding_per_side(&pb, &pa)
+            .unwrap();
+        // m ≥ 1 with α = m + r − 1 ≤ 8 (m = 1, 2 give 3 and 2 phantom tiles for r = 4).
+        let tile: Vec<usize> = kernel
+            .iter()
+            .map(|&r| rng.random_range(1..=(9 - r).min(6)))
+            .collect();
+        let ftile: Vec<usize> = kernel
+            .iter()
+            .map(|&r| rng.random_range(1..=(9 - r).min(6)))
+            .collect();
+        let mut plan = WinogradPlan::with_filter_tile(&g, &tile, &ftile).unwrap();
+        let block = [3, 7, 16, 29][case as usize % 4];
+        plan.set_block_tiles(block).unwrap();
+        let (x, w, dy) = (
+            uniform(case + 300, g.x_len()),
+            uniform(case + 400, g.w_len()),
+            uniform(case + 500, g.y_len()),
+        );
+        let mut y_ref = vec![0.0; g.y_len()];
+        reference::forward(&g, &x, &w, None, &mut y_ref).unwrap();
+        let mut dx_ref = vec![0.0; g.x_len()];
+        reference::backward_data(&g, &dy, &w, &mut dx_ref).unwrap();
+        let mut dw_ref = vec![0.0; g.w_len()];
+        reference::backward_filter(&g, &x, &dy, &mut dw_ref).unwrap();
+        let (mut y, mut dx, mut dw) = (
+            vec![f32::NAN; g.y_len()],
+            vec![f32::NAN; g.x_len()],
+            vec![f32::NAN; g.w_len()],
+        );
+        plan.forward(&x, &w, &mut y).unwrap();
+        plan.backward_data(&dy, &w, &mut dx).unwrap();
+        plan.backward_filter(&x, &dy, &mut dw).unwrap();
+        let ctx = format!("case {case}: {g:?} tile {tile:?} filter tile {ftile:?} block {block}");
+        for (name, got, want) in [
+            ("forward", &y, &y_ref),
+            ("backward-data", &dx, &dx_ref),
+            ("backward-filter", &dw, &dw_ref),
+        ] {
+            let e = max_rel_error(got, &f64s(want));
+            assert!(e <= TOL, "{name} {e:.2e} {ctx}");
+        }
+    }
+}
