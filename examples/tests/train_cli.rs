@@ -301,3 +301,27 @@ fn predict_runs_a_checkpoint_and_names_bad_input() {
     assert!(String::from_utf8_lossy(&missing.stderr).contains("nope.safetensors"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `--profile` prints one row per top-level layer, timed over the steps after the first.
+#[test]
+fn profile_prints_a_row_per_layer() {
+    let out = train(&["--steps", "3", "--batch-size", "8", "--profile"]);
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let table = stdout
+        .split("profile over 2 steps after the first")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no profile of 2 steps: {stdout}"));
+    let rows: Vec<&str> = table.lines().skip(2).collect();
+    // LeNet-5's layers, then the total.
+    assert!(
+        rows[0].starts_with("0 ") && rows[0].contains("Conv2d"),
+        "{table}"
+    );
+    let total = rows.last().unwrap();
+    assert!(
+        total.starts_with("total") && total.ends_with("100.0%"),
+        "{table}"
+    );
+    assert!(rows.len() > 8, "{table}");
+}

@@ -58,7 +58,7 @@ pub use layers::{
     GlobalAvgPool, Linear, MaxPool, Relu, Residual, StatsReduce,
 };
 pub use loss::{correct, cross_entropy};
-pub use model::{MODELS, ModelOptions, Sequential, build, build_with};
+pub use model::{LayerProfile, MODELS, ModelOptions, Sequential, build, build_with};
 pub use optim::{LrSchedule, Sgd};
 pub use tensor::Tensor;
 pub use train::{

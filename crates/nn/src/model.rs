@@ -1,5 +1,7 @@
 //! [`Sequential`] models and the named architectures the `train` example offers.
 
+use std::time::{Duration, Instant};
+
 use rand::rngs::SmallRng;
 use rand::{RngCore, SeedableRng};
 
@@ -23,6 +25,36 @@ pub struct Sequential {
     layers: Vec<Box<dyn Layer>>,
     names: Vec<String>,
     input_shape: Option<Vec<usize>>,
+    /// Per layer: training-forward and backward time and calls, while profiling.
+    profile: Option<Vec<Timing>>,
+}
+
+/// One layer's accumulated time while profiling.
+#[derive(Debug, Clone, Copy, Default)]
+struct Timing {
+    forward: Duration,
+    backward: Duration,
+    forward_calls: usize,
+    backward_calls: usize,
+}
+
+/// The time a profiled [`Sequential`] spent in one of its layers
+/// ([`Sequential::set_profiling`]): wall-clock time of its training forwards and its backwards,
+/// nested layers included (a residual block counts as one layer of its model).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerProfile {
+    /// The layer's name in the model (`"3"`, `"layer1"`).
+    pub name: String,
+    /// Its [`Layer::describe`].
+    pub layer: String,
+    /// Total time in training forwards (`train = true`; evaluation is not timed).
+    pub forward: Duration,
+    /// Total time in backwards.
+    pub backward: Duration,
+    /// Training forwards timed.
+    pub forward_calls: usize,
+    /// Backwards timed.
+    pub backward_calls: usize,
 }
 
 impl Sequential {
@@ -32,6 +64,7 @@ impl Sequential {
             layers: Vec::new(),
             names: Vec::new(),
             input_shape: Some(input_shape.to_vec()),
+            profile: None,
         }
     }
 
@@ -42,6 +75,7 @@ impl Sequential {
             layers: Vec::new(),
             names: Vec::new(),
             input_shape: None,
+            profile: None,
         }
     }
 
@@ -130,9 +164,55 @@ impl Sequential {
             let want = format!("N × {input:?}");
             return Err(NnError::shape("Sequential", "x", x.shape(), want));
         }
+        match self.profile.as_mut().filter(|_| train) {
+            None => self
+                .layers
+                .iter_mut()
+                .try_fold(x, |x, l| l.forward(x, train)),
+            Some(times) => {
+                times.resize(self.layers.len(), Timing::default());
+                self.layers
+                    .iter_mut()
+                    .zip(times.iter_mut())
+                    .try_fold(x, |x, (l, t)| {
+                        let start = Instant::now();
+                        let y = l.forward(x, train);
+                        t.forward += start.elapsed();
+                        t.forward_calls += 1;
+                        y
+                    })
+            }
+        }
+    }
+
+    /// Starts (`on`, from zero) or stops timing each layer's training forwards and backwards.
+    /// Costs two clock reads per layer and pass while on.
+    pub fn set_profiling(&mut self, on: bool) {
+        self.profile = on.then(|| vec![Timing::default(); self.layers.len()]);
+    }
+
+    /// The time spent in each layer since [`set_profiling`](Sequential::set_profiling) turned
+    /// profiling on, in layer order; empty while it is off.
+    pub fn profile(&self) -> Vec<LayerProfile> {
+        let Some(times) = &self.profile else {
+            return Vec::new();
+        };
         self.layers
-            .iter_mut()
-            .try_fold(x, |x, l| l.forward(x, train))
+            .iter()
+            .zip(&self.names)
+            .enumerate()
+            .map(|(i, (l, name))| {
+                let t = times.get(i).copied().unwrap_or_default();
+                LayerProfile {
+                    name: name.clone(),
+                    layer: l.describe(),
+                    forward: t.forward,
+                    backward: t.backward,
+                    forward_calls: t.forward_calls,
+                    backward_calls: t.backward_calls,
+                }
+            })
+            .collect()
     }
 
     /// Back-propagates `dy` (the gradient of the loss with respect to the output) through every
@@ -155,14 +235,22 @@ impl Sequential {
         mut ready: Option<&mut GradReady>,
     ) -> Result<Option<Tensor>> {
         let mut d = dy;
+        if let Some(times) = &mut self.profile {
+            times.resize(self.layers.len(), Timing::default());
+        }
         for (i, (layer, name)) in self.layers.iter_mut().zip(&self.names).enumerate().rev() {
             let need = i > 0 || need_dx;
+            let start = Instant::now();
             let dx = match ready.as_deref_mut() {
                 Some(ready) => {
                     layer.backward_notify(d, need, &mut |n, p| ready(&format!("{name}.{n}"), p))?
                 }
                 None => layer.backward(d, need)?,
             };
+            if let Some(t) = self.profile.as_mut().and_then(|t| t.get_mut(i)) {
+                t.backward += start.elapsed();
+                t.backward_calls += 1;
+            }
             match dx {
                 Some(dx) if need => d = dx,
                 _ if !need => return Ok(None),

@@ -812,3 +812,35 @@ fn resuming_keeps_the_dropout_masks() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Profiling times every top-level layer's training forwards and backwards (not evaluation),
+/// restarts from zero when turned on, and reports nothing when off.
+#[test]
+fn profiling_times_each_layer_of_training_steps() {
+    let mut model = build("lenet", ConvAlgo::Convgemm, 0).unwrap();
+    let mut opt = Sgd::new(0.01, 0.9, 0.0).unwrap();
+    let d = Dataset::digits().unwrap().resized(28, 28).unwrap();
+    let (x, labels) = d.batches(8, None).unwrap().next().unwrap();
+    assert!(model.profile().is_empty());
+    local_step(&mut model, &mut opt, x.clone(), &labels).unwrap();
+    model.set_profiling(true);
+    for _ in 0..2 {
+        local_step(&mut model, &mut opt, x.clone(), &labels).unwrap();
+    }
+    model.forward(x.clone(), false).unwrap();
+    let p = model.profile();
+    assert_eq!(p.len(), model.layers().len());
+    assert_eq!(p[0].name, "0");
+    assert!(p[0].layer.starts_with("Conv2d"), "{}", p[0].layer);
+    assert!(
+        p.iter().all(|l| l.forward_calls == 2 && l.backward_calls == 2),
+        "{p:?}"
+    );
+    let conv = p[0].forward + p[0].backward;
+    assert!(conv > std::time::Duration::ZERO, "{p:?}");
+    model.set_profiling(true);
+    assert!(model.profile().iter().all(|l| l.forward_calls == 0));
+    model.set_profiling(false);
+    local_step(&mut model, &mut opt, x, &labels).unwrap();
+    assert!(model.profile().is_empty());
+}

@@ -29,8 +29,8 @@ use dist::{
 };
 use examples::peak_rss_bytes;
 use nn::{
-    ConvAlgo, Dataset, EpochReport, LrSchedule, ModelOptions, Sgd, TrainConfig, TrainState, build,
-    build_with, checkpoint, fit, fit_with,
+    ConvAlgo, Dataset, EpochReport, LrSchedule, ModelOptions, Sequential, Sgd, TrainConfig,
+    TrainState, build, build_with, checkpoint, fit_with, local_step,
 };
 
 /// The data sets this binary can load.
@@ -140,6 +140,54 @@ struct Args {
     /// over the ranks holding the batch (a synchronised batch norm).
     #[arg(long)]
     local_batch_norm: bool,
+    /// Time every top-level layer (a residual block counts as one) in the training steps after
+    /// the first and print a table of forward and backward milliseconds per step at the end
+    /// (rank 0's layers under mpirun).
+    #[arg(long)]
+    profile: bool,
+}
+
+/// After the first training step (warm-up: allocations, `auto`'s measurements), turns on the
+/// per-layer profile when `on`.
+fn profile_after_first_step(on: bool) -> impl FnMut(&mut Sequential) {
+    let mut steps = 0usize;
+    move |m: &mut Sequential| {
+        steps += 1;
+        if on && steps == 1 {
+            m.set_profiling(true);
+        }
+    }
+}
+
+/// The per-layer profile of `model` as a table: milliseconds per step in forward and backward,
+/// and each layer's share of the total.
+fn profile_table(model: &Sequential) -> String {
+    let p = model.profile();
+    let steps = p.iter().map(|l| l.forward_calls).max().unwrap_or(0).max(1) as f64;
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / steps;
+    let total: f64 = p.iter().map(|l| ms(l.forward) + ms(l.backward)).sum();
+    let mut out = format!(
+        "profile over {steps} steps after the first (ms per step):\n{:<10} {:>9} {:>9} {:>6}  layer\n",
+        "name", "forward", "backward", "share"
+    );
+    for l in &p {
+        let (f, b) = (ms(l.forward), ms(l.backward));
+        let mut desc = l.layer.clone();
+        if desc.chars().count() > 60 {
+            desc = desc.chars().take(57).chain("...".chars()).collect();
+        }
+        out.push_str(&format!(
+            "{:<10} {f:>9.2} {b:>9.2} {:>5.1}%  {desc}\n",
+            l.name,
+            100.0 * (f + b) / total.max(f64::MIN_POSITIVE)
+        ));
+    }
+    let (f, b): (f64, f64) = p
+        .iter()
+        .map(|l| (ms(l.forward), ms(l.backward)))
+        .fold((0.0, 0.0), |(a, c), (x, y)| (a + x, c + y));
+    out.push_str(&format!("{:<10} {f:>9.2} {b:>9.2} 100.0%\n", "total"));
+    out
 }
 
 /// The schedule `args` ask for, over a run of `samples` training samples per epoch resumed at
@@ -463,6 +511,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         }
         let mut dp = DataParallel::new(&*sample_comm);
         dp.broadcast_model(&mut model)?;
+        let mut after_step = profile_after_first_step(args.profile);
         fit_with(
             &mut model,
             &mut opt,
@@ -470,7 +519,11 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             test.as_ref(),
             &cfg,
             state,
-            |m, o, x, l| dp.step_result(m, o, &x, l),
+            |m, o, x, l| {
+                let r = dp.step_result(m, o, &x, l);
+                after_step(m);
+                r
+            },
             |e, m, o, s| {
                 report_epoch(e);
                 match (&args.checkpoint, &channel_plan) {
@@ -485,13 +538,19 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             },
         )?
     } else {
-        fit(
+        let mut after_step = profile_after_first_step(args.profile);
+        fit_with(
             &mut model,
             &mut opt,
             &train,
             test.as_ref(),
             &cfg,
             state,
+            |m, o, x, l| {
+                let r = local_step(m, o, x, l);
+                after_step(m);
+                r
+            },
             |e, m, o, s| {
                 report_epoch(e);
                 match &args.checkpoint {
@@ -517,6 +576,9 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             "model as run (`auto` shows what it measured and chose):\n{}",
             model.summary()
         );
+        if args.profile {
+            print!("{}", profile_table(&model));
+        }
     }
     if args.json && root {
         let summary = serde_json::json!({
