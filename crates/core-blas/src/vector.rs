@@ -343,32 +343,25 @@ pub(crate) fn combine(d: &[f64; RED_LANES]) -> f64 {
     (e[0] + e[2]) + (e[1] + e[3])
 }
 
-/// The portable reduction of `K` sums over `n` terms: `term(i)` gives term `i` of each sum;
-/// a last partial group of 32 adds +0.0 for the missing terms (as the SIMD families' zero lanes).
+/// The portable reduction of `K` sums over `n` terms: `chunk(i, len, acc)` adds terms
+/// `i..i + len` (`len <= 32`; 32 except in the last chunk) of each sum into lanes `0..len` of
+/// `acc`. The SIMD families add +0.0 to the lanes a last partial chunk does not reach; skipping
+/// that here gives the same result (a lane's −0.0 becoming +0.0 is absorbed by its f64
+/// accumulator, which starts at +0.0 and so is never −0.0).
 #[inline(always)]
-fn reduce<const K: usize>(n: usize, term: impl Fn(usize) -> [f32; K]) -> [f64; K] {
+fn reduce<const K: usize>(
+    n: usize,
+    chunk: impl Fn(usize, usize, &mut [[f32; RED_LANES]; K]),
+) -> [f64; K] {
     let mut d = [[0f64; RED_LANES]; K];
     let mut i = 0;
     while i < n {
         let end = (i + RED_BLOCK).min(n);
         let mut a = [[0f32; RED_LANES]; K];
-        while i + RED_LANES <= end {
-            for l in 0..RED_LANES {
-                let t = term(i + l);
-                for k in 0..K {
-                    a[k][l] += t[k];
-                }
-            }
-            i += RED_LANES;
-        }
-        if i < end {
-            for l in 0..RED_LANES {
-                let t = if i + l < end { term(i + l) } else { [0.0; K] };
-                for k in 0..K {
-                    a[k][l] += t[k];
-                }
-            }
-            i = end;
+        while i < end {
+            let len = RED_LANES.min(end - i);
+            chunk(i, len, &mut a);
+            i += len;
         }
         for k in 0..K {
             for l in 0..RED_LANES {
@@ -377,6 +370,21 @@ fn reduce<const K: usize>(n: usize, term: impl Fn(usize) -> [f32; K]) -> [f64; K
         }
     }
     std::array::from_fn(|k| combine(&d[k]))
+}
+
+/// `acc[l] += f(x[l])` over one chunk: whole 32-value chunks through fixed-size arrays (so the
+/// compiler vectorises them), a partial one value by value.
+#[inline(always)]
+fn lanes1(x: &[f32], acc: &mut [f32; RED_LANES], f: impl Fn(f32) -> f32) {
+    if let Ok(x) = <&[f32; RED_LANES]>::try_from(x) {
+        for l in 0..RED_LANES {
+            acc[l] += f(x[l]);
+        }
+    } else {
+        for (a, &v) in acc.iter_mut().zip(x) {
+            *a += f(v);
+        }
+    }
 }
 
 const PORTABLE: Fns = Fns {
@@ -394,24 +402,58 @@ const PORTABLE: Fns = Fns {
 };
 
 fn p_sum(x: &[f32]) -> f64 {
-    reduce(x.len(), |i| [x[i]])[0]
+    reduce(x.len(), |i, len, [a]| lanes1(&x[i..i + len], a, |v| v))[0]
 }
 
 fn p_sum_sq_dev(x: &[f32], m: f32) -> f64 {
-    reduce(x.len(), |i| {
-        let d = x[i] - m;
-        [d * d]
+    reduce(x.len(), |i, len, [a]| {
+        lanes1(&x[i..i + len], a, |v| (v - m) * (v - m))
     })[0]
+}
+
+/// `(Σ a, Σ a · b)` lanes over one chunk, as [`lanes1`].
+#[inline(always)]
+fn lanes2(a: &[f32], b: &[f32], s: &mut [f32; RED_LANES], sx: &mut [f32; RED_LANES]) {
+    if let (Ok(a), Ok(b)) = (
+        <&[f32; RED_LANES]>::try_from(a),
+        <&[f32; RED_LANES]>::try_from(b),
+    ) {
+        for l in 0..RED_LANES {
+            s[l] += a[l];
+            sx[l] += a[l] * b[l];
+        }
+    } else {
+        for l in 0..a.len().min(b.len()) {
+            s[l] += a[l];
+            sx[l] += a[l] * b[l];
+        }
+    }
 }
 
 fn p_dot(a: &[f32], b: &[f32]) -> f64 {
     let b = &b[..a.len()];
-    reduce(a.len(), |i| [a[i] * b[i]])[0]
+    reduce(a.len(), |i, len, [acc]| {
+        let (x, y) = (&a[i..i + len], &b[i..i + len]);
+        if let (Ok(x), Ok(y)) = (
+            <&[f32; RED_LANES]>::try_from(x),
+            <&[f32; RED_LANES]>::try_from(y),
+        ) {
+            for l in 0..RED_LANES {
+                acc[l] += x[l] * y[l];
+            }
+        } else {
+            for l in 0..len {
+                acc[l] += x[l] * y[l];
+            }
+        }
+    })[0]
 }
 
 fn p_sum_dot(a: &[f32], b: &[f32]) -> (f64, f64) {
     let b = &b[..a.len()];
-    let [s, sx] = reduce(a.len(), |i| [a[i], a[i] * b[i]]);
+    let [s, sx] = reduce(a.len(), |i, len, [s, sx]| {
+        lanes2(&a[i..i + len], &b[i..i + len], s, sx)
+    });
     (s, sx)
 }
 
@@ -433,9 +475,21 @@ pub(crate) fn p_bn_backward(d: &mut [f32], h: &[f32], k: f32, md: f32, mdx: f32)
 }
 
 pub(crate) fn p_relu_train(x: &mut [f32], mask: &mut [u8]) {
-    for (xs, m) in x.chunks_mut(8).zip(mask.iter_mut()) {
+    let mut chunks = x.chunks_exact_mut(8);
+    let mut bytes = mask.iter_mut();
+    for (xs, m) in (&mut chunks).zip(&mut bytes) {
+        let xs: &mut [f32; 8] = xs.try_into().expect("8 values");
         let mut bits = 0u8;
-        for (l, v) in xs.iter_mut().enumerate() {
+        for l in 0..8 {
+            bits |= ((xs[l] > 0.0) as u8) << l;
+            xs[l] = xs[l].max(0.0);
+        }
+        *m = bits;
+    }
+    let rest = chunks.into_remainder();
+    if let (false, Some(m)) = (rest.is_empty(), bytes.next()) {
+        let mut bits = 0u8;
+        for (l, v) in rest.iter_mut().enumerate() {
             bits |= ((*v > 0.0) as u8) << l;
             *v = v.max(0.0);
         }
@@ -447,9 +501,38 @@ pub(crate) fn p_relu(x: &mut [f32]) {
     x.iter_mut().for_each(|v| *v = v.max(0.0));
 }
 
+/// Per mask byte, the lane masks of its 8 bits (all ones where set): 8 KiB, so that the
+/// portable backward ReLU is a vectorisable AND per value instead of a bit test.
+static KEEP: [[u32; 8]; 256] = {
+    let mut t = [[0u32; 8]; 256];
+    let mut b = 0;
+    while b < 256 {
+        let mut l = 0;
+        while l < 8 {
+            if b >> l & 1 != 0 {
+                t[b][l] = u32::MAX;
+            }
+            l += 1;
+        }
+        b += 1;
+    }
+    t
+};
+
 pub(crate) fn p_relu_backward(d: &mut [f32], mask: &[u8]) {
-    for (ds, &m) in d.chunks_mut(8).zip(mask) {
-        for (l, v) in ds.iter_mut().enumerate() {
+    let full = d.len() / 8;
+    let mut chunks = d.chunks_exact_mut(8);
+    for (ds, &m) in (&mut chunks).zip(mask) {
+        let ds: &mut [f32; 8] = ds.try_into().expect("8 values");
+        let keep = &KEEP[m as usize];
+        for l in 0..8 {
+            // All ones where the bit is set (the value kept, NaN included), else +0.0.
+            ds[l] = f32::from_bits(ds[l].to_bits() & keep[l]);
+        }
+    }
+    let rest = chunks.into_remainder();
+    if let Some(&m) = mask.get(full) {
+        for (l, v) in rest.iter_mut().enumerate() {
             *v = if m >> l & 1 != 0 { *v } else { 0.0 };
         }
     }
