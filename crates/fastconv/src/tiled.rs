@@ -539,6 +539,19 @@ pub(crate) fn input_side_phased(
         segs,
     );
     let tile_n: usize = ph.tile.iter().product();
+    // For each shift q = 1..=extra, the tiles j whose tile j + q lies past their run's end, and
+    // the phantom that stands for it: `fixes[fix_at[q − 1]..fix_at[q]]`.
+    let (mut fixes, mut fix_at) = (Vec::new(), vec![0]);
+    for q in 1..=extra {
+        let mut start = 0;
+        for (k, &end) in ends.iter().enumerate() {
+            for j in end.saturating_sub(q).max(start)..end {
+                fixes.push((j, k * extra + j + q - end));
+            }
+            start = end;
+        }
+        fix_at.push(fixes.len());
+    }
     let mut dims = Vec::with_capacity(last + 1);
     let mut c0 = 0;
     while c0 < c_in {
@@ -595,18 +608,15 @@ pub(crate) fn input_side_phased(
             for w in s..a_last {
                 let (q, r) = (w / s, w % s);
                 let (lo, hi) = blk.split_at_mut(w * ex_row);
+                let fix = &fixes[fix_at[q - 1]..fix_at[q]];
                 for c in 0..cn {
                     let src = &lo[r * ex_row + c * tbp..][..tbp];
                     let dst = &mut hi[c * tbp..][..tb];
                     let phs = &pt[((o * s + r) * cn + c) * n_ph..][..n_ph];
                     let qq = q.min(tb);
                     dst[..tb - qq].copy_from_slice(&src[qq..tb]);
-                    let mut start = 0;
-                    for (k, &end) in ends.iter().enumerate() {
-                        for j in end.saturating_sub(q).max(start)..end {
-                            dst[j] = phs[k * extra + j + q - end];
-                        }
-                        start = end;
+                    for &(j, p) in fix {
+                        dst[j] = phs[p];
                     }
                 }
             }
