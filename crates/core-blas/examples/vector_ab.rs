@@ -4,7 +4,8 @@
 //! best of 9 rounds of ~4 M values each, at 64, 1024, 32768 and 1 M values per call, the
 //! smaller sizes called plane by plane over a 32768-value tensor (as nn does):
 //! `cargo run --release -p core-blas --example vector_ab -- [LEN...]`.
-//! Prints ns per value for the scalar loop and the kernel, and their ratio (scalar / kernel).
+//! Prints ns per value for the scalar loop and the kernel, and their ratio (scalar / kernel);
+//! `shifted_sums` is timed against nn's two statistics passes (Σx, then Σ(x − m)²).
 
 use std::hint::black_box;
 
@@ -83,6 +84,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "relu",
             "relu_backward",
             "add",
+            "shifted_sums",
         ];
         for (oi, op) in ops.into_iter().enumerate() {
             let mut best = [f64::MAX; 2];
@@ -155,6 +157,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                                     x.iter_mut().zip(y.iter()).for_each(|(x, y)| *x += y);
                                 }
                                 (9, _) => v.add(x, y).unwrap(),
+                                (10, 0) => {
+                                    // nn's two passes: Σx, then Σ(x − m)².
+                                    black_box(lanes(x, x, |v, _| v));
+                                    black_box(lanes(x, x, |v, _| (v - m) * (v - m)));
+                                }
+                                (10, _) => {
+                                    black_box(v.shifted_sums(x, m));
+                                }
                                 _ => unreachable!(),
                             }
                         }

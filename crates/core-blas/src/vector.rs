@@ -1,4 +1,5 @@
-//! Level-1 kernels for element-wise layers: reductions (sum, squared deviations, dot) returning
+//! Level-1 kernels for element-wise layers: reductions (sum, squared deviations, shifted sums,
+//! dot) returning
 //! f64, batch normalisation's forward and backward, ReLU with a bit mask, and an in-place sum.
 //!
 //! A [`Vector`] is a table of function pointers for one kernel family, built once
@@ -55,6 +56,7 @@ pub(crate) const RED_BLOCK: usize = 1024;
 pub(crate) struct Fns {
     pub(crate) sum: unsafe fn(&[f32]) -> f64,
     pub(crate) sum_sq_dev: unsafe fn(&[f32], f32) -> f64,
+    pub(crate) shifted_sums: unsafe fn(&[f32], f32) -> (f64, f64),
     /// `a`, `b` of one length.
     pub(crate) dot: unsafe fn(&[f32], &[f32]) -> f64,
     /// `a`, `b` of one length.
@@ -167,6 +169,17 @@ impl Vector {
         unsafe { (self.f.sum_sq_dev)(x, m) }
     }
 
+    /// `(Σ (x − k), Σ (x − k)²)` in one pass, each term rounded in f32 as `d = x − k`, `d · d`;
+    /// the second equals [`sum_sq_dev`](Vector::sum_sq_dev)`(x, k)` bit for bit. With a shift `k`
+    /// near the mean (the running mean, or the first plane's), `mean = k + S1 / n` and
+    /// `Σ (x − mean)² = S2 − S1² / n` give batch statistics in one read of `x` instead of two
+    /// (the shifted-data formula: accurate while `|S1| / n` is small against the spread).
+    #[inline]
+    pub fn shifted_sums(&self, x: &[f32], k: f32) -> (f64, f64) {
+        // SAFETY: as in `sum`.
+        unsafe { (self.f.shifted_sums)(x, k) }
+    }
+
     /// `Σ a · b`. Errors if the lengths differ.
     #[inline]
     pub fn dot(&self, a: &[f32], b: &[f32]) -> Result<f64, Error> {
@@ -272,6 +285,11 @@ pub fn sum(x: &[f32]) -> Result<f64, Error> {
 /// [`Vector::sum_sq_dev`] with the process-wide family.
 pub fn sum_sq_dev(x: &[f32], m: f32) -> Result<f64, Error> {
     Ok(Vector::global()?.sum_sq_dev(x, m))
+}
+
+/// [`Vector::shifted_sums`] with the process-wide family.
+pub fn shifted_sums(x: &[f32], k: f32) -> Result<(f64, f64), Error> {
+    Ok(Vector::global()?.shifted_sums(x, k))
 }
 
 /// [`Vector::dot`] with the process-wide family.
@@ -390,6 +408,7 @@ fn lanes1(x: &[f32], acc: &mut [f32; RED_LANES], f: impl Fn(f32) -> f32) {
 const PORTABLE: Fns = Fns {
     sum: p_sum,
     sum_sq_dev: p_sum_sq_dev,
+    shifted_sums: p_shifted_sums,
     dot: p_dot,
     sum_dot: p_sum_dot,
     bn_train: p_bn_train,
@@ -409,6 +428,26 @@ fn p_sum_sq_dev(x: &[f32], m: f32) -> f64 {
     reduce(x.len(), |i, len, [a]| {
         lanes1(&x[i..i + len], a, |v| (v - m) * (v - m))
     })[0]
+}
+
+fn p_shifted_sums(x: &[f32], k: f32) -> (f64, f64) {
+    let [s, q] = reduce(x.len(), |i, len, [s, q]| {
+        let x = &x[i..i + len];
+        if let Ok(x) = <&[f32; RED_LANES]>::try_from(x) {
+            for l in 0..RED_LANES {
+                let d = x[l] - k;
+                s[l] += d;
+                q[l] += d * d;
+            }
+        } else {
+            for (l, &v) in x.iter().enumerate() {
+                let d = v - k;
+                s[l] += d;
+                q[l] += d * d;
+            }
+        }
+    });
+    (s, q)
 }
 
 /// `(Σ a, Σ a · b)` lanes over one chunk, as [`lanes1`].

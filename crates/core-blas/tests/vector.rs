@@ -120,6 +120,16 @@ fn reductions_match_f64_sums_and_the_portable_order() {
                         "{}",
                         what("sq order")
                     );
+                    let dev: Vec<f32> = sa.iter().map(|&x| x - m).collect();
+                    let (s1, s2) = v.shifted_sums(sa, m);
+                    check_sum(s1, &dev, &what("shifted_sums S1"));
+                    assert!(same64(s2, q), "{}", what("shifted_sums S2 = sum_sq_dev"));
+                    let (p1, p2) = portable.shifted_sums(sa, m);
+                    assert!(
+                        same64(s1, p1) && same64(s2, p2),
+                        "{}",
+                        what("shifted order")
+                    );
                     let ab: Vec<f32> = sa.iter().zip(sb).map(|(x, y)| x * y).collect();
                     let d = v.dot(sa, sb).unwrap();
                     check_sum(d, &ab, &what("dot"));
@@ -151,6 +161,10 @@ fn reductions_of_known_values() {
         assert_eq!(v.sum(&[1.0, f32::INFINITY]), f64::INFINITY);
         assert!(v.sum_sq_dev(&[1.0, f32::NAN], 0.0).is_nan());
         assert_eq!(v.sum(&[]), 0.0);
+        // Shifted statistics: mean 3 and Σ(x − mean)² = 8 from a shift of 2.
+        let (s1, s2) = v.shifted_sums(&[1.0, 3.0, 5.0], 2.0);
+        assert_eq!((s1, s2), (3.0, 11.0));
+        assert_eq!(s2 - s1 * s1 / 3.0, 8.0);
     }
 }
 

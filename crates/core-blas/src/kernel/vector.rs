@@ -10,6 +10,7 @@ use crate::vector::{Fns, RED_BLOCK, RED_LANES};
 pub(crate) const AVX2: Fns = Fns {
     sum,
     sum_sq_dev,
+    shifted_sums,
     dot,
     sum_dot,
     bn_train,
@@ -133,6 +134,27 @@ impl Terms<1> for SqDev {
     }
 }
 
+struct Shifted(*const f32, __m256);
+impl Terms<2> for Shifted {
+    #[inline(always)]
+    unsafe fn at(&self, i: usize) -> [__m256; 2] {
+        // SAFETY: the caller's range and features.
+        unsafe {
+            let d = _mm256_sub_ps(_mm256_loadu_ps(self.0.add(i)), self.1);
+            [d, _mm256_mul_ps(d, d)]
+        }
+    }
+    #[inline(always)]
+    unsafe fn part(&self, i: usize, m: __m256i) -> [__m256; 2] {
+        // SAFETY: masked-off lanes are not read; their terms are zeroed.
+        unsafe {
+            let d = _mm256_sub_ps(_mm256_maskload_ps(self.0.add(i), m), self.1);
+            let d = _mm256_and_ps(d, _mm256_castsi256_ps(m));
+            [d, _mm256_mul_ps(d, d)]
+        }
+    }
+}
+
 struct Dot(*const f32, *const f32);
 impl Terms<1> for Dot {
     #[inline(always)]
@@ -191,6 +213,15 @@ unsafe fn sum(x: &[f32]) -> f64 {
 unsafe fn sum_sq_dev(x: &[f32], m: f32) -> f64 {
     // SAFETY: the terms read `x[..len]`.
     unsafe { reduce(&SqDev(x.as_ptr(), _mm256_set1_ps(m)), x.len())[0] }
+}
+
+/// # Safety
+/// As [`sum`].
+#[target_feature(enable = "avx2,fma")]
+unsafe fn shifted_sums(x: &[f32], k: f32) -> (f64, f64) {
+    // SAFETY: the terms read `x[..len]`.
+    let [s, q] = unsafe { reduce(&Shifted(x.as_ptr(), _mm256_set1_ps(k)), x.len()) };
+    (s, q)
 }
 
 /// # Safety
