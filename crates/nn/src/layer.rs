@@ -147,6 +147,16 @@ pub trait Layer: AsAny + Send {
 
     /// The shape of one output sample for one input sample of shape `input` (no batch axis).
     fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>>;
+
+    /// Starts (`on`, from zero) or stops timing the layers nested in this one
+    /// ([`crate::Sequential::set_profiling`]). The default, for a layer with none, does nothing.
+    fn set_profiling(&mut self, _on: bool) {}
+
+    /// The time spent in the layers nested in this one while profiling, with names relative to
+    /// this layer ([`crate::Sequential::profile`]); empty by default.
+    fn profile(&self) -> Vec<crate::model::LayerProfile> {
+        Vec::new()
+    }
 }
 
 impl dyn Layer {

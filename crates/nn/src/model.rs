@@ -185,34 +185,40 @@ impl Sequential {
         }
     }
 
-    /// Starts (`on`, from zero) or stops timing each layer's training forwards and backwards.
-    /// Costs two clock reads per layer and pass while on.
+    /// Starts (`on`, from zero) or stops timing each layer's training forwards and backwards,
+    /// and those of the layers nested in it (a residual block's, a nested sequence's). Costs
+    /// two clock reads per layer and pass while on.
     pub fn set_profiling(&mut self, on: bool) {
         self.profile = on.then(|| vec![Timing::default(); self.layers.len()]);
+        for l in &mut self.layers {
+            l.set_profiling(on);
+        }
     }
 
     /// The time spent in each layer since [`set_profiling`](Sequential::set_profiling) turned
-    /// profiling on, in layer order; empty while it is off.
+    /// profiling on, in layer order, each followed by the layers nested in it (dotted names,
+    /// `"3.c1"`, as the parameters'); empty while it is off.
     pub fn profile(&self) -> Vec<LayerProfile> {
         let Some(times) = &self.profile else {
             return Vec::new();
         };
-        self.layers
-            .iter()
-            .zip(&self.names)
-            .enumerate()
-            .map(|(i, (l, name))| {
-                let t = times.get(i).copied().unwrap_or_default();
-                LayerProfile {
-                    name: name.clone(),
-                    layer: l.describe(),
-                    forward: t.forward,
-                    backward: t.backward,
-                    forward_calls: t.forward_calls,
-                    backward_calls: t.backward_calls,
-                }
-            })
-            .collect()
+        let mut out = Vec::new();
+        for (i, (l, name)) in self.layers.iter().zip(&self.names).enumerate() {
+            let t = times.get(i).copied().unwrap_or_default();
+            out.push(LayerProfile {
+                name: name.clone(),
+                layer: l.describe(),
+                forward: t.forward,
+                backward: t.backward,
+                forward_calls: t.forward_calls,
+                backward_calls: t.backward_calls,
+            });
+            out.extend(l.profile().into_iter().map(|p| LayerProfile {
+                name: format!("{name}.{}", p.name),
+                ..p
+            }));
+        }
+        out
     }
 
     /// Back-propagates `dy` (the gradient of the loss with respect to the output) through every
@@ -344,6 +350,14 @@ impl Layer for Sequential {
 
     fn forward(&mut self, x: Tensor, train: bool) -> Result<Tensor> {
         Sequential::forward(self, x, train)
+    }
+
+    fn set_profiling(&mut self, on: bool) {
+        Sequential::set_profiling(self, on);
+    }
+
+    fn profile(&self) -> Vec<LayerProfile> {
+        Sequential::profile(self)
     }
 
     fn backward(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {

@@ -843,4 +843,20 @@ fn profiling_times_each_layer_of_training_steps() {
     model.set_profiling(false);
     local_step(&mut model, &mut opt, x, &labels).unwrap();
     assert!(model.profile().is_empty());
+
+    // A residual block's layers follow it, with the dotted names of their parameters.
+    let mut model = build("resnet20", ConvAlgo::Convgemm, 0).unwrap();
+    let mut opt = Sgd::new(0.01, 0.9, 0.0).unwrap();
+    let x = Tensor::new(&[2, 3, 32, 32], vec![0.5; 2 * 3 * 32 * 32]).unwrap();
+    model.set_profiling(true);
+    local_step(&mut model, &mut opt, x, &[1, 2]).unwrap();
+    let p = model.profile();
+    let names: Vec<&str> = p.iter().map(|l| l.name.as_str()).collect();
+    let at = names.iter().position(|&n| n == "6").unwrap();
+    assert_eq!(
+        names[at..at + 8],
+        ["6", "6.c1", "6.b1", "6.r1", "6.c2", "6.b2", "6.short.0", "6.short.1"],
+        "{names:?}"
+    );
+    assert!(p.iter().all(|l| l.forward_calls == 1 && l.backward_calls == 1));
 }

@@ -140,9 +140,9 @@ struct Args {
     /// over the ranks holding the batch (a synchronised batch norm).
     #[arg(long)]
     local_batch_norm: bool,
-    /// Time every top-level layer (a residual block counts as one) in the training steps after
-    /// the first and print a table of forward and backward milliseconds per step at the end
-    /// (rank 0's layers under mpirun).
+    /// Time every layer (a residual block, and each layer inside it) in the training steps
+    /// after the first and print a table of forward and backward milliseconds per step at the
+    /// end (rank 0's layers under mpirun).
     #[arg(long)]
     profile: bool,
 }
@@ -160,12 +160,16 @@ fn profile_after_first_step(on: bool) -> impl FnMut(&mut Sequential) {
 }
 
 /// The per-layer profile of `model` as a table: milliseconds per step in forward and backward,
-/// and each layer's share of the total.
+/// and each layer's share of the total (the top-level layers' sum; nested layers are indented
+/// under the block that contains them).
 fn profile_table(model: &Sequential) -> String {
     let p = model.profile();
+    // Top-level layers, then the ones nested in them (dotted names), indented.
+    let depth = |name: &str| name.matches('.').count();
     let steps = p.iter().map(|l| l.forward_calls).max().unwrap_or(0).max(1) as f64;
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / steps;
-    let total: f64 = p.iter().map(|l| ms(l.forward) + ms(l.backward)).sum();
+    let top = || p.iter().filter(|l| depth(&l.name) == 0);
+    let total: f64 = top().map(|l| ms(l.forward) + ms(l.backward)).sum();
     let mut out = format!(
         "profile over {steps} steps after the first (ms per step):\n{:<10} {:>9} {:>9} {:>6}  layer\n",
         "name", "forward", "backward", "share"
@@ -176,14 +180,13 @@ fn profile_table(model: &Sequential) -> String {
         if desc.chars().count() > 60 {
             desc = desc.chars().take(57).chain("...".chars()).collect();
         }
+        let name = format!("{}{}", "  ".repeat(depth(&l.name)), l.name);
         out.push_str(&format!(
-            "{:<10} {f:>9.2} {b:>9.2} {:>5.1}%  {desc}\n",
-            l.name,
+            "{name:<10} {f:>9.2} {b:>9.2} {:>5.1}%  {desc}\n",
             100.0 * (f + b) / total.max(f64::MIN_POSITIVE)
         ));
     }
-    let (f, b): (f64, f64) = p
-        .iter()
+    let (f, b): (f64, f64) = top()
         .map(|l| (ms(l.forward), ms(l.backward)))
         .fold((0.0, 0.0), |(a, c), (x, y)| (a + x, c + y));
     out.push_str(&format!("{:<10} {f:>9.2} {b:>9.2} 100.0%\n", "total"));

@@ -312,6 +312,24 @@ impl Layer for Residual {
         v
     }
 
+    fn set_profiling(&mut self, on: bool) {
+        self.body.set_profiling(on);
+        if let Some((_, s)) = &mut self.shortcut {
+            s.set_profiling(on);
+        }
+    }
+
+    fn profile(&self) -> Vec<crate::model::LayerProfile> {
+        let mut v = self.body.profile();
+        if let Some((name, s)) = &self.shortcut {
+            v.extend(s.profile().into_iter().map(|p| crate::model::LayerProfile {
+                name: format!("{name}.{}", p.name),
+                ..p
+            }));
+        }
+        v
+    }
+
     fn rng_states(&self) -> Vec<(String, RngState)> {
         let mut v = self.body.rng_states();
         if let Some((name, s)) = &self.shortcut {
