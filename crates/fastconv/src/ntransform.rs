@@ -836,6 +836,18 @@ pub(crate) fn multi_mode_product_unchecked<T: Real, B: Buffer<T>>(
     }
 }
 
+/// Buffers of the kernel transform, kept by a plan across weight updates (fresh buffers of this
+/// size page-fault on every call: measured 4-7 % of a paper-layer forward whose weights change).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KernelWork {
+    /// The kernels in the transform's layout (filled by the caller).
+    pub g: Vec<f32>,
+    g64: Vec<f64>,
+    scratch: Vec<f64>,
+    /// The transformed kernels, (α_1, …, α_N, batch).
+    pub out: Vec<f64>,
+}
+
 /// The transforms of an N-d tile: one F(m_n, r_n) per spatial dimension, as sparse `f32` Aᵀ and
 /// Bᵀ for execution and sparse `f64` G for the kernel transform (computed once per weight update,
 /// in double precision, then rounded: it costs nothing per tile and removes one source of error).
@@ -915,17 +927,31 @@ impl TileTransforms {
     /// shape (r_1, …, r_N, batch) row-major, computed in f64 and rounded to f32; the result has
     /// shape (α_1, …, α_N, batch).
     pub fn kernel_transform(&self, g: &[f32], batch: usize) -> Result<Vec<f32>> {
+        let mut ws = KernelWork::default();
+        self.kernel_transform_f64(g, batch, &mut ws)?;
+        Ok(ws.out.iter().map(|&v| v as f32).collect())
+    }
+
+    /// [`TileTransforms::kernel_transform`] into `ws.out`, in f64 (not yet rounded), reusing
+    /// the workspace's buffers (no allocation once they are large enough).
+    pub(crate) fn kernel_transform_f64(
+        &self,
+        g: &[f32],
+        batch: usize,
+        ws: &mut KernelWork,
+    ) -> Result<()> {
         if batch == 0 {
             return Err(FastconvError::Zero { arg: "batch" });
         }
         let mut dims = self.r.clone();
         dims.push(batch);
-        let g64: Vec<f64> = g.iter().map(|&v| <f64 as From<f32>>::from(v)).collect();
+        ws.g64.clear();
+        ws.g64
+            .extend(g.iter().map(|&v| <f64 as From<f32>>::from(v)));
         let mats: Vec<&SparseTransform<f64>> = self.g.iter().collect();
-        let (mut scratch, mut out) = (Vec::new(), Vec::new());
-        multi_mode_product(&g64, &dims, &mats, &mut scratch, &mut out)
+        multi_mode_product(&ws.g64, &dims, &mats, &mut ws.scratch, &mut ws.out)
             .map_err(|e| rename(e, "g"))?;
-        Ok(out.iter().map(|&v| v as f32).collect())
+        Ok(())
     }
 
     /// The sparse f32 G of every dimension (used where the "kernel" changes every call: the

@@ -8,6 +8,24 @@
 
 use core_blas::PackA;
 
+/// A value [`PackedKernels::repack`] rounds to f32.
+pub(crate) trait ToF32 {
+    /// The value rounded to the nearest f32.
+    fn to_f32(self) -> f32;
+}
+
+impl ToF32 for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl ToF32 for f64 {
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+}
+
 /// `U_ξᵀ` for all ξ, packed into `mr`-tall micro-panels over the whole inner dimension.
 #[derive(Debug, Clone)]
 pub(crate) struct PackedKernels {
@@ -22,29 +40,48 @@ impl PackedKernels {
     /// Packs `u` of layout (`count`, `cols`, `rows`) — `count` matrices stored column-major
     /// `rows × cols` — into `mr`-tall panels.
     pub(crate) fn new(u: &[f32], count: usize, rows: usize, cols: usize, mr: usize) -> Self {
+        let mut pk = PackedKernels {
+            mr: 1,
+            rows: 0,
+            cols: 0,
+            count: 0,
+            data: Vec::new(),
+        };
+        pk.repack(u, count, rows, cols, mr);
+        pk
+    }
+
+    /// [`PackedKernels::new`] in place, from f32 or f64 values (rounded to f32), reusing the
+    /// panels' storage.
+    pub(crate) fn repack<T: Copy + ToF32>(
+        &mut self,
+        u: &[T],
+        count: usize,
+        rows: usize,
+        cols: usize,
+        mr: usize,
+    ) {
         debug_assert_eq!(u.len(), count * rows * cols);
         let mr = mr.max(1);
         let panels = rows.div_ceil(mr);
         let per = panels * mr * cols;
-        let mut data = vec![0.0f32; count * per];
+        self.data.resize(count * per, 0.0);
         for xi in 0..count {
             let src = &u[xi * rows * cols..][..rows * cols];
-            let dst = &mut data[xi * per..][..per];
+            let dst = &mut self.data[xi * per..][..per];
             for (q, panel) in dst.chunks_exact_mut(mr * cols).enumerate() {
                 let r0 = q * mr;
                 let w = mr.min(rows - r0);
                 for (p, out) in panel.chunks_exact_mut(mr).enumerate() {
-                    out[..w].copy_from_slice(&src[p * rows + r0..][..w]);
+                    for (o, v) in out[..w].iter_mut().zip(&src[p * rows + r0..][..w]) {
+                        *o = v.to_f32();
+                    }
+                    // Rows past the last matrix row: zero.
+                    out[w..].fill(0.0);
                 }
             }
         }
-        PackedKernels {
-            mr,
-            rows,
-            cols,
-            count,
-            data,
-        }
+        (self.mr, self.rows, self.cols, self.count) = (mr, rows, cols, count);
     }
 
     /// Panel height.

@@ -19,7 +19,7 @@ use conv_ops::ConvGeometry;
 
 use crate::error::{FastconvError, Result};
 use crate::filter_grad::FilterWorkspace;
-use crate::ntransform::TileTransforms;
+use crate::ntransform::{KernelWork, TileTransforms};
 use crate::packed::PackedKernels;
 use crate::points::transform_for;
 use crate::tiled::{Correlation, GemmPath, correlate};
@@ -61,6 +61,7 @@ pub struct WinogradPlan {
     gemm_path: GemmPath,
     cache_fwd: Option<KernelCache>,
     cache_bwd: Option<KernelCache>,
+    kernel_work: KernelWork,
     filter_ws: FilterWorkspace,
 }
 
@@ -166,6 +167,7 @@ impl WinogradPlan {
             gemm_path: GemmPath::default(),
             cache_fwd: None,
             cache_bwd: None,
+            kernel_work: KernelWork::default(),
             filter_ws: FilterWorkspace::default(),
         })
     }
@@ -228,24 +230,37 @@ impl WinogradPlan {
 
     /// Kernel transform of the `inner × outer` kernels laid out (taps, inner, outer), packed as
     /// α^N matrices `U_ξᵀ` (outer × inner) in core-blas's micro-panels and cached under `w`'s bits.
+    /// The buffers of the previous transform are reused (`work` and the cache's own), so a
+    /// weight update allocates nothing.
     fn transformed(
         cache: &mut Option<KernelCache>,
+        work: &mut KernelWork,
         tt: &TileTransforms,
         w: &[f32],
         (inner, outer): (usize, usize),
-        layout: impl FnOnce() -> Vec<f32>,
+        layout: impl FnOnce(&mut [f32]),
     ) -> Result<()> {
         if cache.as_ref().is_some_and(|c| c.matches(w)) {
             return Ok(());
         }
-        let g = layout();
-        let u = tt.kernel_transform(&g, inner * outer)?;
+        let taps: usize = tt.kernel().iter().product();
+        work.g.resize(taps * inner * outer, 0.0);
+        layout(&mut work.g);
+        let g = std::mem::take(&mut work.g);
+        let done = tt.kernel_transform_f64(&g, inner * outer, work);
+        work.g = g;
+        done?;
         let a_n: usize = tt.in_tile().iter().product();
         let (mr, _) = core_blas::Gemm::global()?.tile();
-        *cache = Some(KernelCache {
-            w_bits: w.iter().map(|v| v.to_bits()).collect(),
-            u: PackedKernels::new(&u, a_n, outer, inner, mr),
+        // The previous cache (if any) gives its storage to the new one.
+        let mut c = cache.take().unwrap_or_else(|| KernelCache {
+            w_bits: Vec::new(),
+            u: PackedKernels::new(&[], 0, 0, 0, mr),
         });
+        c.u.repack(&work.out, a_n, outer, inner, mr);
+        c.w_bits.clear();
+        c.w_bits.extend(w.iter().map(|v| v.to_bits()));
+        *cache = Some(c);
         Ok(())
     }
 
@@ -257,17 +272,22 @@ impl WinogradPlan {
         self.check("y", y.len(), g.y_len())?;
         let (c, k, taps) = (g.in_channels(), g.out_channels(), g.kernel_len());
         // U[ξ][c][k] from g[tap][c·K + k] = w[k][c][tap].
-        Self::transformed(&mut self.cache_fwd, &self.fwd, w, (c, k), || {
-            let mut gl = vec![0.0f32; taps * c * k];
-            for ki in 0..k {
-                for ci in 0..c {
-                    for t in 0..taps {
-                        gl[t * c * k + ci * k + ki] = w[(ki * c + ci) * taps + t];
+        Self::transformed(
+            &mut self.cache_fwd,
+            &mut self.kernel_work,
+            &self.fwd,
+            w,
+            (c, k),
+            |gl| {
+                for ki in 0..k {
+                    for ci in 0..c {
+                        for t in 0..taps {
+                            gl[t * c * k + ci * k + ki] = w[(ki * c + ci) * taps + t];
+                        }
                     }
                 }
-            }
-            gl
-        })?;
+            },
+        )?;
         let job = Correlation {
             batch: g.batch(),
             in_channels: c,
@@ -297,17 +317,22 @@ impl WinogradPlan {
         let (c, k, taps) = (g.in_channels(), g.out_channels(), g.kernel_len());
         // U[ξ][k][c] from g[s][k·C + c] = w[k][c][flip(s)], flip reverses every spatial index,
         // which on the row-major flat tap index is taps − 1 − s.
-        Self::transformed(&mut self.cache_bwd, &self.fwd, w, (k, c), || {
-            let mut gl = vec![0.0f32; taps * c * k];
-            for ki in 0..k {
-                for ci in 0..c {
-                    for s in 0..taps {
-                        gl[s * c * k + ki * c + ci] = w[(ki * c + ci) * taps + (taps - 1 - s)];
+        Self::transformed(
+            &mut self.cache_bwd,
+            &mut self.kernel_work,
+            &self.fwd,
+            w,
+            (k, c),
+            |gl| {
+                for ki in 0..k {
+                    for ci in 0..c {
+                        for s in 0..taps {
+                            gl[s * c * k + ki * c + ci] = w[(ki * c + ci) * taps + (taps - 1 - s)];
+                        }
                     }
                 }
-            }
-            gl
-        })?;
+            },
+        )?;
         let job = Correlation {
             batch: g.batch(),
             in_channels: k,

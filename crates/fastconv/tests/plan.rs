@@ -106,14 +106,21 @@ fn blocking_and_kernel_cache() {
     let mut w = uniform(2, g.w_len());
     let mut y_ref = vec![0.0; g.y_len()];
     let mut y = vec![0.0; g.y_len()];
+    let dy = uniform(3, g.y_len());
+    let (mut dx, mut dx_ref) = (vec![0.0; g.x_len()], vec![0.0; g.x_len()]);
     for round in 0..3 {
         plan.forward(&x, &w, &mut y).unwrap();
         reference::forward(&g, &x, &w, None, &mut y_ref).unwrap();
         let e = max_rel_error(&y, &f64s(&y_ref));
         assert!(e <= TOL, "round {round}: {e:.2e}");
+        // Backward-data's transform (the flipped kernel) shares the plan's buffers with the
+        // forward's: both must follow the weights.
+        plan.backward_data(&dy, &w, &mut dx).unwrap();
+        reference::backward_data(&g, &dy, &w, &mut dx_ref).unwrap();
+        let e = max_rel_error(&dx, &f64s(&dx_ref));
+        assert!(e <= TOL, "round {round}, backward-data: {e:.2e}");
         w[round * 5] += 0.5; // weights change: the cached transform must be recomputed
     }
-    let dy = uniform(3, g.y_len());
     let (mut dw, mut dw_ref) = (vec![0.0; g.w_len()], vec![0.0; g.w_len()]);
     plan.backward_filter(&x, &dy, &mut dw).unwrap();
     reference::backward_filter(&g, &x, &dy, &mut dw_ref).unwrap();
