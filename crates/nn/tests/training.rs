@@ -833,7 +833,8 @@ fn profiling_times_each_layer_of_training_steps() {
     assert_eq!(p[0].name, "0");
     assert!(p[0].layer.starts_with("Conv2d"), "{}", p[0].layer);
     assert!(
-        p.iter().all(|l| l.forward_calls == 2 && l.backward_calls == 2),
+        p.iter()
+            .all(|l| l.forward_calls == 2 && l.backward_calls == 2),
         "{p:?}"
     );
     let conv = p[0].forward + p[0].backward;
@@ -855,8 +856,20 @@ fn profiling_times_each_layer_of_training_steps() {
     let at = names.iter().position(|&n| n == "6").unwrap();
     assert_eq!(
         names[at..at + 8],
-        ["6", "6.c1", "6.b1", "6.r1", "6.c2", "6.b2", "6.short.0", "6.short.1"],
+        [
+            "6",
+            "6.c1",
+            "6.b1",
+            "6.r1",
+            "6.c2",
+            "6.b2",
+            "6.short.0",
+            "6.short.1"
+        ],
         "{names:?}"
     );
-    assert!(p.iter().all(|l| l.forward_calls == 1 && l.backward_calls == 1));
+    assert!(
+        p.iter()
+            .all(|l| l.forward_calls == 1 && l.backward_calls == 1)
+    );
 }
