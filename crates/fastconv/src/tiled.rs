@@ -758,6 +758,19 @@ fn scatter_tiles(
                 let row = &mut ys[plane * og.out_len + off..][..out_last];
                 let src = &yb[(pf * m_last * kn + kl) * s + j..];
                 interleave_rows(&mut row[o0..], src, row_stride, full, m_last);
+                if full == run {
+                    continue;
+                }
+                // The run's tiles past `full` (in a whole tile row, only its last, partial
+                // tile): column by column.
+                let end = out_last.min(o0 + run * m_last);
+                if run - full == 1 {
+                    let col0 = o0 + full * m_last;
+                    for (i, v) in row[col0.min(end)..end].iter_mut().enumerate() {
+                        *v = src[i * row_stride + full];
+                    }
+                    continue;
+                }
                 for i in 0..m_last {
                     // Run tile jj writes output column o0 + jj·m + i, in range for jj < cnt.
                     let first = o0 + full * m_last + i;
