@@ -105,12 +105,7 @@ impl ChannelParallelConv {
         let send = to_blocks(y.data(), n, k, plane, p);
         let mut recv = vec![0.0f32; n * kl * plane];
         comm.reduce_scatter_sum(&send, &mut recv)?;
-        if let Some(b) = &self.bias {
-            for (ch, chunk) in recv.chunks_exact_mut(plane).enumerate() {
-                let v = b.value.data()[ch % kl];
-                chunk.iter_mut().for_each(|y| *y += v);
-            }
-        }
+        add_bias(&mut recv, self.bias.as_ref(), kl, plane);
         let mut local = shape.clone();
         local[1] = kl;
         if train {
@@ -140,13 +135,7 @@ impl ChannelParallelConv {
                 &shape[2..]
             )));
         }
-        if let Some(b) = &mut self.bias {
-            let g = b.grad.data_mut();
-            g.fill(0.0);
-            for (ch, chunk) in dy.data().chunks_exact(plane).enumerate() {
-                g[ch % kl] += chunk.iter().sum::<f32>();
-            }
-        }
+        bias_grad(self.bias.as_mut(), dy.data(), kl, plane);
         let mut gathered = vec![0.0f32; n * k * plane];
         comm.allgather(dy.data(), &mut gathered)?;
         let full = from_blocks(&gathered, n, k, plane, p);
@@ -167,19 +156,36 @@ impl ChannelParallelConv {
     /// names.
     pub fn params(&self) -> Vec<(String, &Parameter)> {
         let mut v = self.conv.params();
-        if let Some(b) = &self.bias {
-            v.push(("bias".into(), b));
-        }
+        v.extend(self.bias.as_ref().map(|b| ("bias".into(), b)));
         v
     }
 
     /// The same, mutable.
     pub fn params_mut(&mut self) -> Vec<(String, &mut Parameter)> {
         let mut v = self.conv.params_mut();
-        if let Some(b) = &mut self.bias {
-            v.push(("bias".into(), b));
-        }
+        v.extend(self.bias.as_mut().map(|b| ("bias".into(), b)));
         v
+    }
+}
+
+/// Adds `bias[ch % per]` to every plane `ch` of `y` (`N × per × plane`): a block's bias after
+/// the reduce-scatter that left it `per` output channels.
+pub(crate) fn add_bias(y: &mut [f32], bias: Option<&Parameter>, per: usize, plane: usize) {
+    let Some(b) = bias else { return };
+    for (ch, chunk) in y.chunks_exact_mut(plane.max(1)).enumerate() {
+        let v = b.value.data()[ch % per];
+        chunk.iter_mut().for_each(|y| *y += v);
+    }
+}
+
+/// Overwrites `bias`'s gradient with the sums of `dy` (`N × per × plane`) over samples and
+/// positions, per channel.
+pub(crate) fn bias_grad(bias: Option<&mut Parameter>, dy: &[f32], per: usize, plane: usize) {
+    let Some(b) = bias else { return };
+    let g = b.grad.data_mut();
+    g.fill(0.0);
+    for (ch, chunk) in dy.chunks_exact(plane.max(1)).enumerate() {
+        g[ch % per] += chunk.iter().sum::<f32>();
     }
 }
 

@@ -13,7 +13,7 @@ use std::rc::Rc;
 use nn::{Conv, ConvAlgo, ConvConfig, Layer, Parameter, Tensor};
 use rand::rngs::SmallRng;
 
-use crate::channel_conv::{check_full, from_blocks, to_blocks};
+use crate::channel_conv::{add_bias, bias_grad, check_full, from_blocks, to_blocks};
 use crate::comm::Communicator;
 use crate::error::{DistError, Result};
 use crate::layers::{CommHandle, Registration, register, to_nn};
@@ -253,12 +253,7 @@ impl StationaryWConv {
         let per = self.out_channels / p;
         let mut recv = vec![0.0f32; n * per * plane_y];
         col.reduce_scatter_sum(&send, &mut recv)?;
-        if let Some(b) = &self.bias {
-            for (ch, chunk) in recv.chunks_exact_mut(plane_y).enumerate() {
-                let v = b.value.data()[ch % per];
-                chunk.iter_mut().for_each(|y| *y += v);
-            }
-        }
+        add_bias(&mut recv, self.bias.as_ref(), per, plane_y);
         let mut local = partial.clone();
         local[1] = per;
         if train {
@@ -294,13 +289,7 @@ impl StationaryWConv {
                 &partial[2..]
             )));
         }
-        if let Some(b) = &mut self.bias {
-            let g = b.grad.data_mut();
-            g.fill(0.0);
-            for (ch, chunk) in dy.data().chunks_exact(plane).enumerate() {
-                g[ch % per] += chunk.iter().sum::<f32>();
-            }
-        }
+        bias_grad(self.bias.as_mut(), dy.data(), per, plane);
         // (4) Filter block f of dy from the column's pc sub-blocks.
         let mut gathered = vec![0.0f32; n * kl * plane];
         col.allgather(dy.data(), &mut gathered)?;
@@ -345,18 +334,14 @@ impl StationaryWConv {
     /// PyTorch's names.
     pub fn params(&self) -> Vec<(String, &Parameter)> {
         let mut v = self.conv.params();
-        if let Some(b) = &self.bias {
-            v.push(("bias".into(), b));
-        }
+        v.extend(self.bias.as_ref().map(|b| ("bias".into(), b)));
         v
     }
 
     /// The same, mutable.
     pub fn params_mut(&mut self) -> Vec<(String, &mut Parameter)> {
         let mut v = self.conv.params_mut();
-        if let Some(b) = &mut self.bias {
-            v.push(("bias".into(), b));
-        }
+        v.extend(self.bias.as_mut().map(|b| ("bias".into(), b)));
         v
     }
 }
