@@ -102,9 +102,7 @@ impl ChannelParallelConv {
         let (n, k, p) = (shape[0], self.out_channels, self.parts);
         let plane: usize = shape[2..].iter().product();
         let kl = k / p;
-        let send = to_blocks(y.data(), n, k, plane, p);
-        let mut recv = vec![0.0f32; n * kl * plane];
-        comm.reduce_scatter_sum(&send, &mut recv)?;
+        let mut recv = reduce_scatter_channels(comm, y.data(), n, k, plane)?;
         add_bias(&mut recv, self.bias.as_ref(), kl, plane);
         let mut local = shape.clone();
         local[1] = kl;
@@ -201,6 +199,23 @@ pub(crate) fn to_blocks(t: &[f32], n: usize, k: usize, plane: usize, parts: usiz
         }
     }
     out
+}
+
+/// The sum over the ranks of `comm` of `t` (`N × K × plane`), left as this rank's block of
+/// `K / comm.size()` channels (`N × K/size × plane`): the reduce-scatter that completes a
+/// convolution's partial sums over channel or filter blocks.
+pub(crate) fn reduce_scatter_channels(
+    comm: &impl Communicator,
+    t: &[f32],
+    n: usize,
+    k: usize,
+    plane: usize,
+) -> Result<Vec<f32>> {
+    let p = comm.size();
+    let send = to_blocks(t, n, k, plane, p);
+    let mut recv = vec![0.0f32; n * (k / p) * plane];
+    comm.reduce_scatter_sum(&send, &mut recv)?;
+    Ok(recv)
 }
 
 /// The inverse of [`to_blocks`]: allgather's output back to `N × K × plane`.
@@ -379,9 +394,7 @@ impl FilterParallelConv {
         };
         let (n, c, p) = (shape[0], self.in_channels, self.parts);
         let plane: usize = shape[2..].iter().product();
-        let send = to_blocks(dx.data(), n, c, plane, p);
-        let mut recv = vec![0.0f32; n * (c / p) * plane];
-        comm.reduce_scatter_sum(&send, &mut recv)?;
+        let recv = reduce_scatter_channels(comm, dx.data(), n, c, plane)?;
         let mut local = shape;
         local[1] = c / p;
         Ok(Some(Tensor::new(&local, recv)?))

@@ -13,7 +13,7 @@ use std::rc::Rc;
 use nn::{Conv, ConvAlgo, ConvConfig, Layer, Parameter, Tensor};
 use rand::rngs::SmallRng;
 
-use crate::channel_conv::{add_bias, bias_grad, check_full, from_blocks, to_blocks};
+use crate::channel_conv::{add_bias, bias_grad, check_full, from_blocks, reduce_scatter_channels};
 use crate::comm::Communicator;
 use crate::error::{DistError, Result};
 use crate::layers::{CommHandle, Registration, register, to_nn};
@@ -249,10 +249,8 @@ impl StationaryWConv {
         let plane_y: usize = partial[2..].iter().product();
         let kl = self.out_channels / pf;
         // (3) The sums over the column's channel blocks, scattered by output sub-block.
-        let send = to_blocks(t1.data(), n, kl, plane_y, pc);
         let per = self.out_channels / p;
-        let mut recv = vec![0.0f32; n * per * plane_y];
-        col.reduce_scatter_sum(&send, &mut recv)?;
+        let mut recv = reduce_scatter_channels(col, t1.data(), n, kl, plane_y)?;
         add_bias(&mut recv, self.bias.as_ref(), per, plane_y);
         let mut local = partial.clone();
         local[1] = per;
@@ -302,9 +300,7 @@ impl StationaryWConv {
         let xs = dx.shape().to_vec();
         let cl = self.in_channels / pc;
         let plane_x: usize = xs[2..].iter().product();
-        let send = to_blocks(dx.data(), n, cl, plane_x, pf);
-        let mut recv = vec![0.0f32; n * (self.in_channels / p) * plane_x];
-        row.reduce_scatter_sum(&send, &mut recv)?;
+        let recv = reduce_scatter_channels(row, dx.data(), n, cl, plane_x)?;
         let mut local = xs;
         local[1] = self.in_channels / p;
         Ok(Some(Tensor::new(&local, recv)?))
