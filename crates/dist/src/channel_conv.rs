@@ -134,9 +134,7 @@ impl ChannelParallelConv {
             )));
         }
         bias_grad(self.bias.as_mut(), dy.data(), kl, plane);
-        let mut gathered = vec![0.0f32; n * k * plane];
-        comm.allgather(dy.data(), &mut gathered)?;
-        let full = from_blocks(&gathered, n, k, plane, p);
+        let full = allgather_channels(comm, dy.data(), n, k, plane)?;
         Ok(self.conv.backward(Tensor::new(&shape, full)?, need_dx)?)
     }
 
@@ -216,6 +214,21 @@ pub(crate) fn reduce_scatter_channels(
     let mut recv = vec![0.0f32; n * (k / p) * plane];
     comm.reduce_scatter_sum(&send, &mut recv)?;
     Ok(recv)
+}
+
+/// Every rank of `comm`'s block of channels (`t`: `N × K/size × plane`, rank `r` holding
+/// block `r`) assembled into `N × K × plane`: the allgather before a convolution that needs
+/// every channel or filter block.
+pub(crate) fn allgather_channels(
+    comm: &impl Communicator,
+    t: &[f32],
+    n: usize,
+    k: usize,
+    plane: usize,
+) -> Result<Vec<f32>> {
+    let mut gathered = vec![0.0f32; t.len() * comm.size()];
+    comm.allgather(t, &mut gathered)?;
+    Ok(from_blocks(&gathered, n, k, plane, comm.size()))
 }
 
 /// The inverse of [`to_blocks`]: allgather's output back to `N × K × plane`.
@@ -367,11 +380,12 @@ impl FilterParallelConv {
             )));
         }
         let (n, plane) = (shape[0], shape[2..].iter().product::<usize>());
-        let mut gathered = vec![0.0f32; x.len() * p];
-        comm.allgather(x.data(), &mut gathered)?;
         let mut full_shape = shape.clone();
         full_shape[1] = c;
-        let full = Tensor::new(&full_shape, from_blocks(&gathered, n, c, plane, p))?;
+        let full = Tensor::new(
+            &full_shape,
+            allgather_channels(comm, x.data(), n, c, plane)?,
+        )?;
         if train {
             self.in_shape = Some(full_shape);
         }

@@ -21,7 +21,7 @@ use nn::{
     Tensor,
 };
 
-use crate::channel_conv::{ChannelParallelConv, FilterParallelConv, from_blocks};
+use crate::channel_conv::{ChannelParallelConv, FilterParallelConv, allgather_channels};
 use crate::comm::Communicator;
 use crate::error::{DistError, Result};
 use crate::runtime::World;
@@ -284,13 +284,11 @@ fn gather_blocks(comm: &World, t: &Tensor, parts: usize) -> Result<Tensor> {
         )));
     }
     let (n, cl, plane) = dims("the channel block", t.shape())?;
-    let mut gathered = vec![0.0f32; t.len() * parts];
-    comm.allgather(t.data(), &mut gathered)?;
     let mut shape = t.shape().to_vec();
     shape[1] = cl * parts;
     Ok(Tensor::new(
         &shape,
-        from_blocks(&gathered, n, cl * parts, plane, parts),
+        allgather_channels(comm, t.data(), n, cl * parts, plane)?,
     )?)
 }
 

@@ -13,7 +13,9 @@ use std::rc::Rc;
 use nn::{Conv, ConvAlgo, ConvConfig, Layer, Parameter, Tensor};
 use rand::rngs::SmallRng;
 
-use crate::channel_conv::{add_bias, bias_grad, check_full, from_blocks, reduce_scatter_channels};
+use crate::channel_conv::{
+    add_bias, allgather_channels, bias_grad, check_full, reduce_scatter_channels,
+};
 use crate::comm::Communicator;
 use crate::error::{DistError, Result};
 use crate::layers::{CommHandle, Registration, register, to_nn};
@@ -238,11 +240,9 @@ impl StationaryWConv {
         let (n, plane) = (shape[0], shape[2..].iter().product::<usize>());
         let cl = self.in_channels / pc;
         // (1) Input-channel block c of pc from the row's pf sub-blocks.
-        let mut gathered = vec![0.0f32; x.len() * pf];
-        row.allgather(x.data(), &mut gathered)?;
         let mut xc_shape = shape;
         xc_shape[1] = cl;
-        let xc = Tensor::new(&xc_shape, from_blocks(&gathered, n, cl, plane, pf))?;
+        let xc = Tensor::new(&xc_shape, allgather_channels(row, x.data(), n, cl, plane)?)?;
         // (2) Partial sums of filter block f over those channels.
         let t1 = self.conv.forward(xc, train)?;
         let partial = t1.shape().to_vec();
@@ -289,9 +289,7 @@ impl StationaryWConv {
         }
         bias_grad(self.bias.as_mut(), dy.data(), per, plane);
         // (4) Filter block f of dy from the column's pc sub-blocks.
-        let mut gathered = vec![0.0f32; n * kl * plane];
-        col.allgather(dy.data(), &mut gathered)?;
-        let dyf = Tensor::new(&partial, from_blocks(&gathered, n, kl, plane, pc))?;
+        let dyf = Tensor::new(&partial, allgather_channels(col, dy.data(), n, kl, plane)?)?;
         // (5) and (7): dx's partial sums over filter block f; this block's dw.
         let Some(dx) = self.conv.backward(dyf, need_dx)? else {
             return Ok(None);
