@@ -335,6 +335,13 @@ fn bench_paper(c: &mut Criterion, pools: &[(usize, rayon::ThreadPool)]) {
             }
             for (algo, mut engine) in engines {
                 for pass in ["fwd", "train"] {
+                    // As nn uses the plans: kernel transforms kept for inference, not while
+                    // training (the weights change every step, so a kept transform never hits).
+                    if let Engine::Winograd(plans) = &mut engine {
+                        for p in plans {
+                            p.set_keep_kernels(pass == "fwd");
+                        }
+                    }
                     let flops = if pass == "fwd" {
                         fwd_flops
                     } else {

@@ -39,16 +39,27 @@ pub(crate) struct PackedKernels {
 impl PackedKernels {
     /// Packs `u` of layout (`count`, `cols`, `rows`) — `count` matrices stored column-major
     /// `rows × cols` — into `mr`-tall panels.
+    #[cfg(test)]
     pub(crate) fn new(u: &[f32], count: usize, rows: usize, cols: usize, mr: usize) -> Self {
-        let mut pk = PackedKernels {
+        let mut pk = PackedKernels::empty();
+        pk.repack(u, count, rows, cols, mr);
+        pk
+    }
+
+    /// No matrices (storage for [`PackedKernels::repack`]).
+    pub(crate) fn empty() -> Self {
+        PackedKernels {
             mr: 1,
             rows: 0,
             cols: 0,
             count: 0,
             data: Vec::new(),
-        };
-        pk.repack(u, count, rows, cols, mr);
-        pk
+        }
+    }
+
+    /// The panels' storage in f32 values (its capacity), for accounting.
+    pub(crate) fn capacity(&self) -> usize {
+        self.data.capacity()
     }
 
     /// [`PackedKernels::new`] in place, from f32 or f64 values (rounded to f32), reusing the

@@ -3,7 +3,9 @@
 //! A plan fixes the tile (m per spatial dimension; chosen by [`crate::cost::choose_tile`] unless
 //! given), synthesizes the transforms, and caches the transformed kernels until the weights change
 //! (a copy of the weights is kept and compared bit for bit, a memcmp that is cheap next to the
-//! convolution).
+//! convolution). For training, where the weights change every step, [`WinogradPlan::set_keep_kernels`]
+//! `(false)` keeps nothing per plan: the kernels are transformed into a buffer of the calling
+//! thread shared by every plan.
 //!
 //! - forward: `y = conv(x, w)` by F(m, r) tiles (module `tiled`);
 //! - backward-data: the same machinery on the flipped, channel-transposed kernel with padding
@@ -56,6 +58,15 @@ thread_local! {
     /// grow to the largest layer's size once and are reused by every weight update, instead of
     /// one set per plan (per-plan sets held 1.8 GB more for ResNet-34's 36 layers at 224²).
     static KERNEL_WORK: RefCell<KernelWork> = RefCell::new(KernelWork::default());
+
+    /// The packed transformed kernels of the plans that do not keep theirs
+    /// ([`WinogradPlan::set_keep_kernels`]`(false)`): one buffer per thread, shared by every such
+    /// plan, grown to the largest layer once.
+    static SHARED_U: RefCell<PackedKernels> = RefCell::new(PackedKernels::empty());
+
+    /// Backward-filter's accumulators and block buffers, shared by every plan on this thread:
+    /// they are needed only during a call (a plan holding its own set kept one per layer).
+    static FILTER_WORK: RefCell<FilterWorkspace> = RefCell::new(FilterWorkspace::default());
 }
 
 /// The Winograd algorithm for one geometry: tile choice, transforms, cached kernel transforms.
@@ -68,9 +79,9 @@ pub struct WinogradPlan {
     bwd_filter: TileTransforms,
     block_tiles: Option<usize>,
     gemm_path: GemmPath,
+    keep_kernels: bool,
     cache_fwd: Option<KernelCache>,
     cache_bwd: Option<KernelCache>,
-    filter_ws: FilterWorkspace,
 }
 
 /// Refuses what Winograd cannot do, naming the argument.
@@ -173,9 +184,9 @@ impl WinogradPlan {
             bwd_filter: TileTransforms::new(&bf)?,
             block_tiles: None,
             gemm_path: GemmPath::default(),
+            keep_kernels: true,
             cache_fwd: None,
             cache_bwd: None,
-            filter_ws: FilterWorkspace::default(),
         })
     }
 
@@ -201,6 +212,41 @@ impl WinogradPlan {
         }
         self.block_tiles = Some(tiles);
         Ok(())
+    }
+
+    /// Whether the plan keeps its transformed kernels between calls (default `true`).
+    ///
+    /// Kept (`true`, for evaluation and inference): forward and backward-data each hold their
+    /// transformed kernels, packed for the GEMMs (about α^N / r^N times the weights each, F(4, 3)
+    /// in 2-D: 4×), and a copy of the weights they came from; a call with the same weights skips
+    /// the transform. Not kept (`false`, for training, where the weights change every step so
+    /// the cache never hits): every forward and backward-data transforms the kernels into a
+    /// buffer of the calling thread shared by every plan, and the plan holds no kernel data
+    /// between calls; setting `false` frees what was kept. Both modes give bit-identical
+    /// results. Backward-filter's buffers are shared per thread in both modes.
+    pub fn set_keep_kernels(&mut self, keep: bool) {
+        self.keep_kernels = keep;
+        if !keep {
+            self.cache_fwd = None;
+            self.cache_bwd = None;
+        }
+    }
+
+    /// Whether the plan keeps its transformed kernels between calls
+    /// ([`WinogradPlan::set_keep_kernels`]).
+    pub fn keeps_kernels(&self) -> bool {
+        self.keep_kernels
+    }
+
+    /// Bytes of kernel data the plan holds between calls: the kept transformed kernels and
+    /// weight copies of forward and backward-data (0 when it does not keep them, or before its
+    /// first call).
+    pub fn kept_bytes(&self) -> usize {
+        [&self.cache_fwd, &self.cache_bwd]
+            .into_iter()
+            .flatten()
+            .map(|c| 4 * (c.w_bits.capacity() + c.u.capacity()))
+            .sum()
     }
 
     /// Chooses how forward and backward-data run their transformed-domain products (default
@@ -235,30 +281,78 @@ impl WinogradPlan {
         Ok(())
     }
 
-    /// Kernel transform of the `inner × outer` kernels laid out (taps, inner, outer), packed as
-    /// α^N matrices `U_ξᵀ` (outer × inner) in core-blas's micro-panels and cached under `w`'s bits.
-    /// The buffers of the previous transform are reused (the thread's [`KERNEL_WORK`] and the
-    /// cache's own), so a weight update allocates nothing once they have grown.
-    fn transformed(
+    /// Runs `run` on the transformed kernels of `w` (the `inner × outer` kernels laid out
+    /// (taps, inner, outer) by `layout`), packed as α^N matrices `U_ξᵀ` (outer × inner) in
+    /// core-blas's micro-panels.
+    ///
+    /// With `keep` the plan's `cache` holds them under `w`'s bits and a call with the same
+    /// weights skips the transform; a changed `w` is transformed into the cache's own storage.
+    /// Without it the plan holds nothing: they are transformed into the thread's [`SHARED_U`]
+    /// (shared by every plan on this thread, grown to the largest layer once) and `cache` is
+    /// left empty. Either way the f64 work buffers are the thread's [`KERNEL_WORK`], so a weight
+    /// update allocates nothing once the buffers have grown.
+    fn with_kernels<R>(
+        keep: bool,
         cache: &mut Option<KernelCache>,
         tt: &TileTransforms,
         w: &[f32],
         dims: (usize, usize),
         layout: impl FnOnce(&mut [f32]),
-    ) -> Result<()> {
-        if cache.as_ref().is_some_and(|c| c.matches(w)) {
-            return Ok(());
+        run: impl FnOnce(&PackedKernels) -> Result<R>,
+    ) -> Result<R> {
+        if !keep {
+            *cache = None;
+            return SHARED_U.with(|cell| match cell.try_borrow_mut() {
+                Ok(mut u) => {
+                    Self::transform_kernels(&mut u, tt, w, dims, layout)?;
+                    run(&u)
+                }
+                // Only when a pass runs inside another pass on this thread (a rayon worker
+                // stealing a job while it waits); a private buffer is still correct.
+                Err(_) => {
+                    let mut u = PackedKernels::empty();
+                    Self::transform_kernels(&mut u, tt, w, dims, layout)?;
+                    run(&u)
+                }
+            });
         }
+        let c = match cache.take() {
+            Some(c) if c.matches(w) => c,
+            old => {
+                // The previous cache (if any) gives its storage to the new one; on an error
+                // the cache stays empty.
+                let mut c = old.unwrap_or_else(|| KernelCache {
+                    w_bits: Vec::new(),
+                    u: PackedKernels::empty(),
+                });
+                Self::transform_kernels(&mut c.u, tt, w, dims, layout)?;
+                c.w_bits.clear();
+                c.w_bits.extend(w.iter().map(|v| v.to_bits()));
+                c
+            }
+        };
+        run(&cache.insert(c).u)
+    }
+
+    /// The kernel transform of `w` (laid out by `layout`) into `u`, with the thread's
+    /// [`KERNEL_WORK`] buffers.
+    fn transform_kernels(
+        u: &mut PackedKernels,
+        tt: &TileTransforms,
+        w: &[f32],
+        dims: (usize, usize),
+        layout: impl FnOnce(&mut [f32]),
+    ) -> Result<()> {
         KERNEL_WORK.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut work) => Self::transform_into(cache, &mut work, tt, w, dims, layout),
+            Ok(mut work) => Self::transform_into(u, &mut work, tt, w, dims, layout),
             // Not reached (no transform runs inside another); a private set is still correct.
-            Err(_) => Self::transform_into(cache, &mut KernelWork::default(), tt, w, dims, layout),
+            Err(_) => Self::transform_into(u, &mut KernelWork::default(), tt, w, dims, layout),
         })
     }
 
-    /// [`WinogradPlan::transformed`] with the transform's buffers `work`.
+    /// [`WinogradPlan::transform_kernels`] with the transform's buffers `work`.
     fn transform_into(
-        cache: &mut Option<KernelCache>,
+        u: &mut PackedKernels,
         work: &mut KernelWork,
         tt: &TileTransforms,
         w: &[f32],
@@ -266,6 +360,7 @@ impl WinogradPlan {
         layout: impl FnOnce(&mut [f32]),
     ) -> Result<()> {
         let taps: usize = tt.kernel().iter().product();
+        debug_assert_eq!(w.len(), taps * inner * outer);
         work.g.resize(taps * inner * outer, 0.0);
         layout(&mut work.g);
         let g = std::mem::take(&mut work.g);
@@ -274,15 +369,7 @@ impl WinogradPlan {
         done?;
         let a_n: usize = tt.in_tile().iter().product();
         let (mr, _) = core_blas::Gemm::global()?.tile();
-        // The previous cache (if any) gives its storage to the new one.
-        let mut c = cache.take().unwrap_or_else(|| KernelCache {
-            w_bits: Vec::new(),
-            u: PackedKernels::new(&[], 0, 0, 0, mr),
-        });
-        c.u.repack(&work.out, a_n, outer, inner, mr);
-        c.w_bits.clear();
-        c.w_bits.extend(w.iter().map(|v| v.to_bits()));
-        *cache = Some(c);
+        u.repack(&work.out, a_n, outer, inner, mr);
         Ok(())
     }
 
@@ -294,7 +381,7 @@ impl WinogradPlan {
         self.check("y", y.len(), g.y_len())?;
         let (c, k, taps) = (g.in_channels(), g.out_channels(), g.kernel_len());
         // U[ξ][c][k] from g[tap][c·K + k] = w[k][c][tap].
-        Self::transformed(&mut self.cache_fwd, &self.fwd, w, (c, k), |gl| {
+        let layout = |gl: &mut [f32]| {
             for ki in 0..k {
                 for ci in 0..c {
                     for t in 0..taps {
@@ -302,7 +389,7 @@ impl WinogradPlan {
                     }
                 }
             }
-        })?;
+        };
         let job = Correlation {
             batch: g.batch(),
             in_channels: c,
@@ -313,12 +400,16 @@ impl WinogradPlan {
         };
         let alpha_n: usize = self.fwd.in_tile().iter().product();
         let block = self.block(alpha_n, c, k, self.tiles(g.output(), &self.tile));
-        let u = &self
-            .cache_fwd
-            .as_ref()
-            .map(|c| &c.u)
-            .ok_or(FastconvError::Zero { arg: "w" })?;
-        correlate(&job, &self.fwd, u, x, y, block, self.gemm_path)
+        let (tt, path) = (&self.fwd, self.gemm_path);
+        Self::with_kernels(
+            self.keep_kernels,
+            &mut self.cache_fwd,
+            tt,
+            w,
+            (c, k),
+            layout,
+            |u| correlate(&job, tt, u, x, y, block, path),
+        )
     }
 
     /// Backward-data pass `dx = ∂⟨y, dy⟩/∂x`: dy N×K×output, w K×C×kernel, dx N×C×input.
@@ -332,7 +423,7 @@ impl WinogradPlan {
         let (c, k, taps) = (g.in_channels(), g.out_channels(), g.kernel_len());
         // U[ξ][k][c] from g[s][k·C + c] = w[k][c][flip(s)], flip reverses every spatial index,
         // which on the row-major flat tap index is taps − 1 − s.
-        Self::transformed(&mut self.cache_bwd, &self.fwd, w, (k, c), |gl| {
+        let layout = |gl: &mut [f32]| {
             for ki in 0..k {
                 for ci in 0..c {
                     for s in 0..taps {
@@ -340,7 +431,7 @@ impl WinogradPlan {
                     }
                 }
             }
-        })?;
+        };
         let job = Correlation {
             batch: g.batch(),
             in_channels: k,
@@ -356,12 +447,16 @@ impl WinogradPlan {
         };
         let alpha_n: usize = self.fwd.in_tile().iter().product();
         let block = self.block(alpha_n, k, c, self.tiles(g.input(), &self.tile));
-        let u = &self
-            .cache_bwd
-            .as_ref()
-            .map(|c| &c.u)
-            .ok_or(FastconvError::Zero { arg: "w" })?;
-        correlate(&job, &self.fwd, u, dy, dx, block, self.gemm_path)
+        let (tt, path) = (&self.fwd, self.gemm_path);
+        Self::with_kernels(
+            self.keep_kernels,
+            &mut self.cache_bwd,
+            tt,
+            w,
+            (k, c),
+            layout,
+            |u| correlate(&job, tt, u, dy, dx, block, path),
+        )
     }
 
     /// Backward-filter pass `dw = ∂⟨y, dy⟩/∂w`: x N×C×input, dy N×K×output, dw K×C×kernel
@@ -374,14 +469,14 @@ impl WinogradPlan {
         let alpha_n: usize = self.bwd_filter.in_tile().iter().product();
         let tiles = self.tiles(g.output(), &self.filter_tile);
         let block = self.block(alpha_n, g.in_channels(), g.out_channels(), tiles);
-        crate::filter_grad::backward_filter(
-            &g,
-            &self.bwd_filter,
-            x,
-            dy,
-            dw,
-            block,
-            &mut self.filter_ws,
-        )
+        let mut run = |ws: &mut FilterWorkspace| {
+            crate::filter_grad::backward_filter(&g, &self.bwd_filter, x, dy, dw, block, ws)
+        };
+        FILTER_WORK.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut ws) => run(&mut ws),
+            // Only when a pass runs inside another pass on this thread (a rayon worker stealing
+            // a job while it waits); a private workspace is still correct.
+            Err(_) => run(&mut FilterWorkspace::default()),
+        })
     }
 }

@@ -328,6 +328,112 @@ fn reused_buffers_across_plans() {
     }
 }
 
+/// `set_keep_kernels`: a plan that keeps its transformed kernels and one that transforms them
+/// into the thread's shared buffer give bit-identical results in all three passes, both follow
+/// a weight change, the setting switches back and forth (freeing what was kept), and the shared
+/// buffers serve plans of different sizes in turn (larger and smaller layers interleaved, on 1
+/// and 2 threads).
+#[test]
+fn kept_and_shared_kernels_agree() {
+    let geoms = [
+        ConvGeometry::new(2, 6, 5, &[23, 19], &[4, 4])
+            .unwrap()
+            .with_padding(&[2])
+            .unwrap(),
+        ConvGeometry::new(1, 3, 7, &[9, 8, 7], &[3, 2, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+        ConvGeometry::new(1, 2, 3, &[7, 9], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+    ];
+    let mut kept: Vec<WinogradPlan> = geoms
+        .iter()
+        .map(|g| WinogradPlan::new(g, None).unwrap())
+        .collect();
+    let mut shared = kept.clone();
+    for p in &mut shared {
+        assert!(p.keeps_kernels());
+        p.set_keep_kernels(false);
+        assert!(!p.keeps_kernels());
+    }
+    let mut ws: Vec<Vec<f32>> = geoms
+        .iter()
+        .enumerate()
+        .map(|(i, g)| uniform(40 + i as u64, g.w_len()))
+        .collect();
+    let pool2 = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    // Plan order with big and small layers interleaved; every third round changes the weights.
+    for (round, i) in [0usize, 2, 1, 0, 0, 1, 2, 2, 0, 1].into_iter().enumerate() {
+        let g = geoms[i];
+        if round % 3 == 2 {
+            ws[i][round % g.w_len()] += 0.25;
+        }
+        // The shared plan of layer 1 switches its setting every round it runs.
+        if i == 1 {
+            let keep = !shared[1].keeps_kernels();
+            shared[1].set_keep_kernels(keep);
+        }
+        let w = &ws[i];
+        let x = uniform(round as u64, g.x_len());
+        let dy = uniform(round as u64 + 100, g.y_len());
+        let out = |p: &mut WinogradPlan| {
+            let mut y = vec![f32::NAN; g.y_len()];
+            let mut dx = vec![f32::NAN; g.x_len()];
+            let mut dw = vec![f32::NAN; g.w_len()];
+            p.forward(&x, w, &mut y).unwrap();
+            p.backward_data(&dy, w, &mut dx).unwrap();
+            p.backward_filter(&x, &dy, &mut dw).unwrap();
+            (y, dx, dw)
+        };
+        let a = out(&mut kept[i]);
+        let b = if round % 2 == 0 {
+            out(&mut shared[i])
+        } else {
+            pool2.install(|| out(&mut shared[i]))
+        };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a.0), bits(&b.0), "forward, round {round}");
+        assert_eq!(bits(&a.1), bits(&b.1), "backward-data, round {round}");
+        assert_eq!(bits(&a.2), bits(&b.2), "backward-filter, round {round}");
+        let mut y_ref = vec![0.0; g.y_len()];
+        let mut dx_ref = vec![0.0; g.x_len()];
+        let mut dw_ref = vec![0.0; g.w_len()];
+        reference::forward(&g, &x, w, None, &mut y_ref).unwrap();
+        reference::backward_data(&g, &dy, w, &mut dx_ref).unwrap();
+        reference::backward_filter(&g, &x, &dy, &mut dw_ref).unwrap();
+        assert!(
+            max_rel_error(&b.0, &f64s(&y_ref)) <= TOL,
+            "forward, round {round}"
+        );
+        assert!(
+            max_rel_error(&b.1, &f64s(&dx_ref)) <= TOL,
+            "backward-data, round {round}"
+        );
+        assert!(
+            max_rel_error(&b.2, &f64s(&dw_ref)) <= TOL,
+            "backward-filter, round {round}"
+        );
+        // What each plan holds between calls: a kept plan at least its transformed kernels
+        // (α^N ≥ r^N values per weight, twice) and its weight copies; a shared one nothing.
+        assert!(kept[i].kept_bytes() >= 4 * 4 * g.w_len(), "round {round}");
+        let held = shared[i].kept_bytes();
+        if shared[i].keeps_kernels() {
+            assert!(held >= 4 * 4 * g.w_len(), "round {round}");
+        } else {
+            assert_eq!(held, 0, "round {round}");
+        }
+    }
+    // Switching off frees what was kept.
+    kept[0].set_keep_kernels(false);
+    assert_eq!(kept[0].kept_bytes(), 0);
+}
+
 /// Both GEMM paths of forward and backward-data (V in core-blas's NR panels read in place, and
 /// V row-major through the blocked driver) against the reference, with blocks that end inside
 /// a panel (5, 37 tiles), span several panels (48) and the default, and enough channels that
