@@ -8,6 +8,8 @@
 //! pick; the small layers of the framework's CIFAR/MNIST training runs (ResNet-20 at batch 128,
 //! LeNet-5 at batch 64, [`SMALL_LAYERS`]) run only when named, or all of them with
 //! `CONV_LAYERS=small`. Their PyTorch anchor is `benches/anchors/conv_small_layers.py`.
+//! ResNet-50's 1×1 stride-2 downsampling shortcuts ([`SHORTCUT_LAYERS`], batch 8) likewise, or
+//! all three with `CONV_LAYERS=shortcuts`.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -67,6 +69,40 @@ const SMALL_LAYERS: &[Layer] = &[
     ("lenet_c2", 64, 6, 16, &[14, 14], &[5, 5], 1, 0),
 ];
 
+/// ResNet-50's downsampling shortcuts (1×1, stride 2) at batch 8, as in the table.
+const SHORTCUT_LAYERS: &[Layer] = &[
+    (
+        "r50_1x1s2_256to512_56",
+        8,
+        256,
+        512,
+        &[56, 56],
+        &[1, 1],
+        2,
+        0,
+    ),
+    (
+        "r50_1x1s2_512to1024_28",
+        8,
+        512,
+        1024,
+        &[28, 28],
+        &[1, 1],
+        2,
+        0,
+    ),
+    (
+        "r50_1x1s2_1024to2048_14",
+        8,
+        1024,
+        2048,
+        &[14, 14],
+        &[1, 1],
+        2,
+        0,
+    ),
+];
+
 fn geometry(l: &Layer) -> ConvGeometry {
     ConvGeometry::new(l.1, l.2, l.3, l.4, l.5)
         .and_then(|g| g.with_stride(&[l.6]))
@@ -116,12 +152,13 @@ fn bench_conv(c: &mut Criterion) {
     let wanted = std::env::var("CONV_LAYERS").ok();
     let pools = thread_pools();
     let small = |name: &str| SMALL_LAYERS.iter().any(|l| l.0 == name);
-    for l in LAYERS.iter().chain(SMALL_LAYERS) {
+    let shortcut = |name: &str| SHORTCUT_LAYERS.iter().any(|l| l.0 == name);
+    for l in LAYERS.iter().chain(SMALL_LAYERS).chain(SHORTCUT_LAYERS) {
         let run = match &wanted {
-            None => !small(l.0),
-            Some(w) => w
-                .split(',')
-                .any(|n| n == l.0 || (n == "small" && small(l.0))),
+            None => !small(l.0) && !shortcut(l.0),
+            Some(w) => w.split(',').any(|n| {
+                n == l.0 || (n == "small" && small(l.0)) || (n == "shortcuts" && shortcut(l.0))
+            }),
         };
         if !run {
             continue;

@@ -262,7 +262,11 @@ impl fmt::Display for Preset {
 /// independent of the batch), the direct convolution's padded copy of one image's group and
 /// its packed weights (per thread and per call, independent of the batch), and the direct
 /// backward-filter's padded copies of a block of images (about 256 KiB), their dy rows, and
-/// one dw partial sum per extra thread (per thread or per call, independent of the batch).
+/// one dw partial sum per extra thread (per thread or per call, independent of the batch), and,
+/// for 1×1 strided layers (ResNet's downsampling shortcuts) under the fused algorithms, the
+/// subsampled input of a block of images (per thread, kept across calls: about 64 Ki floats, or
+/// 512 output columns' worth of input channels, or one image's, whichever is largest; the
+/// backward-data's result block lives in the C panel above) and one dw partial per extra thread.
 pub fn workspace_bytes(g: &ConvGeometry, pass: Pass) -> usize {
     let (rows, cols) = crate::im2col::im2col_shape(g);
     let buffer = rows * cols * size_of::<f32>();

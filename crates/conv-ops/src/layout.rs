@@ -4,7 +4,7 @@
 
 use std::cell::RefCell;
 
-use core_blas::store::Direct;
+use core_blas::store::{Direct, Window};
 use core_blas::{DenseStore, PackA, PackB, Store, Tile};
 
 use crate::source::{copy_run, micro_panels};
@@ -41,6 +41,20 @@ impl PackB for ChannelMajor<'_> {
     }
     fn pack_b(&self, pc: usize, kc: usize, jc: usize, nc: usize, nr: usize, dst: &mut [f32]) {
         for (j0, w, panel) in micro_panels(dst, kc, nr, jc, nc) {
+            if j0 % self.plane + w <= self.plane {
+                // The micro-panel inside one image: row p's columns are one contiguous run,
+                // `plane` values after row p − 1's (no per-row index arithmetic).
+                let base = self.offset(pc, j0);
+                let src = &self.data[base..][..(kc - 1) * self.plane + w];
+                for (p, out) in panel.chunks_exact_mut(nr).enumerate() {
+                    let src = &src[p * self.plane..][..w];
+                    // SAFETY: `out` holds `nr >= w` values and `src` `w`; a packing buffer
+                    // never overlaps the tensor.
+                    unsafe { copy_run(out.as_mut_ptr(), src.as_ptr(), w, 1) };
+                    out[w..].fill(0.0);
+                }
+                continue;
+            }
             for (p, out) in panel.chunks_exact_mut(nr).enumerate() {
                 // Runs of columns inside one image are contiguous in memory.
                 let mut t = 0;
@@ -198,6 +212,38 @@ impl Store for ChannelMajorStore<'_> {
     fn cols(&self) -> usize {
         self.batch * self.plane
     }
+    /// Tiles inside one image are a dense block of y (rows one plane apart): stored by the
+    /// micro-kernel straight from registers.
+    #[inline]
+    fn window(&self, i: usize, j: usize, rows: usize, cols: usize) -> Option<Window<'_>> {
+        let o = j % self.plane;
+        if o + cols > self.plane || i + rows > self.rows {
+            return None;
+        }
+        let ch = self.c0 + i;
+        let off = ((j / self.plane) * self.channels + ch) * self.plane + o;
+        if rows == 0 || off + (rows - 1) * self.plane + cols > self.len {
+            return None;
+        }
+        let Epilogue {
+            alpha,
+            beta,
+            bias,
+            relu,
+        } = self.epi;
+        // SAFETY: element (r, c) of the tile, r < rows, c < cols, is y[off + r·plane + c]: in
+        // bounds (checked above), and the channel-major map is injective, so no other tile of
+        // the product maps there (the driver asks once per tile and pass); the `&'a mut` borrow
+        // of y keeps everybody else out (see the `Sync` impl).
+        let mut win = unsafe { Window::new(self.ptr.add(off), self.plane, alpha, beta) };
+        if let Some(b) = bias {
+            win = win.with_row_bias(&b[ch..ch + rows]);
+        }
+        if relu {
+            win = win.with_relu();
+        }
+        Some(win)
+    }
     fn store_tile(&self, tile: &Tile<'_>) {
         let Epilogue {
             alpha,
@@ -259,11 +305,11 @@ pub(crate) fn with_panel<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     })
 }
 
-/// A dense store that keeps its product on the calling thread: used where the caller already
-/// runs blocks in parallel, each with its own panel.
-pub(crate) struct OneThread<'a>(pub(crate) DenseStore<'a>);
+/// A store that keeps its product on the calling thread: used where the caller already runs
+/// blocks in parallel, each with its own output.
+pub(crate) struct OneThread<S>(pub(crate) S);
 
-impl Store for OneThread<'_> {
+impl<S: Store> Store for OneThread<S> {
     fn rows(&self) -> usize {
         self.0.rows()
     }
@@ -276,8 +322,15 @@ impl Store for OneThread<'_> {
     fn concurrent(&self) -> bool {
         false
     }
+    fn whole_k(&self) -> bool {
+        self.0.whole_k()
+    }
     fn direct(&mut self) -> Option<Direct<'_>> {
         self.0.direct()
+    }
+    #[inline]
+    fn window(&self, i: usize, j: usize, rows: usize, cols: usize) -> Option<Window<'_>> {
+        self.0.window(i, j, rows, cols)
     }
 }
 
@@ -309,13 +362,15 @@ impl<B: PackB> PackB for Columns<'_, B> {
 /// from registers and accumulates the k-passes in the panel), then copied into y channel by
 /// channel with the epilogue. Blocks run in parallel (they write disjoint elements of y).
 ///
-/// `y` is N × `channels` × `plane`; C's rows are channels `c0..c0 + a.rows()`.
+/// `y` is N × `channels` × `plane`; C's rows are channels `c0..c0 + a.rows()`. `serial`: all
+/// on the calling thread (the caller runs such calls in parallel).
 pub(crate) fn forward_panels<B: PackB>(
     a: &core_blas::MatRef<'_>,
     b: &B,
     y: &mut [f32],
     (channels, plane, c0): (usize, usize, usize),
     epi: Epilogue<'_>,
+    serial: bool,
 ) -> Result<(), core_blas::Error> {
     use rayon::prelude::*;
     let (rows, n) = (a.rows(), b.cols());
@@ -323,7 +378,11 @@ pub(crate) fn forward_panels<B: PackB>(
         return Ok(());
     }
     let nr = core_blas::Gemm::global()?.tile().1;
-    let threads = rayon::current_num_threads().max(1);
+    let threads = if serial {
+        1
+    } else {
+        rayon::current_num_threads().max(1)
+    };
     // About 128 Ki floats per panel (512 KiB: half the L2 it is updated in across the
     // k-passes; 64 Ki repacked A too often when K/G is 512), at least 4·NR columns; as many
     // blocks as a multiple of the thread count.

@@ -52,6 +52,7 @@ mod ops;
 pub mod reference;
 mod reindex;
 mod source;
+mod subsample;
 pub mod testing;
 
 pub use algo::{

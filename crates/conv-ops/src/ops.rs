@@ -98,6 +98,10 @@ pub fn forward(
     if algo == ForwardAlgo::Direct {
         return crate::direct::forward(g, x, crate::direct::Weights::Plain(w), bias, relu, y);
     }
+    if algo == ForwardAlgo::Convgemm && crate::subsample::applies(g) {
+        // 1×1 strided: the pointwise product on a subsampled block of images.
+        return crate::subsample::forward(g, x, w, epi, y);
+    }
     let result = (|| {
         for grp in 0..g.groups() {
             let a = weights(g, grp, w)?;
@@ -132,11 +136,11 @@ pub fn forward(
                 // Small planes: one product over the whole batch, C panel by C panel.
                 ForwardAlgo::Convgemm if is_pointwise(g) => {
                     let b = pointwise_b(g, grp, x, 0, g.batch());
-                    forward_panels(&a, &b, y, (g.out_channels(), olen, grp * kg), epi)
+                    forward_panels(&a, &b, y, (g.out_channels(), olen, grp * kg), epi, false)
                 }
                 ForwardAlgo::Convgemm => {
                     let b = Im2colB::new(g, grp, x);
-                    forward_panels(&a, &b, y, (g.out_channels(), olen, grp * kg), epi)
+                    forward_panels(&a, &b, y, (g.out_channels(), olen, grp * kg), epi, false)
                 }
                 ForwardAlgo::Direct => unreachable!("returned above"),
                 ForwardAlgo::Im2colGemm => {
@@ -168,6 +172,9 @@ pub fn backward_data(
     g.check_len("w", w.len(), g.w_len())?;
     g.check_len("dx", dx.len(), g.x_len())?;
     let result = match algo {
+        BackwardDataAlgo::Deconvgemm if crate::subsample::applies(g) => {
+            crate::subsample::backward_data(g, dy, w, dx)
+        }
         BackwardDataAlgo::Deconvgemm => crate::deconvgemm::backward_data(g, dy, w, dx),
         BackwardDataAlgo::FlippedConvgemm => {
             crate::flipped::backward_data(g, dy, w, dx, ForwardAlgo::Convgemm, ws)
@@ -212,6 +219,9 @@ pub fn backward_filter(
     );
     if algo == BackwardFilterAlgo::Direct {
         return crate::direct::backward_filter(g, x, dy, dw);
+    }
+    if algo == BackwardFilterAlgo::ConvgemmTrans && crate::subsample::applies(g) {
+        return crate::subsample::backward_filter(g, x, dy, dw);
     }
     let result = (|| {
         for grp in 0..g.groups() {

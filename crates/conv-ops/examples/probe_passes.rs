@@ -1,0 +1,180 @@
+//! Probe: thread CPU time of every pass of one layer on one thread (min over rounds, the
+//! passes interleaved round by round), for quick A/B runs between two builds.
+//!
+//! `cargo run --release -p conv-ops --example probe_passes -- N C K SIZE KERNEL STRIDE PAD [ROUNDS [FILTER]]`
+//! with SIZE / KERNEL like `32x32` / `1x1`; FILTER keeps the passes whose name contains it.
+//! Prints ms per pass and GFLOP/s. On 1×1 strided layers it also times the pointwise passes on
+//! the input subsampled beforehand (what the passes cost without their gather / scatter).
+
+use conv_ops::{
+    BackwardDataAlgo as D, BackwardFilterAlgo as F, ConvGeometry, ForwardAlgo, Pass, Workspace,
+    backward_data, backward_filter, forward, testing::uniform,
+};
+
+/// CPU time of the calling thread in seconds (`CLOCK_THREAD_CPUTIME_ID`); NaN where there is none.
+fn cpu() -> f64 {
+    cpu_time::ThreadTime::try_now().map_or(f64::NAN, |t| t.as_duration().as_secs_f64())
+}
+
+fn dims(s: &str) -> Result<Vec<usize>, std::num::ParseIntError> {
+    s.split('x').map(str::parse).collect()
+}
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+fn main() -> Result<(), Error> {
+    // One worker thread, everything run on it: its CPU time is the whole pass.
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
+    pool.install(run)
+}
+
+/// The layer's tensors, and the subsampled input of a 1×1 strided layer.
+struct Data {
+    g: ConvGeometry,
+    x: Vec<f32>,
+    w: Vec<f32>,
+    dy: Vec<f32>,
+    y: Vec<f32>,
+    dx: Vec<f32>,
+    dw: Vec<f32>,
+    pointwise: Option<(ConvGeometry, Vec<f32>, Vec<f32>)>,
+}
+
+/// Runs `pass` on the layer (`on_pointwise`: on the subsampled input's pointwise layer).
+fn call(d: &mut Data, pass: Pass, on_pointwise: bool, ws: &mut Workspace) -> Result<(), Error> {
+    let Data {
+        g,
+        x,
+        w,
+        dy,
+        y,
+        dx,
+        dw,
+        pointwise,
+    } = d;
+    let (g, x, dx) = match (on_pointwise, pointwise) {
+        (true, Some((g1, xs, dxs))) => (&*g1, &*xs, dxs),
+        _ => (&*g, &*x, dx),
+    };
+    match pass {
+        Pass::Forward(a) => forward(g, x, w, None, false, y, a, ws)?,
+        Pass::BackwardData(a) => backward_data(g, dy, w, dx, a, ws)?,
+        Pass::BackwardFilter(a) => backward_filter(g, x, dy, dw, a, ws)?,
+    }
+    Ok(())
+}
+
+fn run() -> Result<(), Error> {
+    let a: Vec<String> = std::env::args().skip(1).collect();
+    if a.len() < 7 {
+        return Err("usage: N C K SIZE KERNEL STRIDE PAD [ROUNDS [FILTER]]".into());
+    }
+    let n: usize = a[0].parse()?;
+    let (c, k): (usize, usize) = (a[1].parse()?, a[2].parse()?);
+    let g = ConvGeometry::new(n, c, k, &dims(&a[3])?, &dims(&a[4])?)?
+        .with_stride(&[a[5].parse()?])?
+        .with_padding(&[a[6].parse()?])?;
+    let rounds: usize = a.get(7).map_or(Ok(9), |s| s.parse())?;
+    let x = uniform(1, g.x_len());
+    // 1×1 strided layers: the same layer as a pointwise one on x subsampled beforehand.
+    let pointwise = if g.kernel_len() == 1 && g.stride().iter().any(|&s| s > 1) {
+        let g1 = ConvGeometry::new(n, c, k, g.output(), &vec![1; g.rank()])?;
+        let d = g.dims3();
+        let (ilen, olen) = (g.input_spatial_len(), g.output_spatial_len());
+        let mut xs = vec![0f32; g1.x_len()];
+        for plane in 0..n * c {
+            for o in 0..olen {
+                let (o0, o1, o2) = (
+                    o / (d.output[1] * d.output[2]),
+                    (o / d.output[2]) % d.output[1],
+                    o % d.output[2],
+                );
+                let i = (o0 * d.stride[0] * d.input[1] + o1 * d.stride[1]) * d.input[2]
+                    + o2 * d.stride[2];
+                xs[plane * olen + o] = x[plane * ilen + i];
+            }
+        }
+        let dxs = vec![0f32; g1.x_len()];
+        Some((g1, xs, dxs))
+    } else {
+        None
+    };
+    let mut data = Data {
+        x,
+        w: uniform(2, g.w_len()),
+        dy: uniform(3, g.y_len()),
+        y: vec![0f32; g.y_len()],
+        dx: vec![0f32; g.x_len()],
+        dw: vec![0f32; g.w_len()],
+        pointwise,
+        g,
+    };
+    let mut passes: Vec<(&str, Pass, bool)> = vec![
+        ("fwd/convgemm", Pass::Forward(ForwardAlgo::Convgemm), false),
+        (
+            "fwd/im2col+gemm",
+            Pass::Forward(ForwardAlgo::Im2colGemm),
+            false,
+        ),
+        (
+            "bwd-data/deconvgemm",
+            Pass::BackwardData(D::Deconvgemm),
+            false,
+        ),
+        (
+            "bwd-data/gemm+col2im",
+            Pass::BackwardData(D::GemmCol2im),
+            false,
+        ),
+        (
+            "bwd-filter/convgemm-trans",
+            Pass::BackwardFilter(F::ConvgemmTrans),
+            false,
+        ),
+        (
+            "bwd-filter/im2col+gemmT",
+            Pass::BackwardFilter(F::Im2colGemmT),
+            false,
+        ),
+    ];
+    if data.pointwise.is_some() {
+        passes.extend([
+            (
+                "pointwise fwd (no gather)",
+                Pass::Forward(ForwardAlgo::Convgemm),
+                true,
+            ),
+            (
+                "pointwise bwd-data (no scatter)",
+                Pass::BackwardData(D::Deconvgemm),
+                true,
+            ),
+            (
+                "pointwise bwd-filter (no gather)",
+                Pass::BackwardFilter(F::ConvgemmTrans),
+                true,
+            ),
+        ]);
+    }
+    if let Some(f) = a.get(8) {
+        passes.retain(|(name, _, _)| name.contains(f.as_str()));
+    }
+    let mut ws = Workspace::new(true);
+    let mut best = vec![f64::INFINITY; passes.len()];
+    for _ in 0..rounds {
+        for (i, &(_, pass, pw)) in passes.iter().enumerate() {
+            let t = cpu();
+            call(&mut data, pass, pw, &mut ws)?;
+            best[i] = best[i].min(cpu() - t);
+        }
+    }
+    let flops = data.g.flops() as f64;
+    for ((name, _, _), t) in passes.iter().zip(&best) {
+        println!(
+            "{name:34} {:8.3} ms {:6.1} GFLOP/s",
+            t * 1e3,
+            flops / t * 1e-9
+        );
+    }
+    Ok(())
+}
