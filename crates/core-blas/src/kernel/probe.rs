@@ -186,7 +186,15 @@ fn probe_gemm_ab() {
     }
     use crate::driver::tune;
     let reps = env_list("PROBE_REPS", "9")[0];
-    let g = crate::Gemm::new(crate::Isa::Avx2).unwrap();
+    let mut g = crate::Gemm::new(crate::Isa::Avx2).unwrap();
+    let mut bs = g.block_sizes();
+    if let Some(&nc) = env_list("PROBE_NC", "").first() {
+        bs.nc = nc;
+    }
+    if let Some(&kc) = env_list("PROBE_KC", "").first() {
+        bs.kc = kc;
+    }
+    g = g.with_block_sizes(bs).unwrap();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()
@@ -216,6 +224,26 @@ fn probe_gemm_ab() {
                 .unwrap();
             if r > 0 {
                 ratio[vi].push(flops / secs / 1e9 / p);
+            }
+        }
+    }
+    // Every variant must give the same bits as the first one.
+    let mut first: Option<Vec<f32>> = None;
+    for &(v, md) in &variants {
+        VARIANT.store(v, Ordering::Relaxed);
+        tune::MODE.store(md, Ordering::Relaxed);
+        c.fill(f32::NAN);
+        pool.install(|| {
+            g.sgemm(false, false, m, n, k, 1.0, &a, k, &b, n, 0.0, &mut c, n)
+                .unwrap()
+        });
+        VARIANT.store(0, Ordering::Relaxed);
+        tune::MODE.store(0, Ordering::Relaxed);
+        match &first {
+            None => first = Some(c.clone()),
+            Some(f) => {
+                let same = f.iter().zip(&c).all(|(x, y)| x.to_bits() == y.to_bits());
+                println!("variant {v} mode {md}: same bits as the first: {same}");
             }
         }
     }
