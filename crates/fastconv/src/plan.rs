@@ -49,8 +49,35 @@ impl KernelCache {
 /// ResNet-50 3×3 layers and the paper's 4×4 layer, 48-96 tiles beat 16 by 10-25 % (forward and
 /// backward-filter), 25 vs 32 lost 10 % to a half-empty 16-wide panel.
 pub fn default_block_tiles(alpha_n: usize, in_channels: usize, out_channels: usize) -> usize {
+    block_tiles_within(4 << 20, alpha_n, in_channels, out_channels)
+}
+
+/// Default number of tiles per block of backward-filter: as [`default_block_tiles`], but within
+/// about 8 MiB when the tile has at most 100 points (1-D and 2-D tiles): every block adds its
+/// products into the K × C × α^N accumulator, and longer blocks (the products' inner dimension)
+/// read and write it less often. Measured single-threaded against the 4 MiB blocks (thread CPU
+/// time, min / median of 4-8 interleaved rounds, 09:17-09:20 UTC session 9): the paper's 4×4
+/// layer (80 → 160 tiles) 0.976× / 0.985×, 64@56² (80 → 176) 0.968× / 0.964×, 128@28²
+/// (48 → 80) 0.955× / 0.962×; 256@14² and 512@7² stay at 48 tiles (flat at 96); C3D (216
+/// points) was 5 % slower at 96 tiles than at 48, so 3-D tiles keep the 4 MiB.
+pub fn default_filter_block_tiles(
+    alpha_n: usize,
+    in_channels: usize,
+    out_channels: usize,
+) -> usize {
+    let budget = if alpha_n <= 100 { 8 << 20 } else { 4 << 20 };
+    block_tiles_within(budget, alpha_n, in_channels, out_channels)
+}
+
+/// Tiles per block whose buffers fit `budget` bytes (see [`default_block_tiles`]).
+fn block_tiles_within(
+    budget: usize,
+    alpha_n: usize,
+    in_channels: usize,
+    out_channels: usize,
+) -> usize {
     let per_tile_bytes = 4 * alpha_n * (3 * in_channels + 2 * out_channels);
-    ((4 << 20) / per_tile_bytes.max(1) / 16 * 16).clamp(48, 1024)
+    (budget / per_tile_bytes.max(1) / 16 * 16).clamp(48, 1024)
 }
 
 thread_local! {
@@ -255,12 +282,12 @@ impl WinogradPlan {
         self.gemm_path = path;
     }
 
-    /// Tiles per block: the explicit setting, or the default capped so that every thread of the
+    /// Tiles per block: the explicit setting, or `default` capped so that every thread of the
     /// current pool gets a block (`tiles` = tiles of the pass).
-    fn block(&self, alpha_n: usize, c: usize, k: usize, tiles: usize) -> usize {
+    fn block(&self, default: usize, tiles: usize) -> usize {
         self.block_tiles.unwrap_or_else(|| {
             let threads = rayon::current_num_threads().max(1);
-            default_block_tiles(alpha_n, c, k).min(tiles.div_ceil(threads).max(1))
+            default.min(tiles.div_ceil(threads).max(1))
         })
     }
 
@@ -399,7 +426,10 @@ impl WinogradPlan {
             pad_before: g.pad_before().iter().map(|&p| p as isize).collect(),
         };
         let alpha_n: usize = self.fwd.in_tile().iter().product();
-        let block = self.block(alpha_n, c, k, self.tiles(g.output(), &self.tile));
+        let block = self.block(
+            default_block_tiles(alpha_n, c, k),
+            self.tiles(g.output(), &self.tile),
+        );
         let (tt, path) = (&self.fwd, self.gemm_path);
         Self::with_kernels(
             self.keep_kernels,
@@ -446,7 +476,10 @@ impl WinogradPlan {
                 .collect(),
         };
         let alpha_n: usize = self.fwd.in_tile().iter().product();
-        let block = self.block(alpha_n, k, c, self.tiles(g.input(), &self.tile));
+        let block = self.block(
+            default_block_tiles(alpha_n, k, c),
+            self.tiles(g.input(), &self.tile),
+        );
         let (tt, path) = (&self.fwd, self.gemm_path);
         Self::with_kernels(
             self.keep_kernels,
@@ -468,7 +501,8 @@ impl WinogradPlan {
         self.check("dw", dw.len(), g.w_len())?;
         let alpha_n: usize = self.bwd_filter.in_tile().iter().product();
         let tiles = self.tiles(g.output(), &self.filter_tile);
-        let block = self.block(alpha_n, g.in_channels(), g.out_channels(), tiles);
+        let (c, k) = (g.in_channels(), g.out_channels());
+        let block = self.block(default_filter_block_tiles(alpha_n, c, k), tiles);
         let mut run = |ws: &mut FilterWorkspace| {
             crate::filter_grad::backward_filter(&g, &self.bwd_filter, x, dy, dw, block, ws)
         };
