@@ -406,12 +406,15 @@ fn padded_and_anisotropic_max_pool_against_the_definition() {
     // ResNet's stem pool, C3D's first pool and last pool, 1D, odd sizes.
     // (kernel, stride, padding, input shape)
     type Case<'a> = (&'a [usize], &'a [usize], &'a [usize], &'a [usize]);
-    let cases: [Case; 5] = [
+    // The last two have windows clipped at both ends of a row.
+    let cases: [Case; 7] = [
         (&[3, 3], &[2, 2], &[1, 1], &[2, 3, 9, 8]),
         (&[1, 2, 2], &[1, 2, 2], &[0, 0, 0], &[1, 2, 5, 6, 7]),
         (&[2, 2, 2], &[2, 2, 2], &[0, 1, 1], &[1, 3, 4, 5, 3]),
         (&[3], &[1], &[1], &[2, 2, 7]),
         (&[3, 2], &[2, 1], &[1, 0], &[1, 2, 6, 5]),
+        (&[3, 3], &[2, 2], &[1, 1], &[1, 2, 8, 9]),
+        (&[5], &[3], &[2], &[2, 3, 11]),
     ];
     for (i, (k, s, p, shape)) in cases.into_iter().enumerate() {
         let x = random(shape, rng);

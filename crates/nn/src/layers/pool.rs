@@ -16,6 +16,8 @@ pub struct MaxPool {
     stride: [usize; 3],
     padding: [usize; 3],
     saved: Option<(Vec<usize>, Vec<u32>)>,
+    /// The index buffer of the last backward, lent to the next forward.
+    spare_arg: Vec<u32>,
 }
 
 impl MaxPool {
@@ -76,6 +78,7 @@ impl MaxPool {
             stride: align(stride, 1),
             padding: align(padding, 0),
             saved: None,
+            spare_arg: Vec::new(),
         })
     }
 
@@ -173,49 +176,37 @@ impl Layer for MaxPool {
         }
         let mut yshape = shape[..2].to_vec();
         yshape.extend(&o3[3 - self.rank..]);
-        let mut y = crate::tensor::zeroed(planes * olen);
-        let mut arg = vec![0u32; planes * olen];
+        // Every output is written below: no zeroing pass.
+        let mut y = crate::tensor::scratch(planes * olen);
+        // The previous step's index buffer, when it has the length (no page faults per step).
+        let mut arg = std::mem::take(&mut self.spare_arg);
+        arg.resize(planes * olen, 0);
         let (k3, s3, p3) = (self.kernel, self.stride, self.padding);
-        let pairs_2d = self.rank == 2 && k3 == [1, 2, 2] && s3 == [1, 2, 2] && p3 == [0; 3];
-        // The window of output `o` along dimension `d`: input positions `lo..hi` (clipped).
-        let window = |d: usize, o: usize| {
-            let start = (o * s3[d]) as isize - p3[d] as isize;
-            let lo = start.max(0) as usize;
-            let hi = ((start + k3[d] as isize) as usize).min(i3[d]);
-            lo..hi
+        // 2×2 windows with stride 2 over the last two dimensions (VGG's pools, C3D's first).
+        let pairs = k3 == [1, 2, 2] && s3 == [1, 2, 2] && p3 == [0; 3];
+        let windows = Windows {
+            input: i3,
+            output: o3,
+            kernel: k3,
+            stride: s3,
+            padding: p3,
         };
         y.par_chunks_mut(olen)
             .zip(arg.par_chunks_mut(olen))
             .enumerate()
             .for_each(|(p, (yp, ap))| {
                 let xp = &x.data()[p * ilen..][..ilen];
-                if pairs_2d {
-                    // The common 2×2 window with stride 2, without the generic index arithmetic.
-                    pool_2x2(xp, i3[2], o3[1], o3[2], yp, ap);
-                    return;
-                }
-                let mut o = 0;
-                for o0 in 0..o3[0] {
-                    for o1 in 0..o3[1] {
-                        for o2 in 0..o3[2] {
-                            let (mut best, mut at) = (f32::NEG_INFINITY, usize::MAX);
-                            for i0 in window(0, o0) {
-                                for i1 in window(1, o1) {
-                                    let row = (i0 * i3[1] + i1) * i3[2];
-                                    for i2 in window(2, o2) {
-                                        let i = row + i2;
-                                        if at == usize::MAX || wins(xp[i], best) {
-                                            best = xp[i];
-                                            at = i;
-                                        }
-                                    }
-                                }
-                            }
-                            yp[o] = best;
-                            ap[o] = at as u32;
-                            o += 1;
-                        }
+                if pairs {
+                    // The common 2×2 window with stride 2, without the generic index arithmetic,
+                    // slice by slice along a third dimension.
+                    let (islice, oslice) = (i3[1] * i3[2], o3[1] * o3[2]);
+                    for d in 0..o3[0] {
+                        let (xs, ys) = (&xp[d * islice..], &mut yp[d * oslice..][..oslice]);
+                        let at = &mut ap[d * oslice..][..oslice];
+                        pool_2x2(xs, d * islice, i3[2], (o3[1], o3[2]), ys, at);
                     }
+                } else {
+                    windows.pool_plane(xp, yp, ap);
                 }
             });
         if train {
@@ -242,12 +233,16 @@ impl Layer for MaxPool {
         let planes = shape[0] * shape[1];
         let ilen = shape[2..].iter().product::<usize>();
         let olen = arg.len() / planes.max(1);
-        let mut dx = crate::tensor::zeroed(planes * ilen);
+        // Zeroed plane by plane just before its scatter (in cache, on every thread), not in one
+        // pass over the whole tensor first.
+        let mut dx = crate::tensor::scratch(planes * ilen);
         dx.par_chunks_mut(ilen).enumerate().for_each(|(p, dxp)| {
+            dxp.fill(0.0);
             for (o, &i) in arg[p * olen..][..olen].iter().enumerate() {
                 dxp[i as usize] += dy.data()[p * olen + o];
             }
         });
+        self.spare_arg = arg;
         Ok(Some(Tensor::new(&shape, dx)?))
     }
 
@@ -274,8 +269,127 @@ fn wins(v: f32, best: f32) -> bool {
     v > best || v.is_nan() && !best.is_nan()
 }
 
-/// 2×2 windows with stride 2 over one plane of width `w`: `oh × ow` outputs and their argmax.
-fn pool_2x2(x: &[f32], w: usize, oh: usize, ow: usize, y: &mut [f32], arg: &mut [u32]) {
+/// One tap of a row of windows: `best[q]`, `at[q]` take `v[q]` (input index `start + q·step`)
+/// where it [`wins`]. Written with bit masks instead of branches, so it compiles to vector
+/// compares and blends (maxima of activations are unpredictable: branches mispredict).
+fn update(best: &mut [f32], at: &mut [u32], v: &[f32], start: usize, step: usize) {
+    let (start, step) = (start as u32, step as u32);
+    for (q, ((b, a), &v)) in best.iter_mut().zip(at.iter_mut()).zip(v).enumerate() {
+        #[allow(clippy::eq_op)]
+        let w = (v > *b) | ((v != v) & (*b == *b));
+        let m = (w as u32).wrapping_neg();
+        *b = f32::from_bits((b.to_bits() & !m) | (v.to_bits() & m));
+        *a = (*a & !m) | ((start + q as u32 * step) & m);
+    }
+}
+
+/// The windows of a pooling over one plane, dimensions right-aligned into 3.
+struct Windows {
+    input: [usize; 3],
+    output: [usize; 3],
+    kernel: [usize; 3],
+    stride: [usize; 3],
+    padding: [usize; 3],
+}
+
+impl Windows {
+    /// Input positions `lo..hi` (clipped to the input) of output `o` along dimension `d`.
+    fn range(&self, d: usize, o: usize) -> (usize, usize) {
+        let start = (o * self.stride[d]) as isize - self.padding[d] as isize;
+        let lo = start.max(0) as usize;
+        let hi = ((start + self.kernel[d] as isize) as usize).min(self.input[d]);
+        (lo, hi)
+    }
+
+    /// Maximum and index of its first occurrence for every window of one plane `x` (NaN wins,
+    /// as in [`wins`]), each window scanned in row-major order. Per output row the window's
+    /// input rows are listed once. Outputs whose windows lie inside the row are updated tap by
+    /// tap across the whole row, so consecutive updates are independent (one output at a time,
+    /// each compare-and-select waits for the previous one: 3-4× slower); the few outputs at the
+    /// row's ends, whose windows are clipped, go one at a time.
+    fn pool_plane(&self, x: &[f32], y: &mut [f32], arg: &mut [u32]) {
+        let [_, ih, iw] = self.input;
+        let [od, oh, ow] = self.output;
+        let (k2, s2, p2) = (self.kernel[2], self.stride[2], self.padding[2]);
+        // Outputs first_in..end_in have all k2 taps inside the row.
+        let first_in = p2.div_ceil(s2).min(ow);
+        let end_in = if iw + p2 >= k2 {
+            ((iw + p2 - k2) / s2 + 1).min(ow)
+        } else {
+            0
+        }
+        .max(first_in);
+        let mut rows = Vec::with_capacity(self.kernel[0] * self.kernel[1]);
+        let mut column = Vec::with_capacity(end_in - first_in);
+        let mut o = 0;
+        for o0 in 0..od {
+            let (lo0, hi0) = self.range(0, o0);
+            for o1 in 0..oh {
+                let (lo1, hi1) = self.range(1, o1);
+                rows.clear();
+                for i0 in lo0..hi0 {
+                    rows.extend((lo1..hi1).map(|i1| (i0 * ih + i1) * iw));
+                }
+                let (yr, ar) = (&mut y[o..o + ow], &mut arg[o..o + ow]);
+                // Clipped windows at both ends, one output at a time.
+                for o2 in (0..first_in).chain(end_in..ow) {
+                    let (lo2, hi2) = self.range(2, o2);
+                    // Windows are never empty (padding ≤ half the kernel): start at the first.
+                    let (mut best, mut at) = (x[rows[0] + lo2], rows[0] + lo2);
+                    for &r in &rows {
+                        for (i, &v) in (r + lo2..).zip(&x[r + lo2..r + hi2]) {
+                            if wins(v, best) {
+                                (best, at) = (v, i);
+                            }
+                        }
+                    }
+                    (yr[o2], ar[o2]) = (best, at as u32);
+                }
+                // The inner outputs, tap by tap in the same order as above.
+                let n = end_in - first_in;
+                if n > 0 {
+                    let (yi, ai) = (&mut yr[first_in..end_in], &mut ar[first_in..end_in]);
+                    let base = first_in * s2 - p2;
+                    let span = (n - 1) * s2 + 1;
+                    let start = rows[0] + base;
+                    for ((yo, ao), (q, &v)) in yi
+                        .iter_mut()
+                        .zip(ai.iter_mut())
+                        .zip(x[start..start + span].iter().step_by(s2).enumerate())
+                    {
+                        (*yo, *ao) = (v, (start + q * s2) as u32);
+                    }
+                    for &r in &rows {
+                        for j in 0..k2 {
+                            let start = r + base + j;
+                            let taps = &x[start..start + span];
+                            if s2 == 1 {
+                                update(yi, ai, taps, start, 1);
+                            } else {
+                                // Gathered into a contiguous run first, so the update vectorizes.
+                                column.clear();
+                                column.extend(taps.iter().step_by(s2));
+                                update(yi, ai, &column, start, s2);
+                            }
+                        }
+                    }
+                }
+                o += ow;
+            }
+        }
+    }
+}
+
+/// 2×2 windows with stride 2 over one plane of width `w`: `oh × ow` outputs and their argmax,
+/// counted from `base` (the plane's offset in its volume).
+fn pool_2x2(
+    x: &[f32],
+    base: usize,
+    w: usize,
+    (oh, ow): (usize, usize),
+    y: &mut [f32],
+    arg: &mut [u32],
+) {
     for r in 0..oh {
         let (top, bottom) = (2 * r * w, (2 * r + 1) * w);
         let (t, b) = (&x[top..top + 2 * ow], &x[bottom..bottom + 2 * ow]);
@@ -293,7 +407,7 @@ fn pool_2x2(x: &[f32], w: usize, oh: usize, ow: usize, y: &mut [f32], arg: &mut 
                 }
             }
             yr[c] = best;
-            ar[c] = at as u32;
+            ar[c] = (base + at) as u32;
         }
     }
 }
