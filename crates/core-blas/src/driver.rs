@@ -169,17 +169,6 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     } else {
         mc_max.min(m_pad) * kc_max
     };
-    // With one A block the next B block is prefetched over every jr step of every block; it is
-    // kept only when L2 can hold it next to what the loops reuse there (the packed B block, the
-    // A block of one k pass, and the C block, read and written by every k pass): otherwise its
-    // lines are evicted before they are packed and evict reused ones, while the prefetch
-    // instructions stall on the miss queue (perf, 08:49 UTC: 5% of 256×3136×2304's time on
-    // `prefetcht1`). Several A blocks prefetch during the last one only and keep it (the lines
-    // evicted from L2 still land in Zen's victim L3). Figures: PERFORMANCE.md, session 9.
-    let c_block = m_pad * nc_max.min((cols.1 - cols.0).div_ceil(nr) * nr);
-    let reused = (b_len + m_pad * kc_max + c_block) * size_of::<f32>();
-    let fits = m_len > mc_max || reused <= crate::CacheSizes::detect().l2;
-    let prefetch_next = tune::prefetch_enabled(fits);
     let bc = ws.b.get(b_len);
     let ac = ws.a.get(a_len);
 
@@ -212,7 +201,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
                 } else {
                     a_block(a, ic, mc, pc, kc, mr, ac)
                 };
-                let prefetch = if ic + mc >= rows.1 && prefetch_next {
+                let prefetch = if ic + mc >= rows.1 && tune::prefetch_enabled() {
                     next.map(|n| (b, n))
                 } else {
                     None
@@ -242,21 +231,18 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
 /// Switches for the tuning probes (`kernel/probe.rs`); fixed in normal builds.
 pub(crate) mod tune {
     /// 0: normal; 1: no prefetch of the next B block; 2: that prefetch in one burst per jr step;
-    /// 3: a single A block re-packed per jc block; 4: the next B block always prefetched (as
-    /// before session 9's L2 rule).
+    /// 3: a single A block re-packed per jc block.
     #[cfg(test)]
     pub(crate) static MODE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-    /// Whether the next B block is prefetched, given the L2 rule's verdict `fits`.
+    /// Whether the next B block is prefetched.
     #[inline]
-    pub(crate) fn prefetch_enabled(fits: bool) -> bool {
+    pub(crate) fn prefetch_enabled() -> bool {
         #[cfg(test)]
-        match MODE.load(std::sync::atomic::Ordering::Relaxed) {
-            1 => return false,
-            4 => return true,
-            _ => {}
+        if MODE.load(std::sync::atomic::Ordering::Relaxed) == 1 {
+            return false;
         }
-        fits
+        true
     }
 
     /// Whether a single A block is packed once for all jc blocks (mode 3: per jc, as before).
