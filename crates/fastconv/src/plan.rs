@@ -400,7 +400,8 @@ impl WinogradPlan {
         Ok(())
     }
 
-    /// Forward pass `y = conv(x, w)` (no bias): x N×C×spatial, w K×C×kernel, y N×K×output.
+    /// Forward pass `y = conv(x, w)` (no bias): x N×C×spatial, w K×C×kernel, y N×K×output
+    /// (overwritten: every entry is written, so `y` needs no clearing).
     pub fn forward(&mut self, x: &[f32], w: &[f32], y: &mut [f32]) -> Result<()> {
         let g = self.geom;
         self.check("x", x.len(), g.x_len())?;
@@ -442,7 +443,8 @@ impl WinogradPlan {
         )
     }
 
-    /// Backward-data pass `dx = ∂⟨y, dy⟩/∂x`: dy N×K×output, w K×C×kernel, dx N×C×input.
+    /// Backward-data pass `dx = ∂⟨y, dy⟩/∂x`: dy N×K×output, w K×C×kernel, dx N×C×input
+    /// (overwritten, as `y` of [`WinogradPlan::forward`]).
     /// Computed as a forward correlation of `dy` with the flipped, transposed kernel and padding
     /// `r − 1 − pad_before` per dimension.
     pub fn backward_data(&mut self, dy: &[f32], w: &[f32], dx: &mut [f32]) -> Result<()> {
