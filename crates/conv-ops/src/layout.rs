@@ -459,7 +459,7 @@ mod tests {
     use crate::testing::{Tolerance, uniform};
     use crate::{ConvGeometry, ForwardAlgo, Workspace, forward, reference};
 
-    /// The C-panel forward on 1, 2 and 3 threads (blocks per thread, a short last block), with
+    /// The whole-batch forward (C panels, and the windowed channel-major store) on 1, 2 and 3 threads (blocks per thread, a short last block), with
     /// bias and ReLU, groups and a pointwise layer, against the reference.
     #[test]
     fn forward_panels_match_the_reference() {
@@ -474,6 +474,16 @@ mod tests {
             ConvGeometry::new(3, 4, 64, &[5, 6, 7], &[2, 3, 3])
                 .unwrap()
                 .with_stride(&[1, 2, 1])
+                .unwrap(),
+            // Planes of 575 (stored through windows, with tiles straddling images through the
+            // tile buffer) and of 49 (C panels), each with a k longer than one k-pass.
+            ConvGeometry::new(3, 300, 20, &[25, 23], &[3, 3])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+            ConvGeometry::new(3, 300, 20, &[7, 7], &[3, 3])
+                .unwrap()
+                .with_padding(&[1])
                 .unwrap(),
         ];
         for g in &geoms {

@@ -60,6 +60,34 @@ fn pointwise_b<'a>(
 /// narrow), see [`forward_panels`].
 const PER_IMAGE_MIN_PLANE: usize = 1024;
 
+/// Output planes of at least this many micro-tile widths (or a multiple of one) run the
+/// whole-batch forward as one product stored through the channel-major map, whose tiles inside
+/// one image the micro-kernel stores from registers; smaller planes, whose tiles straddle
+/// images too often (those go through the tile buffer on every k-pass), through C panels.
+/// Measured (criterion, 1 and 2 threads, two rounds, 09:33-09:39 UTC): ResNet-50's stride-2
+/// 128@56² (784 outputs per plane) 0.98× the panels' time at 1 thread, 0.87× at 2; 256@14²
+/// (196 = 12.25 tiles) 1.07× (probe: 0.97-1.05×), so it keeps the panels, as 512@7² (49,
+/// probe 1.03×) does; ResNet-20's 32@16² (256 = 16 tiles, none straddles) probe 0.97×.
+const WINDOW_MIN_TILES: usize = 32;
+
+/// The forward convgemm over the whole batch of small output planes (`dims`: y's channels,
+/// plane, first channel of the group): see [`WINDOW_MIN_TILES`] and [`forward_panels`].
+fn forward_batch<B: core_blas::PackB>(
+    a: &MatRef<'_>,
+    b: &B,
+    y: &mut [f32],
+    (channels, plane, c0): (usize, usize, usize),
+    epi: Epilogue<'_>,
+) -> std::result::Result<(), core_blas::Error> {
+    let nr = core_blas::Gemm::global()?.tile().1;
+    if plane % nr == 0 || plane >= WINDOW_MIN_TILES * nr {
+        let mut store = ChannelMajorStore::new(y, channels, plane, c0, a.rows(), epi);
+        core_blas::gemm_with(a, b, &mut store)
+    } else {
+        forward_panels(a, b, y, (channels, plane, c0), epi, false)
+    }
+}
+
 /// True for a 1×1 kernel with stride 1 and no padding: im2col(x) is x itself.
 pub(crate) fn is_pointwise(g: &ConvGeometry) -> bool {
     g.kernel_len() == 1
@@ -136,11 +164,11 @@ pub fn forward(
                 // Small planes: one product over the whole batch, C panel by C panel.
                 ForwardAlgo::Convgemm if is_pointwise(g) => {
                     let b = pointwise_b(g, grp, x, 0, g.batch());
-                    forward_panels(&a, &b, y, (g.out_channels(), olen, grp * kg), epi, false)
+                    forward_batch(&a, &b, y, (g.out_channels(), olen, grp * kg), epi)
                 }
                 ForwardAlgo::Convgemm => {
                     let b = Im2colB::new(g, grp, x);
-                    forward_panels(&a, &b, y, (g.out_channels(), olen, grp * kg), epi, false)
+                    forward_batch(&a, &b, y, (g.out_channels(), olen, grp * kg), epi)
                 }
                 ForwardAlgo::Direct => unreachable!("returned above"),
                 ForwardAlgo::Im2colGemm => {
