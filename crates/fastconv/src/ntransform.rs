@@ -940,14 +940,41 @@ impl TileTransforms {
         batch: usize,
         ws: &mut KernelWork,
     ) -> Result<()> {
-        if batch == 0 {
+        self.kernel_transform_f64_range(g, batch, 0..batch, ws)
+    }
+
+    /// [`TileTransforms::kernel_transform_f64`] of the kernels `range` of the `batch` in `g`
+    /// (shape (r_1, …, r_N, batch)): `ws.out` gets shape (α_1, …, α_N, range.len()). Every
+    /// kernel is transformed by the same operations whatever the range, so transforming a batch
+    /// in ranges gives the same values as in one piece.
+    pub(crate) fn kernel_transform_f64_range(
+        &self,
+        g: &[f32],
+        batch: usize,
+        range: std::ops::Range<usize>,
+        ws: &mut KernelWork,
+    ) -> Result<()> {
+        if range.is_empty() {
             return Err(FastconvError::Zero { arg: "batch" });
         }
+        let taps: usize = self.r.iter().product();
+        if range.end > batch || g.len() != taps * batch {
+            return Err(FastconvError::BufferLength {
+                arg: "g",
+                got: g.len(),
+                expected: taps * batch,
+            });
+        }
         let mut dims = self.r.clone();
-        dims.push(batch);
+        dims.push(range.len());
         ws.g64.clear();
-        ws.g64
-            .extend(g.iter().map(|&v| <f64 as From<f32>>::from(v)));
+        for t in 0..taps {
+            ws.g64.extend(
+                g[t * batch..][range.clone()]
+                    .iter()
+                    .map(|&v| <f64 as From<f32>>::from(v)),
+            );
+        }
         let mats: Vec<&SparseTransform<f64>> = self.g.iter().collect();
         multi_mode_product(&ws.g64, &dims, &mats, &mut ws.scratch, &mut ws.out)
             .map_err(|e| rename(e, "g"))?;

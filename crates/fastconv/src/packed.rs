@@ -64,6 +64,7 @@ impl PackedKernels {
 
     /// [`PackedKernels::new`] in place, from f32 or f64 values (rounded to f32), reusing the
     /// panels' storage.
+    #[cfg(test)]
     pub(crate) fn repack<T: Copy + ToF32>(
         &mut self,
         u: &[T],
@@ -93,6 +94,40 @@ impl PackedKernels {
             }
         }
         (self.mr, self.rows, self.cols, self.count) = (mr, rows, cols, count);
+    }
+
+    /// Sizes the panels for `count` matrices `rows × cols` (see [`PackedKernels::new`]) without
+    /// filling them; [`PackedKernels::repack_cols`] then fills every column. Reuses the storage.
+    pub(crate) fn reset(&mut self, count: usize, rows: usize, cols: usize, mr: usize) {
+        let mr = mr.max(1);
+        let per = rows.div_ceil(mr) * mr * cols;
+        self.data.resize(count * per, 0.0);
+        (self.mr, self.rows, self.cols, self.count) = (mr, rows, cols, count);
+    }
+
+    /// Columns `p0 .. p0 + n` of every matrix from `u` of layout (`count`, `n`, `rows`) — the
+    /// columns' slice of [`PackedKernels::repack`]'s source — rounded to f32; rows past the last
+    /// matrix row are zeroed. After [`PackedKernels::reset`], repacking every column once gives
+    /// exactly what [`PackedKernels::repack`] gives.
+    pub(crate) fn repack_cols<T: Copy + ToF32>(&mut self, u: &[T], p0: usize, n: usize) {
+        let (mr, rows, cols) = (self.mr, self.rows, self.cols);
+        debug_assert!(p0 + n <= cols);
+        debug_assert_eq!(u.len(), self.count * n * rows);
+        let per = rows.div_ceil(mr) * mr * cols;
+        for xi in 0..self.count {
+            let src = &u[xi * n * rows..][..n * rows];
+            let dst = &mut self.data[xi * per..][..per];
+            for (q, panel) in dst.chunks_exact_mut(mr * cols).enumerate() {
+                let r0 = q * mr;
+                let w = mr.min(rows - r0);
+                for (p, out) in panel[p0 * mr..][..n * mr].chunks_exact_mut(mr).enumerate() {
+                    for (o, v) in out[..w].iter_mut().zip(&src[p * rows + r0..][..w]) {
+                        *o = v.to_f32();
+                    }
+                    out[w..].fill(0.0);
+                }
+            }
+        }
     }
 
     /// Panel height.
@@ -198,6 +233,37 @@ impl PackA for PackedMatrix<'_> {
 mod tests {
     use super::*;
     use core_blas::{DenseStore, MatMut, MatRef};
+
+    /// Repacking column ranges of any sizes after `reset` gives exactly `repack`'s panels, also
+    /// over storage that held other (larger, NaN) matrices before.
+    #[test]
+    fn repack_cols_matches_repack() {
+        let (count, rows, cols) = (3, 11, 9);
+        let u: Vec<f64> = (0..count * rows * cols)
+            .map(|i| ((i * 53 % 29) as f64 - 14.0) / 3.0)
+            .collect();
+        for mr in [1, 4, 6, 16] {
+            let mut want = PackedKernels::empty();
+            want.repack(&u, count, rows, cols, mr);
+            for widths in [vec![9], vec![1; 9], vec![2, 3, 4], vec![4, 5]] {
+                let mut got = PackedKernels::new(&vec![f32::NAN; 4 * 20 * 12], 4, 20, 12, 3);
+                got.reset(count, rows, cols, mr);
+                let mut p0 = 0;
+                for n in widths {
+                    // The columns' slice of u: (count, n, rows).
+                    let chunk: Vec<f64> = (0..count)
+                        .flat_map(|xi| u[(xi * cols + p0) * rows..][..n * rows].to_vec())
+                        .collect();
+                    got.repack_cols(&chunk, p0, n);
+                    p0 += n;
+                }
+                assert_eq!(p0, cols);
+                let bits =
+                    |k: &PackedKernels| k.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "mr {mr}");
+            }
+        }
+    }
 
     /// The packed source gives the same product as the dense column-major view, for panel
     /// heights that match the kernel's and that do not (the fallback path), with ragged edges.

@@ -80,6 +80,17 @@ fn block_tiles_within(
     (budget / per_tile_bytes.max(1) / 16 * 16).clamp(48, 1024)
 }
 
+/// Kernels per piece of the kernel transform ([`WinogradPlan::transform_kernels`]): its f64
+/// buffers hold α^N + α·r + r² values per kernel in 2-D (about 1.1 MB for 1024 kernels of
+/// F(6, 4)), instead of the whole largest layer (ResNet-34's 512 × 512 3×3 kernels: ~140 MB).
+const KERNEL_CHUNK: usize = 1024;
+
+/// Fewest columns (kernels of one input channel, for the forward) per piece of the kernel
+/// transform: pieces of 2 columns (512 × 512 kernels) wrote each panel in 48-byte runs
+/// and made the transform of 512@7² 7-8 % of a call slower (09:49 UTC, session 9); with 32
+/// columns a piece of that layer holds ~7 MB of f64 values.
+const KERNEL_CHUNK_COLS: usize = 32;
+
 thread_local! {
     /// The kernel transform's f64 buffers, shared by every plan that runs on this thread: they
     /// grow to the largest layer's size once and are reused by every weight update, instead of
@@ -387,17 +398,31 @@ impl WinogradPlan {
         layout: impl FnOnce(&mut [f32]),
     ) -> Result<()> {
         let taps: usize = tt.kernel().iter().product();
-        debug_assert_eq!(w.len(), taps * inner * outer);
-        work.g.resize(taps * inner * outer, 0.0);
+        let n = inner * outer;
+        debug_assert_eq!(w.len(), taps * n);
+        work.g.resize(taps * n, 0.0);
         layout(&mut work.g);
-        let g = std::mem::take(&mut work.g);
-        let done = tt.kernel_transform_f64(&g, inner * outer, work);
-        work.g = g;
-        done?;
         let a_n: usize = tt.in_tile().iter().product();
         let (mr, _) = core_blas::Gemm::global()?.tile();
-        u.repack(&work.out, a_n, outer, inner, mr);
-        Ok(())
+        u.reset(a_n, outer, inner, mr);
+        // Some columns (`inner` values) at a time: the f64 buffers stay about `KERNEL_CHUNK`
+        // kernels instead of growing to the largest layer; at least `KERNEL_CHUNK_COLS` columns,
+        // so the panels are written in runs of whole cache lines.
+        let cols = (KERNEL_CHUNK / outer.max(1))
+            .max(KERNEL_CHUNK_COLS)
+            .clamp(1, inner.max(1));
+        let g = std::mem::take(&mut work.g);
+        let mut done = Ok(());
+        for p0 in (0..inner).step_by(cols) {
+            let pn = cols.min(inner - p0);
+            done = tt.kernel_transform_f64_range(&g, n, p0 * outer..(p0 + pn) * outer, work);
+            if done.is_err() {
+                break;
+            }
+            u.repack_cols(&work.out, p0, pn);
+        }
+        work.g = g;
+        done
     }
 
     /// Forward pass `y = conv(x, w)` (no bias): x N×C×spatial, w K×C×kernel, y N×K×output

@@ -434,6 +434,42 @@ fn kept_and_shared_kernels_agree() {
     assert_eq!(kept[0].kept_bytes(), 0);
 }
 
+/// More kernels (C·K) than one piece of the kernel transform (1024, at least 32 columns): the
+/// transform runs in pieces of whole columns, 32 + 8 of 40 input channels for the forward,
+/// 32 + 16 of 48 output channels for backward-data; with 1-D and 3-D tiles too.
+#[test]
+fn kernel_transform_in_pieces() {
+    for (input, kernel) in [
+        (&[7usize, 6][..], &[3usize, 3][..]),
+        (&[19][..], &[4][..]),
+        (&[4, 5, 3][..], &[2, 3, 2][..]),
+    ] {
+        let g = ConvGeometry::new(2, 40, 48, input, kernel)
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap();
+        for keep in [true, false] {
+            let mut plan = WinogradPlan::new(&g, None).unwrap();
+            plan.set_keep_kernels(keep);
+            let (x, w, dy) = (
+                uniform(1, g.x_len()),
+                uniform(2, g.w_len()),
+                uniform(3, g.y_len()),
+            );
+            let (mut y, mut dx) = (vec![f32::NAN; g.y_len()], vec![f32::NAN; g.x_len()]);
+            plan.forward(&x, &w, &mut y).unwrap();
+            plan.backward_data(&dy, &w, &mut dx).unwrap();
+            let (mut y_ref, mut dx_ref) = (vec![0.0; g.y_len()], vec![0.0; g.x_len()]);
+            reference::forward(&g, &x, &w, None, &mut y_ref).unwrap();
+            reference::backward_data(&g, &dy, &w, &mut dx_ref).unwrap();
+            let e = max_rel_error(&y, &f64s(&y_ref));
+            assert!(e <= TOL, "{input:?} keep {keep}: forward {e:.2e}");
+            let e = max_rel_error(&dx, &f64s(&dx_ref));
+            assert!(e <= TOL, "{input:?} keep {keep}: backward-data {e:.2e}");
+        }
+    }
+}
+
 /// Both GEMM paths of forward and backward-data (V in core-blas's NR panels read in place, and
 /// V row-major through the blocked driver) against the reference, with blocks that end inside
 /// a panel (5, 37 tiles), span several panels (48) and the default, and enough channels that
