@@ -14,7 +14,7 @@ A=${ANCHORS:-../shared/anchors/conv}/train_bench.py
 M=$(dirname "$0")/../benches/anchors/train_more.py
 T=${TRAIN:-target/release/train}
 N=${THREADS:-1}
-j() { python3 -c "import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); print('ours', d['model'], d['conv_algo'], 'samples/s', round(d['samples_per_sec'],2), 'peakRSS MiB', d['peak_rss_bytes']>>20)"; }
+j() { python3 -c "import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); print('ours', d['model'], d['conv_algo'], 'samples/s', float('%.4g' % d['samples_per_sec']), 'peakRSS MiB', d['peak_rss_bytes']>>20)"; }
 ours() { # model batch steps
     $T --model "$1" --dataset synthetic --batch-size "$2" --steps "$3" --threads $N --json | j
     $T --model "$1" --dataset synthetic --batch-size "$2" --steps "$3" --threads $N --conv-algo convgemm --json | j
