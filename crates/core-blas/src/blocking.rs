@@ -17,7 +17,8 @@ use crate::{Error, Isa};
 pub struct BlockSizes {
     /// Rows of the packed A block (loop ic). Rounded up to a multiple of MR by the driver.
     pub mc: usize,
-    /// Depth of the packed blocks (loop pc).
+    /// Depth of the packed blocks (loop pc). The driver splits k into equal passes of at most
+    /// `kc`, or of at most `kc + kc / 8` when that takes two or three passes down by one.
     pub kc: usize,
     /// Columns of the packed B block (loop jc). Rounded up to a multiple of NR by the driver.
     pub nc: usize,

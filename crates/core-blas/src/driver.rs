@@ -139,9 +139,25 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     ws: &mut Workspace,
 ) {
     let (mr, nr) = (K::MR, K::NR);
-    // Balance the blocks: k = 576 with KC = 256 runs three passes of 192, not 256 + 256 + 64 (a
-    // short last pass pays the C-tile traffic for little work); likewise for mc.
-    let kc_max = k.div_ceil(k.div_ceil(bs.kc.max(1)).max(1)).max(1);
+    // Balance the blocks: k = 1000 with KC = 256 runs four passes of 250, not 256 + 256 + 256 +
+    // 232 (a short last pass pays the C-tile traffic for little work); likewise for mc. A
+    // product of two or three passes may run passes up to KC/8 deeper when that saves one (the
+    // B micro-panel then fills 9/16 of L1 instead of 1/2): k = 576 runs 2 × 288 instead of
+    // 3 × 192, k = 288 one pass instead of 2 × 144; each pass saved is one C-tile load and store
+    // per tile, a third of them at k = 576. Session 9 (PERFORMANCE.md): 64×50176×576 in process
+    // +1.3 to +2.2 points at 1 thread in five runs, +2.1 / +2.8 at 2 threads; old / new binaries
+    // 2 threads 107-120 → 119-137 GFLOP/s in four pairs, 1 thread within the noise;
+    // 128×12544×576 +1.3, 32×8192×288 +0.5, 64×8192×576 −0.2. Longer products keep KC: one pass
+    // of nine saved was not a gain on 256×3136×2304 (sessions 7, 9).
+    let kc = bs.kc.max(1);
+    let passes = match k.div_ceil(kc).max(1) {
+        p @ 2..=3 => k.div_ceil(kc + kc / 8).min(p),
+        p => p,
+    };
+    let kc_max = k.div_ceil(passes).max(1);
+    // The depth the L2 budget of one A block is computed for (the slack's deeper passes keep
+    // the B block's width, as a KC override to that depth would).
+    let kc_budget = kc.max(kc_max);
     let m_len = rows.1 - rows.0;
     let mc_max = m_len
         .div_ceil(m_len.div_ceil(bs.mc.max(1)).max(1))
@@ -153,7 +169,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
         // One A block only: the B block is not reused across ic, so keep it in L2 (the budget
         // MC·KC of the A block, which is mostly free here) instead of L3. Packing then writes to
         // L2 and the micro-kernels read it from L2.
-        let l2_cols = (bs.mc * bs.kc / kc_max / nr).max(1) * nr;
+        let l2_cols = (bs.mc * kc_budget / kc_max / nr).max(1) * nr;
         nc_max = nc_max.min(l2_cols);
     }
     let b_len = nc_max.min((cols.1 - cols.0).div_ceil(nr) * nr) * kc_max;
