@@ -543,11 +543,8 @@ impl Layer for Conv {
         let (w, b) = (weight.value.data(), bias.as_ref().map(|b| b.value.data()));
         let mut yshape = vec![g.batch(), g.out_channels()];
         yshape.extend(g.output());
-        // conv-ops' forward overwrites y; Winograd's gets zeros.
-        let mut y = match p.winograd {
-            Some(_) => Tensor::zeros(&yshape),
-            None => Tensor::scratch(&yshape),
-        };
+        // Both conv-ops' and Winograd's forward overwrite every value of y: no zeroing pass.
+        let mut y = Tensor::scratch(&yshape);
         match p.winograd.as_mut() {
             Some(plan) => {
                 // Training changes the weights every step, so transformed kernels kept for the
@@ -617,11 +614,8 @@ impl Layer for Conv {
             conv_ops::bias_grad(&g, dy.data(), b.grad.data_mut())?;
         }
         let dw = weight.grad.data_mut();
-        // conv-ops' backward-data overwrites dx; Winograd's gets zeros.
-        let mut dx = need_dx.then(|| match p.winograd {
-            Some(_) => Tensor::zeros(x.shape()),
-            None => Tensor::scratch(x.shape()),
-        });
+        // Both conv-ops' and Winograd's backward-data overwrite every value of dx.
+        let mut dx = need_dx.then(|| Tensor::scratch(x.shape()));
         match p.winograd.as_mut() {
             Some(plan) => {
                 plan.backward_filter(x.data(), dy.data(), dw)?;
