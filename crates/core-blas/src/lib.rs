@@ -26,7 +26,9 @@
 //!   for custom packers in crates that may not use intrinsics.
 //! - [`offset_tile`], [`offset_dot_tile`]: register tiles whose operand is read in place at a
 //!   per-step offset from each run's base (no packing): the direct-convolution kernels, for
-//!   crates that may not use intrinsics ([`mod@offset`]).
+//!   crates that may not use intrinsics ([`mod@offset`]); [`offset_a_tile`] /
+//!   [`offset_a_store`]: the same with the in-place operand broadcast per pixel (any pixel
+//!   bases) against a packed Wᵀ panel of 16 channels.
 //! - [`AlignedVec`]: a growable f32 buffer on a 64-byte boundary (vector loads never straddle
 //!   two cache lines on rows a multiple of 16 floats apart), for operands of the kernels above.
 //! - [`mod@vector`]: level-1 kernels for element-wise layers (sums and dots in f64, batch norm,
@@ -109,8 +111,9 @@ pub use gather::{Piece, gather_pieces};
 pub use gemm::Gemm;
 pub use isa::{Isa, isa};
 pub use offset::{
-    DOT_MR, DOT_NC, DotTile, OFFSET_LANES, OFFSET_MR, OFFSET_NV, OffsetTile, Offsets,
-    offset_dot_rows, offset_dot_tile, offset_tile, offset_tile_vectors,
+    DOT_MR, DOT_NC, DotTile, OFFSET_A_MR, OFFSET_A_NR, OFFSET_LANES, OFFSET_MR, OFFSET_NV,
+    OffsetAStore, OffsetATile, OffsetTile, Offsets, offset_a_store, offset_a_tile, offset_dot_rows,
+    offset_dot_tile, offset_tile, offset_tile_vectors,
 };
 pub use pack::{PackA, PackB};
 pub use packed::{PackedOperand, gemm_packed_batched, gemm_rowa_batched, pack_rows};

@@ -18,6 +18,16 @@
 //!   [`Gemm::offset_dot_rows`] does every column of the list, adding the sums into whole rows of
 //!   an output (arguments checked once per call).
 //!
+//! - [`Gemm::offset_a_tile`] (the "offset-A" tile, a GEMM tile whose A is read in place): for
+//!   `m` pixels (1..=[`OFFSET_A_MR`]) at any bases `bases[i]` and 16 output channels
+//!   ([`OFFSET_A_NR`]) of a packed Wᵀ panel of 16 values per step,
+//!
+//!   `acc[i][c] (:= or +=) Σ_s x[bases[i] + offs[s]] · wt[(s − start) · 16 + c]`, `c < 16`,
+//!
+//!   summed in step order; [`Gemm::offset_a_store`] stores the same sums transposed (channel `c`
+//!   of pixel `i` at `y[dst[i] + c · ldy]`), with a bias and ReLU if asked. Unlike the offset tile, no
+//!   lane is lost on lines narrower than a multiple of 8 pixels.
+//!
 //! The kernels know nothing of convolution: a direct convolution makes `x` a zero-padded input,
 //! a step per (input channel, tap) with its offset, and a run per 8 consecutive outputs with its
 //! base. Bounds are checked once per call against the lists' precomputed maxima, so a call costs
@@ -28,7 +38,7 @@
 use std::ops::Range;
 
 use crate::isa::Family;
-use crate::kernel::offset::{dot_any, tile_any};
+use crate::kernel::offset::{a_tile_any, dot_any, tile_any};
 use crate::{Error, Gemm};
 
 /// Values per vector of the offset kernels (one 256-bit vector of f32, on every family).
@@ -42,6 +52,26 @@ pub const OFFSET_NV: usize = 6;
 pub const DOT_MR: usize = 3;
 /// Columns of an [`Gemm::offset_dot_tile`] (offsets into x).
 pub const DOT_NC: usize = 4;
+
+/// Pixels of an [`Gemm::offset_a_tile`] (x values broadcast per step).
+pub const OFFSET_A_MR: usize = 6;
+/// Output channels of an [`Gemm::offset_a_tile`] (Wᵀ values per step: two vectors of 8).
+pub const OFFSET_A_NR: usize = 16;
+
+/// The accumulators of an offset-A tile: `acc[i][c]` is channel `c` of pixel `i`.
+pub type OffsetATile = [[f32; OFFSET_A_NR]; OFFSET_A_MR];
+
+/// How [`Gemm::offset_a_store`] writes its sums into y.
+#[derive(Clone, Copy, Debug)]
+pub enum OffsetAStore<'a> {
+    /// `y = sum (+ bias[c])`: y is not read (it may hold anything, NaN included).
+    Set {
+        /// Per-channel values added to the sums (at least `channels` of them).
+        bias: Option<&'a [f32]>,
+    },
+    /// `y += sum`.
+    Add,
+}
 
 /// The accumulators of an offset tile: `acc[i][v]` is run `v` of row `i`.
 pub type OffsetTile = [[[f32; OFFSET_LANES]; OFFSET_NV]; OFFSET_MR];
@@ -271,6 +301,177 @@ impl Gemm {
 }
 
 impl Gemm {
+    /// Checks an offset-A call and builds its x pointers: `(pixels, steps' offsets)`.
+    fn a_args<'o>(
+        wt: &[f32],
+        offs: &'o Offsets,
+        steps: &Range<usize>,
+        x: &[f32],
+        bases: &[usize],
+        xs: &mut [*const f32; OFFSET_A_MR],
+    ) -> Result<(usize, &'o [usize]), Error> {
+        let m = bases.len();
+        if !(1..=OFFSET_A_MR).contains(&m) {
+            return Err(shape(
+                "bases",
+                format!("1..={OFFSET_A_MR} pixels"),
+                m.to_string(),
+            ));
+        }
+        check_range("steps", steps, offs.len())?;
+        let needed = steps.len() * OFFSET_A_NR;
+        if wt.len() < needed {
+            return Err(Error::SliceTooShort {
+                arg: "wt",
+                len: wt.len(),
+                needed,
+            });
+        }
+        for (p, &base) in xs.iter_mut().zip(bases) {
+            // One value per step: base + max + 1 <= x.len().
+            match base.checked_add(offs.max).and_then(|v| v.checked_add(1)) {
+                Some(end) if end <= x.len() => {}
+                end => {
+                    return Err(Error::SliceTooShort {
+                        arg: "x",
+                        len: x.len(),
+                        needed: end.unwrap_or(usize::MAX),
+                    });
+                }
+            }
+            // `base < x.len()` (checked above): inside the slice.
+            *p = x.as_ptr().wrapping_add(base);
+        }
+        Ok((m, &offs.offs[steps.clone()]))
+    }
+
+    /// The offset-A tile (module [`mod@crate::offset`]): `acc[i][c] (:= or +=, as
+    /// `accumulate`) Σ_{s ∈ steps} x[bases[i] + offs[s]] · wt[(s − steps.start) · 16 + c]` for
+    /// `i < bases.len()` (any bases), `c < 16`, steps in ascending order; rows `i >=
+    /// bases.len()` of `acc` are left as they are. `wt` is a packed Wᵀ panel of
+    /// [`OFFSET_A_NR`] values per step, all read (each channel's sums are independent, so
+    /// channels the caller does not use may hold anything, NaN included). The bases are checked against `offs.max()` (the whole
+    /// list).
+    ///
+    /// Errors: [`Error::ShapeMismatch`] on `bases` (count not in 1..=[`OFFSET_A_MR`]) or `steps`
+    /// (not within the list); [`Error::SliceTooShort`] on `wt` (fewer than `steps.len() · 16`
+    /// values) or `x` (some `bases[i] + offs.max()` past its end).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn offset_a_tile(
+        &self,
+        wt: &[f32],
+        offs: &Offsets,
+        steps: Range<usize>,
+        x: &[f32],
+        bases: &[usize],
+        acc: &mut OffsetATile,
+        accumulate: bool,
+    ) -> Result<(), Error> {
+        let mut xs = [x.as_ptr(); OFFSET_A_MR];
+        let (m, o) = Self::a_args(wt, offs, &steps, x, bases, &mut xs)?;
+        let wp = wt.as_ptr();
+        // SAFETY: m is in range (checked); wt holds steps·16 values (checked); pixel i reads
+        // x[base_i + o] with o <= max and base_i + max < x.len() (checked); holding the family
+        // value proves its target features.
+        unsafe {
+            match self.family {
+                Family::Scalar(k) => a_tile_any(k, m, o, wp, &xs, acc, accumulate),
+                #[cfg(target_arch = "x86_64")]
+                Family::Avx2(k) => a_tile_any(k, m, o, wp, &xs, acc, accumulate),
+                #[cfg(target_arch = "x86_64")]
+                Family::Avx512(k) => a_tile_any(k, m, o, wp, &xs, acc, accumulate),
+            }
+        }
+        Ok(())
+    }
+
+    /// The offset-A tile's sums ([`Gemm::offset_a_tile`] with `:=`) stored transposed into y,
+    /// pixel `i` of channel `c` at `y[dst[i] + c · ldy]`, for `c < channels` (1..=[`OFFSET_A_NR`])
+    /// and `i < bases.len()`:
+    ///
+    /// - [`OffsetAStore::Set`]: `y[…] = sum[i][c] (+ bias[c])` (y not read),
+    /// - [`OffsetAStore::Add`]: `y[…] += sum[i][c]`,
+    ///
+    /// then `max(0, ·)` if `relu`. Other values of y are untouched. For a convolution, `dst[i]`
+    /// is the tile's pixel `i` in the output plane of its first channel (any pixels: tiles may
+    /// cross lines and images) and `ldy` the plane length. Destinations should be distinct (a
+    /// repeated one receives each of its pixels' values in turn, in pixel order).
+    ///
+    /// Errors: as [`Gemm::offset_a_tile`]; [`Error::ShapeMismatch`] on `channels` (not in
+    /// 1..=16) or `dst` (not one per pixel); [`Error::SliceTooShort`] on `y` (some
+    /// `dst[i] + (channels − 1) · ldy` past its end) or `bias` (fewer than `channels`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn offset_a_store(
+        &self,
+        wt: &[f32],
+        offs: &Offsets,
+        steps: Range<usize>,
+        x: &[f32],
+        bases: &[usize],
+        y: &mut [f32],
+        dst: &[usize],
+        ldy: usize,
+        channels: usize,
+        store: OffsetAStore<'_>,
+        relu: bool,
+    ) -> Result<(), Error> {
+        if !(1..=OFFSET_A_NR).contains(&channels) {
+            return Err(shape(
+                "channels",
+                format!("1..={OFFSET_A_NR}"),
+                channels.to_string(),
+            ));
+        }
+        if dst.len() != bases.len() {
+            return Err(shape(
+                "dst",
+                format!("{} destinations (one per pixel)", bases.len()),
+                dst.len().to_string(),
+            ));
+        }
+        for &d in dst {
+            let end = (channels - 1)
+                .checked_mul(ldy)
+                .and_then(|v| v.checked_add(d))
+                .and_then(|v| v.checked_add(1));
+            match end {
+                Some(end) if end <= y.len() => {}
+                end => {
+                    return Err(Error::SliceTooShort {
+                        arg: "y",
+                        len: y.len(),
+                        needed: end.unwrap_or(usize::MAX),
+                    });
+                }
+            }
+        }
+        let bias = match store {
+            OffsetAStore::Set { bias: Some(b) } if b.len() < channels => {
+                return Err(Error::SliceTooShort {
+                    arg: "bias",
+                    len: b.len(),
+                    needed: channels,
+                });
+            }
+            OffsetAStore::Set { bias } => Some(bias),
+            OffsetAStore::Add => None,
+        };
+        let mut acc: OffsetATile = Default::default();
+        self.offset_a_tile(wt, offs, steps, x, bases, &mut acc, false)?;
+        for (a, &d) in acc.iter().zip(dst) {
+            for (c, &v) in a[..channels].iter().enumerate() {
+                let o = &mut y[d + c * ldy];
+                let v = match bias {
+                    Some(b) => v + b.map_or(0.0, |b| b[c]),
+                    None => *o + v,
+                };
+                *o = if relu { v.max(0.0) } else { v };
+            }
+        }
+        Ok(())
+    }
+
     /// Whole rows of offset dot products, added into `out`: for `i < m` (1..=[`DOT_MR`]) and
     /// every column `j < offs.len()`,
     ///
@@ -381,6 +582,41 @@ pub fn offset_dot_rows(
     ldo: usize,
 ) -> Result<(), Error> {
     Gemm::global()?.offset_dot_rows(m, dy, ldd, runs, offs, x, out, ldo)
+}
+
+/// [`Gemm::offset_a_tile`] with the process-wide kernel family.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub fn offset_a_tile(
+    wt: &[f32],
+    offs: &Offsets,
+    steps: Range<usize>,
+    x: &[f32],
+    bases: &[usize],
+    acc: &mut OffsetATile,
+    accumulate: bool,
+) -> Result<(), Error> {
+    Gemm::global()?.offset_a_tile(wt, offs, steps, x, bases, acc, accumulate)
+}
+
+/// [`Gemm::offset_a_store`] with the process-wide kernel family.
+#[allow(clippy::too_many_arguments)]
+pub fn offset_a_store(
+    wt: &[f32],
+    offs: &Offsets,
+    steps: Range<usize>,
+    x: &[f32],
+    bases: &[usize],
+    y: &mut [f32],
+    dst: &[usize],
+    ldy: usize,
+    channels: usize,
+    store: OffsetAStore<'_>,
+    relu: bool,
+) -> Result<(), Error> {
+    Gemm::global()?.offset_a_store(
+        wt, offs, steps, x, bases, y, dst, ldy, channels, store, relu,
+    )
 }
 
 /// [`Gemm::offset_tile`] with the process-wide kernel family.

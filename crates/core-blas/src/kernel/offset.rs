@@ -3,10 +3,16 @@
 //! - [`tile_body`]: `M × V` accumulators of 8 lanes; per step `V` vector loads of x at
 //!   `src[v] + offset`, `M` broadcasts of the packed w values, `M · V` FMAs;
 //! - [`dot_body`]: `M × J` dot products; per run `M` vector loads of dy (kept), per column one x
-//!   vector and `M` FMAs; the lanes reduced four columns at a time at the end.
+//!   vector and `M` FMAs; the lanes reduced four columns at a time at the end;
+//! - [`a_tile_body`]: `M × 2` accumulators of 8 lanes (the GEMM micro-kernel's 6 × 16 shape); per
+//!   step 2 vector loads of the packed Wᵀ panel, `M` broadcasts of x at `xs[i] + offset`, `2 · M`
+//!   FMAs.
 
 use super::Simd;
-use crate::offset::{DOT_MR, DOT_NC, DotTile, OFFSET_LANES, OFFSET_MR, OFFSET_NV, OffsetTile};
+use crate::offset::{
+    DOT_MR, DOT_NC, DotTile, OFFSET_A_MR, OFFSET_A_NR, OFFSET_LANES, OFFSET_MR, OFFSET_NV,
+    OffsetATile, OffsetTile,
+};
 
 /// A family's instantiations of [`tile_body`] and [`dot_body`] (its `#[target_feature]`
 /// wrappers).
@@ -38,6 +44,93 @@ pub(crate) trait OffsetKernel: Copy {
         acc: &mut DotTile,
         accumulate: bool,
     );
+
+    /// [`a_tile_body`] for `M` pixels, compiled with the family's features.
+    ///
+    /// # Safety
+    /// As [`a_tile_body`]; holding `self` proves the family's features.
+    unsafe fn a_tile<const M: usize>(
+        self,
+        offs: &[usize],
+        wt: *const f32,
+        xs: &[*const f32; OFFSET_A_MR],
+        acc: &mut OffsetATile,
+        accumulate: bool,
+    );
+}
+
+/// `acc[i][v·8 + l] (:= or +=) Σ_s x[xs[i] + offs[s]] · wt[s·16 + v·8 + l]` for `i < M`,
+/// `v < 2`, `l < 8`, steps in order (one FMA per step and lane; the portable family multiplies
+/// then adds).
+///
+/// # Safety
+/// `S::LANES == 8` and the caller is compiled with `S`'s features; `wt` holds `offs.len() · 16`
+/// readable values; for every `i < M` and every offset `o` of `offs`, `xs[i] + o` is readable.
+#[inline(always)]
+pub(crate) unsafe fn a_tile_body<S: Simd, const M: usize>(
+    offs: &[usize],
+    wt: *const f32,
+    xs: &[*const f32; OFFSET_A_MR],
+    acc: &mut OffsetATile,
+    accumulate: bool,
+) {
+    debug_assert!(S::LANES == OFFSET_LANES && M <= OFFSET_A_MR);
+    // SAFETY: the caller's contract covers every load (16 wt values and one x value per pixel
+    // and step) and the target features; acc[i] is 16 f32 values.
+    unsafe {
+        let mut c = [[S::zero(); 2]; M];
+        if accumulate {
+            for i in 0..M {
+                c[i][0] = S::load(acc[i].as_ptr());
+                c[i][1] = S::load(acc[i].as_ptr().add(OFFSET_LANES));
+            }
+        }
+        let ps: [*const f32; M] = std::array::from_fn(|i| xs[i]);
+        let mut wp = wt;
+        for &off in offs {
+            let b0 = S::load(wp);
+            let b1 = S::load(wp.add(OFFSET_LANES));
+            for i in 0..M {
+                let a = S::bcast(ps[i].add(off));
+                c[i][0] = S::fma(a, b0, c[i][0]);
+                c[i][1] = S::fma(a, b1, c[i][1]);
+            }
+            // The last advance points one past the steps' values, never dereferenced.
+            wp = wp.wrapping_add(OFFSET_A_NR);
+        }
+        for i in 0..M {
+            S::store(acc[i].as_mut_ptr(), c[i][0]);
+            S::store(acc[i].as_mut_ptr().add(OFFSET_LANES), c[i][1]);
+        }
+    }
+}
+
+/// [`OffsetKernel::a_tile`] for `m` (1..=[`OFFSET_A_MR`]) pixels, one monomorphized tile each.
+///
+/// # Safety
+/// As [`a_tile_body`] for `M = m` (in range, checked by the caller).
+#[inline(always)]
+pub(crate) unsafe fn a_tile_any<K: OffsetKernel>(
+    k: K,
+    m: usize,
+    offs: &[usize],
+    wt: *const f32,
+    xs: &[*const f32; OFFSET_A_MR],
+    acc: &mut OffsetATile,
+    accumulate: bool,
+) {
+    // SAFETY: the caller's contract, for this M <= OFFSET_A_MR.
+    unsafe {
+        match m {
+            1 => k.a_tile::<1>(offs, wt, xs, acc, accumulate),
+            2 => k.a_tile::<2>(offs, wt, xs, acc, accumulate),
+            3 => k.a_tile::<3>(offs, wt, xs, acc, accumulate),
+            4 => k.a_tile::<4>(offs, wt, xs, acc, accumulate),
+            5 => k.a_tile::<5>(offs, wt, xs, acc, accumulate),
+            6 => k.a_tile::<6>(offs, wt, xs, acc, accumulate),
+            _ => debug_assert!(false, "pixels out of range"),
+        }
+    }
 }
 
 /// `acc[m][v] (:= or +=) Σ_s w[s·MR + m] · x[src[v] + offs[s] .. + 8]` for `m < M`, `v < V`,
@@ -210,7 +303,7 @@ pub(crate) unsafe fn dot_any<K: OffsetKernel>(
 /// The `impl OffsetKernel` of a family: `#[target_feature]` wrappers around the shared bodies
 /// (`$simd` must have 8 lanes).
 macro_rules! offset_kernel {
-    ($family:ty, $simd:ty, $tile:ident, $dot:ident $(, $features:literal)?) => {
+    ($family:ty, $simd:ty, $tile:ident, $dot:ident, $atile:ident $(, $features:literal)?) => {
         $(#[target_feature(enable = $features)])?
         unsafe fn $tile<const M: usize, const V: usize>(
             offs: &[usize],
@@ -240,6 +333,18 @@ macro_rules! offset_kernel {
             }
         }
 
+        $(#[target_feature(enable = $features)])?
+        unsafe fn $atile<const M: usize>(
+            offs: &[usize],
+            wt: *const f32,
+            xs: &[*const f32; $crate::offset::OFFSET_A_MR],
+            acc: &mut $crate::offset::OffsetATile,
+            accumulate: bool,
+        ) {
+            // SAFETY: compiled with the family's features; memory per the caller.
+            unsafe { $crate::kernel::offset::a_tile_body::<$simd, M>(offs, wt, xs, acc, accumulate) }
+        }
+
         impl $crate::kernel::offset::OffsetKernel for $family {
             #[inline]
             unsafe fn tile<const M: usize, const V: usize>(
@@ -266,6 +371,19 @@ macro_rules! offset_kernel {
             ) {
                 // SAFETY: holding the family value proves its features; memory per the caller.
                 unsafe { $dot::<M, J>(runs, dy, ldd, cols, acc, accumulate) }
+            }
+
+            #[inline]
+            unsafe fn a_tile<const M: usize>(
+                self,
+                offs: &[usize],
+                wt: *const f32,
+                xs: &[*const f32; $crate::offset::OFFSET_A_MR],
+                acc: &mut $crate::offset::OffsetATile,
+                accumulate: bool,
+            ) {
+                // SAFETY: holding the family value proves its features; memory per the caller.
+                unsafe { $atile::<M>(offs, wt, xs, acc, accumulate) }
             }
         }
     };

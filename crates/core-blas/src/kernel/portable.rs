@@ -127,4 +127,10 @@ impl Kernel for Scalar {
     }
 }
 
-super::offset::offset_kernel!(Scalar, Lanes8, scalar_offset_tile, scalar_offset_dot);
+super::offset::offset_kernel!(
+    Scalar,
+    Lanes8,
+    scalar_offset_tile,
+    scalar_offset_dot,
+    scalar_offset_a_tile
+);

@@ -554,3 +554,212 @@ fn probe_offset_tile() {
     }
     println!("(checksum {sink})");
 }
+
+/// [`super::offset::a_tile_body`] unrolled by `U` steps, for [`probe_offset_a`].
+#[target_feature(enable = "avx2,fma")]
+unsafe fn offset_a_unrolled<const U: usize>(
+    offs: &[usize],
+    wt: *const f32,
+    xs: &[*const f32; crate::offset::OFFSET_A_MR],
+    acc: &mut crate::offset::OffsetATile,
+) {
+    use super::Simd;
+    // SAFETY: compiled with avx2+fma; memory per the caller (as `a_tile_body`).
+    unsafe {
+        let mut c = [[V256::zero(); 2]; 6];
+        let mut wp = wt;
+        let mut chunks = offs.chunks_exact(U);
+        for ch in &mut chunks {
+            for (u, &off) in ch.iter().enumerate() {
+                let b0 = V256::load(wp.add(u * 16));
+                let b1 = V256::load(wp.add(u * 16 + 8));
+                for i in 0..6 {
+                    let a = V256::bcast(xs[i].add(off));
+                    c[i][0] = V256::fma(a, b0, c[i][0]);
+                    c[i][1] = V256::fma(a, b1, c[i][1]);
+                }
+            }
+            wp = wp.wrapping_add(U * 16);
+        }
+        for &off in chunks.remainder() {
+            let b0 = V256::load(wp);
+            let b1 = V256::load(wp.add(8));
+            for i in 0..6 {
+                let a = V256::bcast(xs[i].add(off));
+                c[i][0] = V256::fma(a, b0, c[i][0]);
+                c[i][1] = V256::fma(a, b1, c[i][1]);
+            }
+            wp = wp.wrapping_add(16);
+        }
+        for i in 0..6 {
+            V256::store(acc[i].as_mut_ptr(), c[i][0]);
+            V256::store(acc[i].as_mut_ptr().add(8), c[i][1]);
+        }
+    }
+}
+
+/// conv-ops' planned "offset-A" direct convolution of ResNet-50's 3×3 layers (`PROBE_LAYER`
+/// 256: 256 channels at 14², padded planes 16²; 512: 512 at 7², planes 9²), batch `PROBE_N`
+/// (default 2), every output channel: pixels 6 at a time in order (tiles cross lines and
+/// images), in bands of `PROBE_BAND` tiles (default: ~one image); per band every 16-channel block, per block every
+/// tile of the band. Timed on the thread CPU clock (best of `PROBE_REPS`), as % of the FMA peak
+/// measured after it. Variants (`PROBE_VARIANTS`): 0 the production tile (whole C·9 steps),
+/// 1 `Gemm::offset_a_store` (Set with bias, ReLU: checks and the transposed store included),
+/// 2 as 1 in chunks of `PROBE_CHUNK` input channels (chunk outermost: its wt stays in L1 over
+/// the band's tiles; Set then Add, ReLU after the last), 3/4 the tile unrolled by 2/4.
+#[test]
+#[ignore = "tuning probe: prints timings, asserts nothing"]
+fn probe_offset_a() {
+    use crate::offset::{OFFSET_A_MR, OffsetAStore, OffsetATile, Offsets};
+    if Avx2::new().is_none() {
+        return;
+    }
+    let g = crate::Gemm::new(crate::Isa::Avx2).unwrap();
+    let layer = env_list("PROBE_LAYER", "256")[0];
+    let batch = env_list("PROBE_N", "2")[0];
+    let reps = env_list("PROBE_REPS", "5")[0];
+    let chunk = env_list("PROBE_CHUNK", "64")[0];
+    let variants = env_list("PROBE_VARIANTS", "0,1,2,3,4");
+    let (ch, hw) = if layer == 512 {
+        (512usize, 7usize)
+    } else {
+        (256, 14)
+    };
+    let (ko, wp) = (ch, hw + 2);
+    let plane = wp * wp;
+    let x: Vec<f32> = (0..batch * ch * plane)
+        .map(|i| (i % 17) as f32 * 0.01)
+        .collect();
+    let offs: Vec<usize> = (0..ch * 9)
+        .map(|s| (s / 9) * plane + (s % 9 / 3) * wp + s % 3)
+        .collect();
+    let steps = offs.len();
+    let list = Offsets::new(offs.clone());
+    let kblocks = ko / 16;
+    let wt: Vec<f32> = (0..kblocks * steps * 16)
+        .map(|i| (i % 13) as f32 * 0.01 - 0.05)
+        .collect();
+    let bias = vec![0.1f32; ko];
+    let olen = hw * hw;
+    let pixels = batch * olen;
+    let mut y = vec![0.0f32; batch * ko * olen];
+    // Bases and destinations of every pixel.
+    let base: Vec<usize> = (0..pixels)
+        .map(|p| (p / olen) * ch * plane + (p % olen / hw) * wp + p % hw)
+        .collect();
+    let dst: Vec<usize> = (0..pixels)
+        .map(|p| (p / olen) * ko * olen + p % olen)
+        .collect();
+    let tiles: Vec<(usize, usize)> = (0..pixels)
+        .step_by(OFFSET_A_MR)
+        .map(|p| (p, OFFSET_A_MR.min(pixels - p)))
+        .collect();
+    let band = env_list("PROBE_BAND", "0")[0];
+    let band = if band == 0 {
+        olen.div_ceil(OFFSET_A_MR)
+    } else {
+        band
+    };
+    let mut acc: OffsetATile = Default::default();
+    let mut sink = 0.0f32;
+    let mut best = vec![f64::MAX; variants.len()];
+    for _ in 0..reps {
+        for (vi, &var) in variants.iter().enumerate() {
+            let t = cpu_secs();
+            for bt in tiles.chunks(band) {
+                for kb in 0..kblocks {
+                    let wk = &wt[kb * steps * 16..][..steps * 16];
+                    if var == 2 {
+                        // Input-channel chunks outermost (the chunk's wt from L1 for every
+                        // tile), partial sums through the store.
+                        for s0 in (0..steps).step_by(chunk * 9) {
+                            let s1 = steps.min(s0 + chunk * 9);
+                            let store = if s0 == 0 {
+                                OffsetAStore::Set {
+                                    bias: Some(&bias[kb * 16..]),
+                                }
+                            } else {
+                                OffsetAStore::Add
+                            };
+                            let w = &wk[s0 * 16..];
+                            for &(p0, m) in bt {
+                                let (b, d) = (&base[p0..p0 + m], &dst[p0..p0 + m]);
+                                let yk = &mut y[kb * 16 * olen..];
+                                g.offset_a_store(
+                                    w,
+                                    &list,
+                                    s0..s1,
+                                    &x,
+                                    b,
+                                    yk,
+                                    d,
+                                    olen,
+                                    16,
+                                    store,
+                                    s1 == steps,
+                                )
+                                .unwrap();
+                            }
+                        }
+                        continue;
+                    }
+                    for &(p0, m) in bt {
+                        let b = &base[p0..p0 + m];
+                        if var == 1 {
+                            let d = &dst[p0..p0 + m];
+                            let store = OffsetAStore::Set {
+                                bias: Some(&bias[kb * 16..]),
+                            };
+                            let yk = &mut y[kb * 16 * olen..];
+                            g.offset_a_store(
+                                wk,
+                                &list,
+                                0..steps,
+                                &x,
+                                b,
+                                yk,
+                                d,
+                                olen,
+                                16,
+                                store,
+                                true,
+                            )
+                            .unwrap();
+                            continue;
+                        }
+                        if m < OFFSET_A_MR || var == 0 {
+                            g.offset_a_tile(wk, &list, 0..steps, &x, b, &mut acc, false)
+                                .unwrap();
+                        } else {
+                            let xs: [*const f32; OFFSET_A_MR] =
+                                std::array::from_fn(|i| x[b[i]..].as_ptr());
+                            // SAFETY: every base + offset is inside x (padded planes), wk holds
+                            // steps · 16 values.
+                            unsafe {
+                                if var == 3 {
+                                    offset_a_unrolled::<2>(&offs, wk.as_ptr(), &xs, &mut acc);
+                                } else {
+                                    offset_a_unrolled::<4>(&offs, wk.as_ptr(), &xs, &mut acc);
+                                }
+                            }
+                        }
+                        sink += acc[0][0];
+                    }
+                }
+            }
+            best[vi] = best[vi].min(cpu_secs() - t);
+        }
+    }
+    let peak =
+        crate::peak::fma_peak_gflops(crate::Isa::Avx2, 1, Duration::from_millis(50)).unwrap();
+    let flops = 2.0 * (pixels * ko * steps) as f64;
+    for (vi, &var) in variants.iter().enumerate() {
+        let gf = flops / best[vi] / 1e9;
+        println!(
+            "offset-A {ch}@{hw}^2 batch {batch}, {steps} steps, variant {var}: {:.2} ms, {gf:.1} GFLOP/s, {:.1}% of peak {peak:.1}",
+            best[vi] * 1e3,
+            100.0 * gf / peak
+        );
+    }
+    println!("(checksum {sink} {})", y[7]);
+}

@@ -647,11 +647,19 @@ pub(crate) unsafe fn gather2_avx2(
 
 // The offset-list kernels ([`crate::offset`]) on 256-bit vectors; the AVX-512 family runs the
 // same 256-bit body compiled with AVX-512F (the contract is 8 lanes wide).
-super::offset::offset_kernel!(Avx2, V256, avx2_offset_tile, avx2_offset_dot, "avx2,fma");
+super::offset::offset_kernel!(
+    Avx2,
+    V256,
+    avx2_offset_tile,
+    avx2_offset_dot,
+    avx2_offset_a_tile,
+    "avx2,fma"
+);
 super::offset::offset_kernel!(
     Avx512,
     V256,
     avx512_offset_tile,
     avx512_offset_dot,
+    avx512_offset_a_tile,
     "avx512f,avx2,fma"
 );
