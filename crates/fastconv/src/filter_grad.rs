@@ -5,16 +5,16 @@
 //! that yields all `r` taps: F(r, m′). The transform is linear, so the products of all tiles and
 //! images are summed in the transformed domain — per ξ one GEMM `M_ξ += U′_ξ · V_ξᵀ`,
 //! (K × T_b)·(T_b × C), accumulated over tile blocks — and one output transform per (k, c) at the
-//! end. Blocks run on rayon's pool, each thread accumulating its own M, summed at the end.
+//! end. Blocks run on rayon's pool: with small accumulators each thread accumulates its own M,
+//! summed at the end; with large ones (C3D's 512 × 512 3×3×3 layers: 216 MiB each) the threads
+//! transform a block each and then share the products of every block, ξ by ξ, into one M.
 
 use conv_ops::ConvGeometry;
 use core_blas::AlignedVec;
 use rayon::prelude::*;
 
 use crate::error::Result;
-use crate::ntransform::{
-    RowsDest, TileTransforms, multi_mode_product_unchecked, transform_into_rows,
-};
+use crate::ntransform::{RowsDest, TileTransforms, transform_from_rows, transform_into_rows};
 use crate::tiled::{
     Phased, PhasedBufs, PhasedSource, Segment, channel_group, gather_apply, gather_segments,
     input_side_phased, tiles_per_dim,
@@ -27,8 +27,16 @@ use crate::tiled::{
 pub(crate) struct FilterWorkspace {
     states: Vec<ThreadState>,
     scratch: AlignedVec,
+    tmp: AlignedVec,
     out: AlignedVec,
 }
+
+/// Accumulator bytes per thread above which the threads of backward-filter share one
+/// accumulator ([`backward_filter`]'s `shared_acc_above`).
+pub(crate) const SHARED_ACC_BYTES: usize = 16 << 20;
+
+/// Values per slice of the output transform's input (α^N rows × the slice's columns).
+const OUT_CHUNK_FLOATS: usize = 1 << 16;
 
 /// One thread's accumulator and block buffers (gathered tiles, V, mode-product scratch, U′).
 #[derive(Debug, Clone, Default)]
@@ -55,6 +63,12 @@ struct BlockBufs {
 
 /// `dw` (K×C×kernel, overwritten) from `x` and `dy` with the F(r, m′) transforms `tt`
 /// (`tt.out_tile()` = kernel, `tt.kernel()` = m′). Shapes validated by the caller.
+///
+/// With several threads, an accumulator (α^N × K × C) of more than `shared_acc_above` bytes is
+/// not kept per thread: waves of one block per thread transform their tiles in parallel, then
+/// every block's α^N products run across the threads (whole products per thread) into one
+/// accumulator, in block order. Smaller ones are one per thread, each over a contiguous range of
+/// blocks, summed at the end.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward_filter(
     g: &ConvGeometry,
@@ -63,6 +77,7 @@ pub(crate) fn backward_filter(
     dy: &[f32],
     dw: &mut [f32],
     block_tiles: usize,
+    shared_acc_above: usize,
     ws: &mut FilterWorkspace,
 ) -> Result<()> {
     let rank = g.rank();
@@ -79,17 +94,18 @@ pub(crate) fn backward_filter(
     let pad: Vec<isize> = g.pad_before().iter().map(|&p| p as isize).collect();
     let zero_pad = vec![0isize; rank];
     let acc_len = a_n * k_out * c_in;
+    let shared_above = shared_acc_above;
     let phased = Phased::new(&alpha, &mp);
     if n_blocks == 0 {
         dw.fill(0.0);
         return Ok(());
     }
 
-    // Block b into the state's accumulator; the thread's first block overwrites it (beta = 0), so
-    // the accumulator is never cleared.
-    let run_block = |st: &mut ThreadState, b: usize, first: bool| -> Result<()> {
+    let block_len = |b: usize| ((b + 1) * block).min(total) - b * block;
+    // V and U′ of block b into `bufs.v` and `bufs.u`.
+    let transform_block = |bufs: &mut BlockBufs, b: usize| {
         let t0 = b * block;
-        let tb = ((b + 1) * block).min(total) - t0;
+        let tb = block_len(b);
         let BlockBufs {
             d,
             v,
@@ -100,7 +116,7 @@ pub(crate) fn backward_filter(
             ex,
             pt,
             ends,
-        } = &mut st.bufs;
+        } = bufs;
         // V = D ×ₙ Bₙᵀ and U′ = E ×ₙ Gₙ (in f32: the chunks of dy change every call), a group
         // of channels at a time: gather the group's tiles, transform, and the last mode's product
         // writes the group's rows of V (ξ, C, T_b) or U′ (ξ, K, T_b) in place (see `tiled`).
@@ -176,8 +192,12 @@ pub(crate) fn backward_filter(
                 c0 += cn;
             }
         }
-        // M_ξ (K × C) += U′_ξ (K × T_b) · V_ξᵀ (T_b × C).
-        st.acc.resize(acc_len, 0.0);
+    };
+    // M_ξ (K × C) += U′_ξ (K × T_b) · V_ξᵀ (T_b × C) for block b (transformed into `bufs`); `first`
+    // overwrites `acc` (beta = 0), so the accumulator is never cleared.
+    let accumulate = |bufs: &BlockBufs, acc: &mut AlignedVec, b: usize, first: bool| {
+        let tb = block_len(b);
+        acc.resize(acc_len, 0.0);
         core_blas::sgemm_batched(
             false,
             true,
@@ -185,59 +205,185 @@ pub(crate) fn backward_filter(
             c_in,
             tb,
             1.0,
-            u,
+            &bufs.u,
             tb,
             k_out * tb,
-            v,
+            &bufs.v,
             tb,
             c_in * tb,
             if first { 0.0 } else { 1.0 },
-            &mut st.acc,
+            acc,
             c_in,
             k_out * c_in,
             a_n,
-        )?;
-        Ok(())
+        )
     };
 
-    // Contiguous ranges of blocks, one per thread (no more threads than blocks).
     let threads = rayon::current_num_threads().clamp(1, n_blocks);
     ws.states
         .resize_with(threads.max(ws.states.len()), ThreadState::default);
     let states = &mut ws.states[..threads];
-    let range = |t: usize| (t * n_blocks / threads, (t + 1) * n_blocks / threads);
-    let run_range = |st: &mut ThreadState, t: usize| -> Result<()> {
-        let (b0, b1) = range(t);
-        for b in b0..b1 {
-            run_block(st, b, b == b0)?;
-        }
-        Ok(())
-    };
-    if threads == 1 {
-        run_range(&mut states[0], 0)?;
-    } else {
-        states
-            .par_iter_mut()
-            .enumerate()
-            .try_for_each(|(t, st)| run_range(st, t))?;
+    if threads > 1 && 4 * acc_len > shared_above {
+        // One accumulator for all threads: waves of one block per thread transform in parallel,
+        // then each block's α^N products run over the threads (core-blas gives each thread whole
+        // products, i.e. its own ξ), adding into the one accumulator in block order.
         let (first, rest) = states.split_at_mut(1);
-        for st in rest.iter() {
-            for (a, b) in first[0].acc.iter_mut().zip(st.acc.iter()) {
-                *a += b;
+        let acc = &mut first[0].acc;
+        for st in rest.iter_mut() {
+            // A per-thread accumulator of an earlier call is not needed here.
+            st.acc = AlignedVec::new();
+        }
+        let mut b = 0;
+        while b < n_blocks {
+            let wave = threads.min(n_blocks - b);
+            let mut bufs: Vec<&mut BlockBufs> = std::iter::once(&mut first[0].bufs)
+                .chain(rest.iter_mut().map(|st| &mut st.bufs))
+                .take(wave)
+                .collect();
+            bufs.par_iter_mut()
+                .enumerate()
+                .for_each(|(i, bb)| transform_block(bb, b + i));
+            for (i, bb) in bufs.iter().enumerate() {
+                accumulate(bb, acc, b + i, b + i == 0)?;
+            }
+            b += wave;
+        }
+    } else {
+        // Contiguous ranges of blocks, one per thread, each into its own accumulator.
+        let range = |t: usize| (t * n_blocks / threads, (t + 1) * n_blocks / threads);
+        let run_range = |st: &mut ThreadState, t: usize| -> Result<()> {
+            let (b0, b1) = range(t);
+            for b in b0..b1 {
+                transform_block(&mut st.bufs, b);
+                accumulate(&st.bufs, &mut st.acc, b, b == b0)?;
+            }
+            Ok(())
+        };
+        if threads == 1 {
+            run_range(&mut states[0], 0)?;
+        } else {
+            states
+                .par_iter_mut()
+                .enumerate()
+                .try_for_each(|(t, st)| run_range(st, t))?;
+            let (first, rest) = states.split_at_mut(1);
+            for st in rest.iter() {
+                for (a, b) in first[0].acc.iter_mut().zip(st.acc.iter()) {
+                    *a += b;
+                }
             }
         }
     }
     let acc = &states[0].acc;
-    // One output transform: (α^N, K·C) → (r^N, K·C), then to K×C×taps.
-    let mut dims = alpha.clone();
-    dims.push(k_out * c_in);
-    multi_mode_product_unchecked(acc, &dims, &tt.at(), &mut ws.scratch, &mut ws.out);
-    let out = &ws.out;
-    debug_assert_eq!(out.len(), taps * k_out * c_in);
-    for kc in 0..k_out * c_in {
-        for t in 0..taps {
-            dw[kc * taps + t] = out[t * k_out * c_in + kc];
+    // The output transform, (α^N, K·C) → (r^N, K·C), a slice of the K·C columns at a time
+    // (rows of `acc` read in place, the last mode first) so its buffers stay cache-sized
+    // instead of growing to a multiple of the accumulator; then to K×C×taps.
+    let kc_len = k_out * c_in;
+    let cols = (OUT_CHUNK_FLOATS / a_n).clamp(16, kc_len.max(16));
+    let at = tt.at();
+    let mut c0 = 0;
+    while c0 < kc_len {
+        let cn = cols.min(kc_len - c0);
+        transform_from_rows(
+            &acc[c0..],
+            kc_len,
+            &alpha,
+            cn,
+            &at,
+            &mut ws.scratch,
+            &mut ws.tmp,
+            &mut ws.out,
+        );
+        let out = &ws.out;
+        debug_assert_eq!(out.len(), taps * cn);
+        for (j, dk) in dw[c0 * taps..(c0 + cn) * taps]
+            .chunks_exact_mut(taps)
+            .enumerate()
+        {
+            for (t, d) in dk.iter_mut().enumerate() {
+                *d = out[t * cn + j];
+            }
         }
+        c0 += cn;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::points::transform_for;
+    use conv_ops::reference;
+    use conv_ops::testing::{max_rel_error, uniform};
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+
+    /// Both accumulator schemes (one per thread, one shared: threshold `usize::MAX` and 0) on
+    /// 1-3 threads, on random 1-D, 2-D and 3-D geometries with padding and blocks of 1-7 tiles
+    /// (so waves end with fewer blocks than threads, and some threads get no block), against
+    /// the reference, on NaN-filled outputs; the shared scheme gives the same bits on any
+    /// number of threads (each ξ adds the blocks in order). One workspace for all cases, so
+    /// buffers of a larger case are reused by smaller ones.
+    #[test]
+    fn shared_and_per_thread_accumulators_match_reference() {
+        let mut rng = SmallRng::seed_from_u64(10);
+        let mut ws = FilterWorkspace::default();
+        for case in 0..24 {
+            let rank = rng.random_range(1..=3);
+            let max_in = [0, 23, 11, 7][rank];
+            let input: Vec<usize> = (0..rank).map(|_| rng.random_range(3..=max_in)).collect();
+            let kernel: Vec<usize> = (0..rank).map(|_| rng.random_range(2..=3)).collect();
+            let pad: Vec<usize> = kernel.iter().map(|&r| rng.random_range(0..r)).collect();
+            let (n, c, k) = (
+                rng.random_range(1..=2),
+                rng.random_range(1..=7),
+                rng.random_range(1..=6),
+            );
+            let g = ConvGeometry::new(n, c, k, &input, &kernel)
+                .and_then(|g| g.with_padding_per_side(&pad, &pad))
+                .unwrap();
+            let mp: Vec<usize> = kernel
+                .iter()
+                .map(|&r| rng.random_range(1..=(8 - r).min(4)))
+                .collect();
+            let ts: Vec<_> = kernel
+                .iter()
+                .zip(&mp)
+                .map(|(&r, &m)| transform_for(r, m).unwrap())
+                .collect();
+            let tt = TileTransforms::new(&ts).unwrap();
+            let (x, dy) = (uniform(case, g.x_len()), uniform(case + 50, g.y_len()));
+            let mut want = vec![0.0; g.w_len()];
+            reference::backward_filter(&g, &x, &dy, &mut want).unwrap();
+            let want: Vec<f64> = want.iter().map(|&v| v as f64).collect();
+            let block = rng.random_range(1..=7);
+            let mut shared_bits: Option<Vec<u32>> = None;
+            for threads in 1..=3 {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                for shared_above in [usize::MAX, 0] {
+                    let mut dw = vec![f32::NAN; g.w_len()];
+                    pool.install(|| {
+                        backward_filter(&g, &tt, &x, &dy, &mut dw, block, shared_above, &mut ws)
+                    })
+                    .unwrap();
+                    let err = max_rel_error(&dw, &want);
+                    assert!(
+                        err <= 2e-4,
+                        "case {case} {g:?} m' {mp:?} block {block} threads {threads} \
+                         shared_above {shared_above}: error {err}"
+                    );
+                    if shared_above == 0 {
+                        let bits: Vec<u32> = dw.iter().map(|v| v.to_bits()).collect();
+                        match &shared_bits {
+                            None => shared_bits = Some(bits),
+                            Some(b) => assert!(*b == bits, "case {case}: {threads} threads"),
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

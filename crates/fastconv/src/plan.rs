@@ -531,7 +531,16 @@ impl WinogradPlan {
         let (c, k) = (g.in_channels(), g.out_channels());
         let block = self.block(default_filter_block_tiles(alpha_n, c, k), tiles);
         let mut run = |ws: &mut FilterWorkspace| {
-            crate::filter_grad::backward_filter(&g, &self.bwd_filter, x, dy, dw, block, ws)
+            crate::filter_grad::backward_filter(
+                &g,
+                &self.bwd_filter,
+                x,
+                dy,
+                dw,
+                block,
+                crate::filter_grad::SHARED_ACC_BYTES,
+                ws,
+            )
         };
         FILTER_WORK.with(|cell| match cell.try_borrow_mut() {
             Ok(mut ws) => run(&mut ws),
