@@ -7,6 +7,11 @@
 //! printed figure is the median over repetitions of `GEMM rate / peak of that moment`, which
 //! follows clock changes between repetitions. `MATMUL_NUM_THREADS` decides matrixmultiply's
 //! threads; it is measured the same way when `--mm` is given.
+//!
+//! `--scale` (with threads T > 1): each repetition times the product on one thread and right
+//! after it on T threads (both wall time), and prints the median of the paired speed-ups
+//! `t(1) / t(T)`, which minute-to-minute drift of the machine affects far less than two separate
+//! runs do.
 
 use std::time::{Duration, Instant};
 
@@ -25,6 +30,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let raw: Vec<String> = std::env::args().skip(1).collect();
     let with_mm = raw.iter().any(|a| a == "--mm");
+    let scale = raw.iter().any(|a| a == "--scale");
     let args: Vec<usize> = raw.iter().filter_map(|a| a.parse().ok()).collect();
     let (m, n, k) = match args.as_slice() {
         [m, n, k, ..] => (*m, *n, *k),
@@ -90,6 +96,39 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             )
         }
     };
+    if scale {
+        let one = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
+        let wall = |p: &rayon::ThreadPool, c: &mut [f32]| {
+            p.install(|| {
+                let t = Instant::now();
+                g.sgemm(false, false, m, n, k, 1.0, &a, k, &b, n, 0.0, c, n)
+                    .expect("valid sgemm");
+                t.elapsed().as_secs_f64()
+            })
+        };
+        wall(&one, &mut c);
+        wall(&pool, &mut c);
+        let (mut ups, mut g1, mut gt) = (vec![], vec![], vec![]);
+        for _ in 0..reps {
+            let t1 = wall(&one, &mut c);
+            let tt = wall(&pool, &mut c);
+            ups.push(t1 / tt);
+            g1.push(flops / t1 / 1e9);
+            gt.push(flops / tt / 1e9);
+        }
+        let mut sorted = ups.clone();
+        sorted.sort_by(f64::total_cmp);
+        println!(
+            "{} {m}x{n}x{k} scale 1 -> {threads} threads: {:.3}x (median of {reps} pairs, quartiles {:.3}-{:.3}), {:.1} -> {:.1} GFLOP/s",
+            g.kernel_name(),
+            median(ups),
+            sorted[reps / 4],
+            sorted[3 * reps / 4],
+            median(g1),
+            median(gt),
+        );
+        return Ok(());
+    }
     ours(&mut c);
     if with_mm {
         mm(&mut c);
