@@ -116,9 +116,20 @@ fn run() -> Result<(), Error> {
             Pass::Forward(ForwardAlgo::Im2colGemm),
             false,
         ),
+        ("fwd/direct", Pass::Forward(ForwardAlgo::Direct), false),
         (
             "bwd-data/deconvgemm",
             Pass::BackwardData(D::Deconvgemm),
+            false,
+        ),
+        (
+            "bwd-data/flipped-convgemm",
+            Pass::BackwardData(D::FlippedConvgemm),
+            false,
+        ),
+        (
+            "bwd-data/flipped-direct",
+            Pass::BackwardData(D::FlippedDirect),
             false,
         ),
         (

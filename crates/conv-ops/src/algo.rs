@@ -27,7 +27,8 @@ pub enum BackwardDataAlgo {
     /// col2im fused into the store of C: no buffer (deconvgemm, `cgt+dg`).
     Deconvgemm,
     /// Stride 1 only: convgemm of dy with the flipped, channel-transposed kernel (the transposed
-    /// convolution as a forward one); workspace: the flipped weights.
+    /// convolution as a forward one), whose A operand is packed straight from w (no
+    /// workspace).
     FlippedConvgemm,
     /// Stride 1 only: the same transposed convolution run by the direct convolution
     /// ([`ForwardAlgo::Direct`]), which packs the flipped weights straight from w (no
@@ -111,8 +112,8 @@ impl Preset {
             ..self
         }
     }
-    /// The memory-lean preset for one geometry: `cgt+dg`'s fused algorithms (nothing that grows
-    /// with the batch beyond `w_len()` flipped weights), each pass choosing the faster for `g`
+    /// The memory-lean preset for one geometry: `cgt+dg`'s fused algorithms (no workspace at
+    /// all), each pass choosing the faster for `g`
     /// as measured on the layers of the conv-ops bench (docs/PERFORMANCE.md, session 5):
     /// - forward: [`ForwardAlgo::Direct`] when [`direct_applies`], else convgemm;
     /// - backward-data: [`BackwardDataAlgo::FlippedDirect`] when the transposed (stride-1)
@@ -252,9 +253,8 @@ impl fmt::Display for Preset {
 
 /// Bytes of workspace that `conv-ops` allocates for one pass beyond its inputs and outputs:
 /// the im2col / GEMM-result buffer of the `base` algorithms (one group at a time), the Reindex
-/// buffer of `rdx`, the flipped weights of [`BackwardDataAlgo::FlippedConvgemm`], zero for the
-/// fused algorithms (and [`BackwardDataAlgo::FlippedDirect`], whose packed weights are built
-/// from w directly). Not counted: the GEMM's packing buffers
+/// buffer of `rdx`, zero for the fused algorithms (and [`BackwardDataAlgo::FlippedConvgemm`] /
+/// [`BackwardDataAlgo::FlippedDirect`], whose packed weights are built from w directly). Not counted: the GEMM's packing buffers
 /// (per thread, bounded by the cache blocking, independent of the batch), the micro-tile
 /// the store receives, and the C panel of deconvgemm and of the forward convgemm on small
 /// output planes (one per thread, kept in thread-local storage across calls: at most 128 Ki
@@ -276,12 +276,12 @@ pub fn workspace_bytes(g: &ConvGeometry, pass: Pass) -> usize {
         | Pass::BackwardData(BackwardDataAlgo::Deconvgemm)
         | Pass::BackwardFilter(BackwardFilterAlgo::ConvgemmTrans)
         | Pass::BackwardFilter(BackwardFilterAlgo::Direct)
+        | Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm)
         | Pass::BackwardData(BackwardDataAlgo::FlippedDirect) => 0,
         Pass::Forward(ForwardAlgo::Im2colGemm)
         | Pass::BackwardData(BackwardDataAlgo::GemmCol2im)
         | Pass::BackwardFilter(BackwardFilterAlgo::Im2colGemmT)
         | Pass::BackwardFilter(BackwardFilterAlgo::ReindexConvgemm) => buffer,
-        Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm) => g.w_len() * size_of::<f32>(),
     }
 }
 

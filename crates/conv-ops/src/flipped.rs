@@ -5,7 +5,10 @@
 //! convgemm speed, where deconvgemm's col2im scatter of a (C/G·R) × (N·O) product costs as much
 //! as the product itself on layers with few output channels.
 //!
-//! Workspace: the flipped weights, `w_len()` floats (independent of the batch).
+//! Workspace: none beyond the forward algorithm's: the GEMM's A operand, the flipped kernel, is
+//! packed straight from w ([`FlippedA`]).
+
+use core_blas::PackA;
 
 use crate::algo::{ForwardAlgo, Workspace};
 use crate::error::{ConvError, Result};
@@ -73,33 +76,161 @@ pub(crate) fn backward_data(
             dx,
         );
     }
-    let (cg, kg, rlen) = (
-        g.in_channels_per_group(),
-        g.out_channels_per_group(),
-        g.kernel_len(),
-    );
-    // w[k][c][r] (k in group grp) → wt[c][k][R−1−r]: reversing the flat tap index flips every
-    // spatial dimension at once.
-    let wt = ws.take(g.w_len());
-    for grp in 0..g.groups() {
-        for kk in 0..kg {
-            for cc in 0..cg {
-                let src = &w[((grp * kg + kk) * cg + cc) * rlen..][..rlen];
-                let dst = &mut wt[((grp * cg + cc) * kg + kk) * rlen..][..rlen];
-                for (d, &s) in dst.iter_mut().zip(src.iter().rev()) {
-                    *d = s;
+    let (cg, kg) = (g.in_channels_per_group(), g.out_channels_per_group());
+    let result = (0..g.groups()).try_for_each(|grp| {
+        let a = FlippedA {
+            w,
+            grp,
+            cg,
+            kg,
+            taps: g.kernel_len(),
+        };
+        crate::ops::forward_group(&gt, grp, &a, dy, None, false, dx, algo, ws)
+    });
+    ws.release();
+    result
+}
+
+/// The flipped, channel-transposed kernel of group `grp` as the GEMM's A operand of the
+/// transposed geometry: row `c` (the forward layer's input channel of the group, an output
+/// channel here) and column `k·R + t` (its output channel, tap) hold the forward weight
+/// w\[grp·K/G + k\]\[c\]\[R − 1 − t\] (reversing the flat tap index flips every spatial
+/// dimension at once), packed straight from w: no flipped copy.
+struct FlippedA<'a> {
+    /// The forward layer's weights, K × C/G × R.
+    w: &'a [f32],
+    grp: usize,
+    /// The forward layer's C/G and K/G, and R.
+    cg: usize,
+    kg: usize,
+    taps: usize,
+}
+
+impl PackA for FlippedA<'_> {
+    fn rows(&self) -> usize {
+        self.cg
+    }
+    fn cols(&self) -> usize {
+        self.kg * self.taps
+    }
+    fn pack_a(&self, ic: usize, mc: usize, pc: usize, kc: usize, mr: usize, dst: &mut [f32]) {
+        let r = self.taps;
+        let panels = mc.div_ceil(mr);
+        if panels == 0 || kc == 0 {
+            return;
+        }
+        // Rows past mc in the last micro-panel are zero.
+        let tail = mc - (panels - 1) * mr;
+        if tail < mr {
+            for col in dst[(panels - 1) * kc * mr..][..kc * mr].chunks_exact_mut(mr) {
+                col[tail..].fill(0.0);
+            }
+        }
+        // Walk w in memory order (the block's rows of one output channel k are mc consecutive
+        // runs of R values: one stream the hardware prefetcher follows) and scatter into the
+        // micro-panels, which stay in cache; column p = k·R + t of row c = w[k][c][R − 1 − t].
+        let (k0, k1) = (pc / r, (pc + kc).div_ceil(r));
+        for k in k0..k1 {
+            let t0 = if k == k0 { pc % r } else { 0 };
+            let t1 = r.min(pc + kc - k * r);
+            let src = &self.w[((self.grp * self.kg + k) * self.cg + ic) * r..][..mc * r];
+            let col0 = k * r + t0 - pc;
+            for (q, rows) in src.chunks(mr * r).enumerate() {
+                let panel = &mut dst[q * kc * mr + col0 * mr..][..(t1 - t0) * mr];
+                // Whole micro-panels of every tap of 3×3 and 3×3×3 kernels on AVX2's MR: a
+                // fixed permutation the compiler unrolls.
+                if (t0, t1, rows.len()) == (0, r, mr * r) {
+                    match (r, mr) {
+                        (9, 6) => {
+                            flip_block::<9, 6>(rows, panel);
+                            continue;
+                        }
+                        (27, 6) => {
+                            flip_block::<27, 6>(rows, panel);
+                            continue;
+                        }
+                        _ => {}
+                    }
+                }
+                for (i, row) in rows.chunks_exact(r).enumerate() {
+                    for (col, &v) in panel.chunks_exact_mut(mr).zip(row[..r - t0].iter().rev()) {
+                        col[i] = v;
+                    }
                 }
             }
         }
     }
-    crate::ops::forward(
-        &gt,
-        dy,
-        wt,
-        None,
-        false,
-        dx,
-        algo,
-        &mut Workspace::new(false),
-    )
+}
+
+/// `out[t·MR + i] = rows[i·R + R − 1 − t]` for `t < R`, `i < MR` (MR rows of R taps into R
+/// columns of MR values, taps reversed).
+#[inline(always)]
+fn flip_block<const R: usize, const MR: usize>(rows: &[f32], out: &mut [f32]) {
+    let (rows, out) = (&rows[..R * MR], &mut out[..R * MR]);
+    for t in 0..R {
+        for i in 0..MR {
+            out[t * MR + i] = rows[i * R + R - 1 - t];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `FlippedA::pack_a` against the flipped matrix built entry by entry, for blocks that start
+    /// and end inside a kernel's taps, partial micro-panels, several groups, and the unrolled
+    /// 3×3 / 3×3×3 paths (MR 6) beside other MRs and tap counts.
+    #[test]
+    fn flipped_a_packs_the_flipped_kernel() {
+        for (groups, kg, cg, taps) in [(1, 7, 20, 9), (2, 5, 13, 27), (3, 4, 9, 4), (1, 3, 6, 1)] {
+            let w: Vec<f32> = (0..groups * kg * cg * taps).map(|v| v as f32).collect();
+            for grp in 0..groups {
+                let a = FlippedA {
+                    w: &w,
+                    grp,
+                    cg,
+                    kg,
+                    taps,
+                };
+                let (rows, cols) = (a.rows(), a.cols());
+                let want = |c: usize, p: usize| {
+                    let (k, t) = (p / taps, p % taps);
+                    w[((grp * kg + k) * cg + c) * taps + taps - 1 - t]
+                };
+                for mr in [4, 6, 8] {
+                    for (ic, mc) in [
+                        (0, rows),
+                        (1, rows - 1),
+                        (rows / 2, rows - rows / 2),
+                        (0, 5),
+                    ] {
+                        for (pc, kc) in [(0, cols), (taps / 2, cols - taps / 2), (taps, 1), (3, 2)]
+                        {
+                            if kc == 0 || pc + kc > cols || mc == 0 || ic + mc > rows {
+                                continue;
+                            }
+                            let panels = mc.div_ceil(mr);
+                            let mut dst = vec![f32::NAN; panels * mr * kc];
+                            a.pack_a(ic, mc, pc, kc, mr, &mut dst);
+                            for q in 0..panels {
+                                for j in 0..kc {
+                                    for i in 0..mr {
+                                        let got = dst[q * kc * mr + j * mr + i];
+                                        let c = ic + q * mr + i;
+                                        let w = if c < ic + mc { want(c, pc + j) } else { 0.0 };
+                                        assert_eq!(
+                                            got, w,
+                                            "grp {grp} taps {taps} mr {mr} ic {ic} mc {mc} pc {pc} kc {kc}: \
+                                             panel {q} col {j} row {i}"
+                                        );
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

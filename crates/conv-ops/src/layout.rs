@@ -364,8 +364,8 @@ impl<B: PackB> PackB for Columns<'_, B> {
 ///
 /// `y` is N × `channels` × `plane`; C's rows are channels `c0..c0 + a.rows()`. `serial`: all
 /// on the calling thread (the caller runs such calls in parallel).
-pub(crate) fn forward_panels<B: PackB>(
-    a: &core_blas::MatRef<'_>,
+pub(crate) fn forward_panels<A: PackA, B: PackB>(
+    a: &A,
     b: &B,
     y: &mut [f32],
     (channels, plane, c0): (usize, usize, usize),

@@ -72,8 +72,8 @@ const WINDOW_MIN_TILES: usize = 32;
 
 /// The forward convgemm over the whole batch of small output planes (`dims`: y's channels,
 /// plane, first channel of the group): see [`WINDOW_MIN_TILES`] and [`forward_panels`].
-fn forward_batch<B: core_blas::PackB>(
-    a: &MatRef<'_>,
+fn forward_batch<A: core_blas::PackA, B: core_blas::PackB>(
+    a: &A,
     b: &B,
     y: &mut [f32],
     (channels, plane, c0): (usize, usize, usize),
@@ -116,7 +116,6 @@ pub fn forward(
     if let Some(b) = bias {
         g.check_len("bias", b.len(), g.out_channels())?;
     }
-    let (kg, olen) = (g.out_channels_per_group(), g.output_spatial_len());
     let epi = Epilogue {
         alpha: 1.0,
         beta: 0.0,
@@ -130,61 +129,81 @@ pub fn forward(
         // 1×1 strided: the pointwise product on a subsampled block of images.
         return crate::subsample::forward(g, x, w, epi, y);
     }
-    let result = (|| {
-        for grp in 0..g.groups() {
-            let a = weights(g, grp, w)?;
-            // The whole batch's C (K/G × N·O) written into y through the channel-major map.
-            let batch_store =
-                |y| ChannelMajorStore::new(y, g.out_channels(), olen, grp * kg, kg, epi);
-            match algo {
-                // Large images: one GEMM per image, whose C (K/G × O of y[n]) is a dense
-                // matrix, so the kernel stores straight from registers (no tile buffer).
-                ForwardAlgo::Convgemm if olen >= PER_IMAGE_MIN_PLANE => (0..g.batch())
-                    .try_for_each(|n| {
-                        let yn = &mut y[(n * g.out_channels() + grp * kg) * olen..][..kg * olen];
-                        let c = MatMut::row_major("y", yn, kg, olen, olen)?;
-                        let mut dense = DenseStore::new(c, 1.0, 0.0);
-                        if let Some(b) = bias {
-                            dense = dense.with_bias(Bias::PerRow(&b[grp * kg..][..kg]))?;
-                        }
-                        if relu {
-                            dense = dense.with_relu();
-                        }
-                        if is_pointwise(g) {
-                            // B = x[n] of the group: a dense (C/G) × O matrix, packed (and
-                            // prefetched) as one.
-                            let cg = g.in_channels_per_group();
-                            let xn = &x[(n * g.in_channels() + grp * cg) * olen..][..cg * olen];
-                            let b = MatRef::row_major("x", xn, cg, olen, olen)?;
-                            core_blas::gemm_with(&a, &b, &mut dense)
-                        } else {
-                            core_blas::gemm_with(&a, &Im2colB::images(g, grp, x, n, 1), &mut dense)
-                        }
-                    }),
-                // Small planes: one product over the whole batch, C panel by C panel.
-                ForwardAlgo::Convgemm if is_pointwise(g) => {
-                    let b = pointwise_b(g, grp, x, 0, g.batch());
-                    forward_batch(&a, &b, y, (g.out_channels(), olen, grp * kg), epi)
-                }
-                ForwardAlgo::Convgemm => {
-                    let b = Im2colB::new(g, grp, x);
-                    forward_batch(&a, &b, y, (g.out_channels(), olen, grp * kg), epi)
-                }
-                ForwardAlgo::Direct => unreachable!("returned above"),
-                ForwardAlgo::Im2colGemm => {
-                    let (rows, cols) = im2col_shape(g);
-                    let col = ws.take(rows * cols);
-                    im2col(g, grp, x, col)?;
-                    let b = MatRef::row_major("col", col, rows, cols, cols).map_err(gemm_err)?;
-                    core_blas::gemm_with(&a, &b, &mut batch_store(y))
-                }
-            }
-            .map_err(gemm_err)?;
-        }
-        Ok(())
-    })();
+    let result = (0..g.groups()).try_for_each(|grp| {
+        let a = weights(g, grp, w)?;
+        forward_group(g, grp, &a, x, bias, relu, y, algo, ws)
+    });
     ws.release();
     result
+}
+
+/// The forward pass of group `grp` by a GEMM `algo` (convgemm or im2col + GEMM) whose A (the
+/// group's K/G × C/G·R weights) is `a`: the geometry's own weights, or the flipped ones of
+/// [`crate::flipped`] packed straight from w.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward_group<A: core_blas::PackA>(
+    g: &ConvGeometry,
+    grp: usize,
+    a: &A,
+    x: &[f32],
+    bias: Option<&[f32]>,
+    relu: bool,
+    y: &mut [f32],
+    algo: ForwardAlgo,
+    ws: &mut Workspace,
+) -> Result<()> {
+    let (kg, olen) = (g.out_channels_per_group(), g.output_spatial_len());
+    let epi = Epilogue {
+        alpha: 1.0,
+        beta: 0.0,
+        bias,
+        relu,
+    };
+    // The whole batch's C (K/G × N·O) written into y through the channel-major map.
+    let batch_store = |y| ChannelMajorStore::new(y, g.out_channels(), olen, grp * kg, kg, epi);
+    match algo {
+        // Large images: one GEMM per image, whose C (K/G × O of y[n]) is a dense
+        // matrix, so the kernel stores straight from registers (no tile buffer).
+        ForwardAlgo::Convgemm if olen >= PER_IMAGE_MIN_PLANE => (0..g.batch()).try_for_each(|n| {
+            let yn = &mut y[(n * g.out_channels() + grp * kg) * olen..][..kg * olen];
+            let c = MatMut::row_major("y", yn, kg, olen, olen)?;
+            let mut dense = DenseStore::new(c, 1.0, 0.0);
+            if let Some(b) = bias {
+                dense = dense.with_bias(Bias::PerRow(&b[grp * kg..][..kg]))?;
+            }
+            if relu {
+                dense = dense.with_relu();
+            }
+            if is_pointwise(g) {
+                // B = x[n] of the group: a dense (C/G) × O matrix, packed (and
+                // prefetched) as one.
+                let cg = g.in_channels_per_group();
+                let xn = &x[(n * g.in_channels() + grp * cg) * olen..][..cg * olen];
+                let b = MatRef::row_major("x", xn, cg, olen, olen)?;
+                core_blas::gemm_with(a, &b, &mut dense)
+            } else {
+                core_blas::gemm_with(a, &Im2colB::images(g, grp, x, n, 1), &mut dense)
+            }
+        }),
+        // Small planes: one product over the whole batch, C panel by C panel.
+        ForwardAlgo::Convgemm if is_pointwise(g) => {
+            let b = pointwise_b(g, grp, x, 0, g.batch());
+            forward_batch(a, &b, y, (g.out_channels(), olen, grp * kg), epi)
+        }
+        ForwardAlgo::Convgemm => {
+            let b = Im2colB::new(g, grp, x);
+            forward_batch(a, &b, y, (g.out_channels(), olen, grp * kg), epi)
+        }
+        ForwardAlgo::Direct => unreachable!("returned above"),
+        ForwardAlgo::Im2colGemm => {
+            let (rows, cols) = im2col_shape(g);
+            let col = ws.take(rows * cols);
+            im2col(g, grp, x, col)?;
+            let b = MatRef::row_major("col", col, rows, cols, cols).map_err(gemm_err)?;
+            core_blas::gemm_with(a, &b, &mut batch_store(y))
+        }
+    }
+    .map_err(gemm_err)
 }
 
 /// dx = the gradient of ⟨conv(x, w), dy⟩ with respect to x, by `algo` (dx is overwritten).
