@@ -23,7 +23,8 @@
 //! - [`gather_pieces`]: a vectorised gather of short strided pieces (stride 2: a deinterleave)
 //!   into a packed block, for custom packers.
 //! - [`transpose_lanes`]: a vectorised transposing copy (lanes along k into packed panel rows)
-//!   for custom packers in crates that may not use intrinsics.
+//!   for custom packers in crates that may not use intrinsics; [`deinterleave`]: groups of `m`
+//!   interleaved values split into `m` rows (8 × 8 register transposes; fastconv's gathers).
 //! - [`offset_tile`], [`offset_dot_tile`]: register tiles whose operand is read in place at a
 //!   per-step offset from each run's base (no packing): the direct-convolution kernels, for
 //!   crates that may not use intrinsics ([`mod@offset`]); [`offset_a_tile`] /
@@ -119,7 +120,7 @@ pub use pack::{PackA, PackB};
 pub use packed::{PackedOperand, gemm_packed_batched, gemm_rowa_batched, pack_rows};
 pub use small::{SMALL_MAX, SmallA, small_a_rows, small_a_strided};
 pub use store::{Bias, DenseStore, Store, Tile, Window};
-pub use transpose::transpose_lanes;
+pub use transpose::{deinterleave, transpose_lanes};
 pub use vector::Vector;
 pub use view::{MatMut, MatRef};
 

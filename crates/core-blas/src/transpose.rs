@@ -88,6 +88,108 @@ impl Gemm {
     }
 }
 
+impl Gemm {
+    /// `dst[i · ld + q] = src[q · m + i]` for every `i < m`, `q < n`: `n` groups of `m`
+    /// consecutive values (an interleaved line, e.g. `m` phases of a strided gather) written as
+    /// `m` rows ("phases") of `n` values, `ld` apart; other values of `dst` are untouched.
+    /// `m = 1` is a copy.
+    ///
+    /// With AVX2 available and `n >= 8`, blocks of 8 groups × 8 phases go through one 8 × 8
+    /// register transpose (8 loads, 24 shuffles, one whole store per row; the `n % 8` tail as a
+    /// block overlapping the previous one); the portable family and `n < 8` copy value by value.
+    /// The values are copied exactly (bit for bit, NaN included).
+    ///
+    /// Errors: [`Error::ShapeMismatch`] on `m` (0); [`Error::LeadingDimension`] on `ld` (below
+    /// `n` when `m > 1`: rows would overlap); [`Error::SliceTooShort`] on `src` (fewer than
+    /// `n · m` values) or `dst` (fewer than `(m − 1) · ld + n`).
+    pub fn deinterleave(
+        &self,
+        dst: &mut [f32],
+        ld: usize,
+        src: &[f32],
+        m: usize,
+        n: usize,
+    ) -> Result<(), Error> {
+        if m == 0 {
+            return Err(Error::ShapeMismatch {
+                arg: "m",
+                expected: "at least 1 phase".into(),
+                got: "0".into(),
+            });
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        if m > 1 && ld < n {
+            return Err(Error::LeadingDimension {
+                arg: "ld",
+                value: ld,
+                min: n,
+            });
+        }
+        let src_need = n.saturating_mul(m);
+        if src.len() < src_need {
+            return Err(Error::SliceTooShort {
+                arg: "src",
+                len: src.len(),
+                needed: src_need,
+            });
+        }
+        let dst_need = (m - 1)
+            .checked_mul(ld)
+            .and_then(|x| x.checked_add(n))
+            .unwrap_or(usize::MAX);
+        if dst.len() < dst_need {
+            return Err(Error::SliceTooShort {
+                arg: "dst",
+                len: dst.len(),
+                needed: dst_need,
+            });
+        }
+        if m == 1 {
+            dst[..n].copy_from_slice(&src[..n]);
+            return Ok(());
+        }
+        match self.family {
+            #[cfg(target_arch = "x86_64")]
+            Family::Avx2(_) | Family::Avx512(_) if n >= 8 => {
+                // SAFETY: avx2+fma (an Avx2/Avx512 kernel is held); m >= 2, n >= 8; src holds
+                // n·m values and dst (m − 1)·ld + n with ld >= n (checked above); `dst` is a
+                // `&mut` distinct from the shared `src`.
+                unsafe {
+                    crate::kernel::x86::deinterleave_avx2(
+                        dst.as_mut_ptr(),
+                        ld,
+                        src.as_ptr(),
+                        src.len(),
+                        m,
+                        n,
+                    )
+                };
+            }
+            _ => {
+                for (q, group) in src[..n * m].chunks_exact(m).enumerate() {
+                    for (i, &v) in group.iter().enumerate() {
+                        dst[i * ld + q] = v;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// [`Gemm::deinterleave`] with the process-wide kernel family.
+pub fn deinterleave(
+    dst: &mut [f32],
+    ld: usize,
+    src: &[f32],
+    m: usize,
+    n: usize,
+) -> Result<(), Error> {
+    Gemm::global()?.deinterleave(dst, ld, src, m, n)
+}
+
 /// [`Gemm::transpose_lanes`] with the process-wide kernel family.
 pub fn transpose_lanes(
     dst: &mut [f32],

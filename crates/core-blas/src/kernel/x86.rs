@@ -597,6 +597,96 @@ pub(crate) unsafe fn transpose8_avx2(
     }
 }
 
+/// The 8 × 8 transpose of eight vectors: `o[i][g] = r[g][i]`.
+#[inline(always)]
+unsafe fn transpose8x8(r: [__m256; 8]) -> [__m256; 8] {
+    // SAFETY: only inlined into functions compiled with `avx`.
+    unsafe {
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+        let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+        let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+        let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+        let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+        let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+        let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+        let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+        [
+            _mm256_permute2f128_ps::<0x20>(s0, s4),
+            _mm256_permute2f128_ps::<0x20>(s1, s5),
+            _mm256_permute2f128_ps::<0x20>(s2, s6),
+            _mm256_permute2f128_ps::<0x20>(s3, s7),
+            _mm256_permute2f128_ps::<0x31>(s0, s4),
+            _mm256_permute2f128_ps::<0x31>(s1, s5),
+            _mm256_permute2f128_ps::<0x31>(s2, s6),
+            _mm256_permute2f128_ps::<0x31>(s3, s7),
+        ]
+    }
+}
+
+/// The AVX2 body of [`crate::Gemm::deinterleave`]: `dst[i · ld + q] = src[q · m + i]` for
+/// `i < m`, `q < n`. Blocks of 8 groups × up to 8 phases: 8 unaligned loads of 8 values (a
+/// group's phases and the next group's first ones; a load that would pass `src_len` is masked),
+/// one 8 × 8 register transpose, one whole 8-value store per phase row. The `n % 8` tail is a
+/// last block overlapping the previous one (it rewrites the same values).
+///
+/// # Safety
+/// The CPU has AVX2 (the caller holds an `Avx2` or `Avx512` kernel value); `m >= 1`, `n >= 8`;
+/// `src_len >= n · m` values readable at `src`; `dst + i · ld + q` writable for `i < m`,
+/// `q < n`, with `ld >= n`; `dst` overlaps no value of `src`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn deinterleave_avx2(
+    dst: *mut f32,
+    ld: usize,
+    src: *const f32,
+    src_len: usize,
+    m: usize,
+    n: usize,
+) {
+    debug_assert!(m >= 1 && n >= 8 && src_len >= n * m && ld >= n);
+    // SAFETY: avx2 per the caller. Loads start at `(q + g) · m + i0 < n · m <= src_len` and read
+    // 8 values when they end inside `src_len`, else only the `src_len − start` values inside
+    // (masked); stores write row `i0 + i < m`, columns `q .. q + 8 <= n` (q <= n − 8).
+    unsafe {
+        let mut i0 = 0;
+        while i0 < m {
+            let rows = (m - i0).min(8);
+            let mut q = 0;
+            loop {
+                let base = q * m + i0;
+                let r: [__m256; 8] = if base + 7 * m + 8 <= src_len {
+                    std::array::from_fn(|g| _mm256_loadu_ps(src.add(base + g * m)))
+                } else {
+                    std::array::from_fn(|g| {
+                        let at = base + g * m;
+                        if at + 8 <= src_len {
+                            _mm256_loadu_ps(src.add(at))
+                        } else {
+                            _mm256_maskload_ps(src.add(at), lane_mask(src_len - at))
+                        }
+                    })
+                };
+                let o = transpose8x8(r);
+                for (i, v) in o.into_iter().enumerate().take(rows) {
+                    _mm256_storeu_ps(dst.add((i0 + i) * ld + q), v);
+                }
+                if q + 8 >= n {
+                    break;
+                }
+                q = (q + 8).min(n - 8);
+            }
+            i0 += 8;
+        }
+    }
+}
+
 /// The stride-2 body of [`crate::Gemm::gather_pieces`]: per piece, 8 values per step from two
 /// 8-wide loads (`vshufps` picks the even values of each 128-bit half, `vpermpd` orders the
 /// halves), the last step of a piece of 8 or more overlapping the previous one; a piece shorter
