@@ -598,6 +598,40 @@ unsafe fn offset_a_unrolled<const U: usize>(
     }
 }
 
+/// [`super::offset::a_tile_body`] with the Wᵀ values `pf` steps ahead prefetched (T0), for
+/// [`probe_offset_a`].
+#[target_feature(enable = "avx2,fma")]
+unsafe fn offset_a_prefetch(
+    offs: &[usize],
+    wt: *const f32,
+    xs: &[*const f32; crate::offset::OFFSET_A_MR],
+    acc: &mut crate::offset::OffsetATile,
+    pf: usize,
+) {
+    use super::Simd;
+    // SAFETY: compiled with avx2+fma; memory per the caller (as `a_tile_body`); prefetches of
+    // addresses past the panel do not fault.
+    unsafe {
+        let mut c = [[V256::zero(); 2]; 6];
+        let mut wp = wt;
+        for &off in offs {
+            V256::prefetch(wp.wrapping_add(pf * 16));
+            let b0 = V256::load(wp);
+            let b1 = V256::load(wp.add(8));
+            for i in 0..6 {
+                let a = V256::bcast(xs[i].add(off));
+                c[i][0] = V256::fma(a, b0, c[i][0]);
+                c[i][1] = V256::fma(a, b1, c[i][1]);
+            }
+            wp = wp.wrapping_add(16);
+        }
+        for i in 0..6 {
+            V256::store(acc[i].as_mut_ptr(), c[i][0]);
+            V256::store(acc[i].as_mut_ptr().add(8), c[i][1]);
+        }
+    }
+}
+
 /// conv-ops' planned "offset-A" direct convolution of ResNet-50's 3×3 layers (`PROBE_LAYER`
 /// 256: 256 channels at 14², padded planes 16²; 512: 512 at 7², planes 9²), batch `PROBE_N`
 /// (default 2), every output channel: pixels 6 at a time in order (tiles cross lines and
@@ -606,7 +640,9 @@ unsafe fn offset_a_unrolled<const U: usize>(
 /// measured after it. Variants (`PROBE_VARIANTS`): 0 the production tile (whole C·9 steps),
 /// 1 `Gemm::offset_a_store` (Set with bias, ReLU: checks and the transposed store included),
 /// 2 as 1 in chunks of `PROBE_CHUNK` input channels (chunk outermost: its wt stays in L1 over
-/// the band's tiles; Set then Add, ReLU after the last), 3/4 the tile unrolled by 2/4.
+/// the band's tiles; Set then Add, ReLU after the last), 3/4 the tile unrolled by 2/4, 5 chunks
+/// outermost with one accumulator tile per tile of the band (`offset_a_tile` +=, no store),
+/// 6 the tile prefetching Wᵀ `PROBE_PF` steps ahead.
 #[test]
 #[ignore = "tuning probe: prints timings, asserts nothing"]
 fn probe_offset_a() {
@@ -619,6 +655,7 @@ fn probe_offset_a() {
     let batch = env_list("PROBE_N", "2")[0];
     let reps = env_list("PROBE_REPS", "5")[0];
     let chunk = env_list("PROBE_CHUNK", "64")[0];
+    let pf = env_list("PROBE_PF", "8")[0];
     let variants = env_list("PROBE_VARIANTS", "0,1,2,3,4");
     let (ch, hw) = if layer == 512 {
         (512usize, 7usize)
@@ -669,6 +706,19 @@ fn probe_offset_a() {
             for bt in tiles.chunks(band) {
                 for kb in 0..kblocks {
                     let wk = &wt[kb * steps * 16..][..steps * 16];
+                    if var == 5 {
+                        let mut accs = vec![OffsetATile::default(); bt.len()];
+                        for s0 in (0..steps).step_by(chunk * 9) {
+                            let s1 = steps.min(s0 + chunk * 9);
+                            let w = &wk[s0 * 16..];
+                            for (&(p0, m), a) in bt.iter().zip(accs.iter_mut()) {
+                                let b = &base[p0..p0 + m];
+                                g.offset_a_tile(w, &list, s0..s1, &x, b, a, s0 > 0).unwrap();
+                            }
+                        }
+                        sink += accs[0][0][0];
+                        continue;
+                    }
                     if var == 2 {
                         // Input-channel chunks outermost (the chunk's wt from L1 for every
                         // tile), partial sums through the store.
@@ -738,6 +788,8 @@ fn probe_offset_a() {
                             unsafe {
                                 if var == 3 {
                                     offset_a_unrolled::<2>(&offs, wk.as_ptr(), &xs, &mut acc);
+                                } else if var == 6 {
+                                    offset_a_prefetch(&offs, wk.as_ptr(), &xs, &mut acc, pf);
                                 } else {
                                     offset_a_unrolled::<4>(&offs, wk.as_ptr(), &xs, &mut acc);
                                 }
