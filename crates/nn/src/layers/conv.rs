@@ -68,11 +68,15 @@ impl FromStr for ConvAlgo {
 type Measured = HashMap<(ConvGeometry, usize), (Choice, usize)>;
 static MEASURED: LazyLock<Mutex<Measured>> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
-/// Timed runs per candidate in `Auto`'s measurement (the fastest counts).
-const MEASURE_RUNS: usize = 3;
+/// Timed rounds at most in `Auto`'s measurement (each candidate's fastest run counts).
+const MEASURE_ROUNDS: usize = 7;
 
-/// Seconds after which `Auto` stops repeating a candidate's timed runs.
-const MEASURE_BUDGET: f64 = 0.05;
+/// Seconds of timed rounds after which `Auto`'s measurement of a geometry stops (it always
+/// times at least one round).
+const MEASURE_BUDGET: f64 = 0.2;
+
+/// Images at most in `Auto`'s measurement.
+const MEASURE_IMAGES: usize = 64;
 
 /// Hyper-parameters of a [`Conv`] layer; per-dimension fields hold one value for all
 /// dimensions or one per spatial dimension.
@@ -142,6 +146,16 @@ impl ConvConfig {
             v.to_vec()
         }
     }
+}
+
+/// A candidate pass in `Auto`'s measurement ([`Conv::measure`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    Forward,
+    Data(BackwardDataAlgo),
+    Filter,
+    /// Winograd's forward, data and weight gradients.
+    Winograd,
 }
 
 /// What a layer runs for one input size: the algorithm family and, for the conv-ops families,
@@ -301,15 +315,18 @@ impl Conv {
         Ok(m.entry(key).or_insert((c, 0)).0)
     }
 
-    /// `Auto`'s one-time measurement on the first (up to) 16 images of `x`. Every candidate pass
-    /// runs once to allocate, then is timed as the fastest of up to `MEASURE_RUNS` runs with
-    /// changing weights (so the flipped convgemm and Winograd pay their kernel transforms, as
-    /// they do every training step); the minimum resists a busy machine's interruptions. The data gradient
-    /// takes the faster of the flipped convgemm and deconvgemm where both apply; Winograd is
-    /// taken when it is at least 10% faster over the three passes than that convgemm: it holds
-    /// more memory (cached transformed kernels).
+    /// `Auto`'s one-time measurement on the first (up to) [`MEASURE_IMAGES`] images of `x`.
+    /// Every candidate pass runs once to allocate; then rounds that run every candidate once,
+    /// in turn, are timed until [`MEASURE_ROUNDS`] rounds or [`MEASURE_BUDGET`] seconds are
+    /// spent (a large layer gets one round), and each candidate counts its fastest run: taking
+    /// turns, the candidates share a busy machine's slow moments, and the minimum resists its
+    /// interruptions. The weights change between runs, so the flipped convgemm and Winograd pay
+    /// their kernel transforms, as they do every training step. The data gradient takes the
+    /// fastest of the fused algorithms that apply; Winograd is taken when it is at least 10%
+    /// faster over the three passes than that convgemm: it holds more memory (its transformed
+    /// kernels during the call).
     fn measure(&self, geom: &ConvGeometry, x: &[f32]) -> Result<Choice> {
-        let g = geom.with_batch(geom.batch().min(16))?;
+        let g = geom.with_batch(geom.batch().min(MEASURE_IMAGES))?;
         let x = &x[..g.x_len()];
         let w = self.weight.value.data();
         let mut w2 = w.to_vec();
@@ -321,40 +338,18 @@ impl Conv {
         );
         let mut preset = convgemm_preset(&g);
         let mut ws = Workspace::new(true);
-        // The fastest of up to MEASURE_RUNS timed runs of `pass` after one that allocates; runs
-        // stop once MEASURE_BUDGET seconds are spent, so a large layer is timed once. The
-        // weights change between runs, so the flipped convgemm and Winograd pay their kernel
-        // transforms every time, as in training.
-        let timed = |pass: &mut dyn FnMut(&[f32]) -> Result<()>| -> Result<f64> {
-            pass(w)?;
-            let (mut best, mut spent) = (f64::INFINITY, 0.0);
-            for run in 0..MEASURE_RUNS {
-                let t = Instant::now();
-                pass(if run % 2 == 0 { &w2 } else { w })?;
-                let s = t.elapsed().as_secs_f64();
-                best = best.min(s);
-                spent += s;
-                if spent > MEASURE_BUDGET {
-                    break;
-                }
-            }
-            Ok(best)
+        let mut wino = if winograd_applies(&g) {
+            let mut plan = WinogradPlan::new(&g, None)?;
+            // As in training: the weights change every call, nothing to keep.
+            plan.set_keep_kernels(false);
+            Some(plan)
+        } else {
+            None
         };
-        let t_forward = timed(&mut |w| {
-            Ok(conv_ops::forward(
-                &g,
-                x,
-                w,
-                None,
-                false,
-                &mut y,
-                preset.forward,
-                &mut ws,
-            )?)
-        })?;
-        let mut t_data = f64::INFINITY;
-        // conv-ops' choice for this geometry first, then the other fused algorithms that apply.
-        let mut candidates = vec![preset.backward_data];
+        // The candidates: forward, each data-gradient algorithm (conv-ops' choice for this
+        // geometry first, then the other fused ones that apply), the weight gradient, and
+        // Winograd's three passes together.
+        let mut data_algos = vec![preset.backward_data];
         let others: &[BackwardDataAlgo] = if flipped_applies(&g) {
             &[
                 BackwardDataAlgo::FlippedConvgemm,
@@ -363,46 +358,70 @@ impl Conv {
         } else {
             &[BackwardDataAlgo::Deconvgemm]
         };
-        candidates.extend(others.iter().filter(|&&a| a != preset.backward_data));
-        for algo in candidates {
-            let t =
-                timed(&mut |w| Ok(conv_ops::backward_data(&g, &y, w, &mut dx, algo, &mut ws)?))?;
-            if t < t_data {
-                (t_data, preset.backward_data) = (t, algo);
-            }
+        data_algos.extend(others.iter().filter(|&&a| a != preset.backward_data));
+        let mut passes: Vec<Pass> = vec![Pass::Forward];
+        passes.extend(data_algos.iter().map(|&a| Pass::Data(a)));
+        passes.push(Pass::Filter);
+        if wino.is_some() {
+            passes.push(Pass::Winograd);
         }
-        let t_filter = timed(&mut |_| {
-            Ok(conv_ops::backward_filter(
-                &g,
-                x,
-                &y,
-                &mut dw,
-                preset.backward_filter,
-                &mut ws,
-            )?)
-        })?;
-        let t_conv = t_forward + t_data + t_filter;
-        let convgemm = Choice {
-            algo: ConvAlgo::Convgemm,
-            preset,
+        let forward = preset.forward;
+        let filter = preset.backward_filter;
+        let mut run = |pass: Pass, w: &[f32]| -> Result<f64> {
+            let t = Instant::now();
+            match pass {
+                Pass::Forward => {
+                    conv_ops::forward(&g, x, w, None, false, &mut y, forward, &mut ws)?;
+                }
+                Pass::Data(algo) => conv_ops::backward_data(&g, &y, w, &mut dx, algo, &mut ws)?,
+                Pass::Filter => conv_ops::backward_filter(&g, x, &y, &mut dw, filter, &mut ws)?,
+                Pass::Winograd => {
+                    if let Some(plan) = wino.as_mut() {
+                        plan.forward(x, w, &mut y)?;
+                        plan.backward_data(&y, w, &mut dx)?;
+                        plan.backward_filter(x, &y, &mut dw)?;
+                    }
+                }
+            }
+            Ok(t.elapsed().as_secs_f64())
         };
-        if !winograd_applies(&g) {
-            return Ok(convgemm);
+        for &pass in &passes {
+            run(pass, w)?;
         }
-        let mut plan = WinogradPlan::new(&g, None)?;
-        let t_wino = timed(&mut |w| {
-            plan.forward(x, w, &mut y)?;
-            plan.backward_data(&y, w, &mut dx)?;
-            Ok(plan.backward_filter(x, &y, &mut dw)?)
-        })?;
-        Ok(if t_wino < 0.9 * t_conv {
-            Choice {
-                algo: ConvAlgo::Winograd,
-                preset,
+        let mut best = vec![f64::INFINITY; passes.len()];
+        let mut spent = 0.0;
+        for round in 0..MEASURE_ROUNDS {
+            let w = if round % 2 == 0 { &w2 } else { w };
+            for (&pass, best) in passes.iter().zip(&mut best) {
+                let t = run(pass, w)?;
+                *best = best.min(t);
+                spent += t;
             }
+            if spent > MEASURE_BUDGET {
+                break;
+            }
+        }
+        let time = |p: Pass| {
+            passes
+                .iter()
+                .zip(&best)
+                .find(|&(&q, _)| q == p)
+                .map_or(f64::INFINITY, |(_, &t)| t)
+        };
+        let (t_data, data) = data_algos.iter().map(|&a| (time(Pass::Data(a)), a)).fold(
+            (f64::INFINITY, preset.backward_data),
+            |b, c| {
+                if c.0 < b.0 { c } else { b }
+            },
+        );
+        preset.backward_data = data;
+        let t_conv = time(Pass::Forward) + t_data + time(Pass::Filter);
+        let algo = if time(Pass::Winograd) < 0.9 * t_conv {
+            ConvAlgo::Winograd
         } else {
-            convgemm
-        })
+            ConvAlgo::Convgemm
+        };
+        Ok(Choice { algo, preset })
     }
 
     /// The geometry for input shape `shape` (`N × C × spatial`).
