@@ -642,14 +642,17 @@ unsafe fn offset_a_prefetch(
 /// 2 as 1 in chunks of `PROBE_CHUNK` input channels (chunk outermost: its wt stays in L1 over
 /// the band's tiles; Set then Add, ReLU after the last), 3/4 the tile unrolled by 2/4, 5 chunks
 /// outermost with one accumulator tile per tile of the band (`offset_a_tile` +=, no store),
-/// 6 the tile prefetching Wᵀ `PROBE_PF` steps ahead.
+/// 6 the tile prefetching Wᵀ `PROBE_PF` steps ahead, 7 as 5 calling the kernel directly (no
+/// per-call argument checks).
 #[test]
 #[ignore = "tuning probe: prints timings, asserts nothing"]
 fn probe_offset_a() {
+    use crate::kernel::offset::OffsetKernel;
     use crate::offset::{OFFSET_A_MR, OffsetAStore, OffsetATile, Offsets};
     if Avx2::new().is_none() {
         return;
     }
+    let kern = Avx2::new().unwrap();
     let g = crate::Gemm::new(crate::Isa::Avx2).unwrap();
     let layer = env_list("PROBE_LAYER", "256")[0];
     let batch = env_list("PROBE_N", "2")[0];
@@ -706,6 +709,30 @@ fn probe_offset_a() {
             for bt in tiles.chunks(band) {
                 for kb in 0..kblocks {
                     let wk = &wt[kb * steps * 16..][..steps * 16];
+                    if var == 7 {
+                        // As 5 through the kernel itself (no per-call checks).
+                        let mut accs = vec![OffsetATile::default(); bt.len()];
+                        for s0 in (0..steps).step_by(chunk * 9) {
+                            let s1 = steps.min(s0 + chunk * 9);
+                            let w = &wk[s0 * 16..];
+                            for (&(p0, m), a) in bt.iter().zip(accs.iter_mut()) {
+                                let b = &base[p0..p0 + m];
+                                if m < OFFSET_A_MR {
+                                    g.offset_a_tile(w, &list, s0..s1, &x, b, a, s0 > 0).unwrap();
+                                    continue;
+                                }
+                                let xs: [*const f32; OFFSET_A_MR] =
+                                    std::array::from_fn(|i| x[b[i]..].as_ptr());
+                                // SAFETY: every base + offset is inside x (padded planes), w
+                                // holds (s1 − s0) · 16 values.
+                                unsafe {
+                                    kern.a_tile::<6>(&offs[s0..s1], w.as_ptr(), &xs, a, s0 > 0)
+                                };
+                            }
+                        }
+                        sink += accs[0][0][0];
+                        continue;
+                    }
                     if var == 5 {
                         let mut accs = vec![OffsetATile::default(); bt.len()];
                         for s0 in (0..steps).step_by(chunk * 9) {
