@@ -177,15 +177,32 @@ impl Preset {
 /// flat runs ResNet-50's 128@28² runs 0.93× convgemm's time forward and 0.97× the flipped
 /// convgemm's backward-data, its stride-2 128@56² 0.97× forward (session 8, docs/PERFORMANCE.md),
 /// while 256@14² gains nothing from flat runs (27 runs per plane against 28).
+///
+/// From 128 output channels per group on, when an image's padded copy fits the direct plan's
+/// block of images, the direct forward runs pixel tiles (6 output pixels at any bases × 16
+/// output channels of a packed Wᵀ panel: core-blas's offset-A tile, no lane lost on narrow
+/// lines), and it is the lean choice when a block of images holds at least
+/// 192 output pixels (`PIXELS_PER_PANEL_PASS`; each Wᵀ panel, 16 × C/G·R values, is brought back
+/// from L3 once per block and reused over its pixels): ResNet-50's 128@28² (784 per block, one
+/// image) and 256@14² (196, one image) at batch 8 ran faster than convgemm, 512@7² (147, three
+/// images; panels twice as long) 1.06× slower forward, 1.17× flipped (measured session 10, see
+/// `direct::tiles_for`; the threshold lies between the two measured points).
 pub fn direct_applies(g: &ConvGeometry) -> bool {
     let (cg, kg) = (g.in_channels_per_group(), g.out_channels_per_group());
+    let pixels = crate::direct::tiles_for(g) == crate::direct::Tiles::Pixels;
     g.kernel_len() > 1
         && ((cg <= 64 && kg <= 64)
-            || (cg <= 128
+            || (pixels && crate::direct::pixels_per_block(g) >= PIXELS_PER_PANEL_PASS)
+            || (!pixels
+                && cg <= 128
                 && kg <= 128
                 && g.output().last().is_some_and(|&w| w >= 16)
                 && crate::direct::flat_line_pitch(g).is_some()))
 }
+
+/// Output pixels per block of images from which the pixel-tile direct convolution is the lean
+/// choice (32 tiles of 6; see [`direct_applies`]).
+const PIXELS_PER_PANEL_PASS: usize = 192;
 
 /// Bytes of one image's zero-padded input for one group (C/G × Π (input + padding) floats).
 fn padded_image_bytes(g: &ConvGeometry) -> usize {

@@ -697,6 +697,24 @@ fn lean_preset_per_geometry() {
             .unwrap(),
     );
     assert_eq!(p.forward, ForwardAlgo::Convgemm);
+    // ResNet-50's 256@14² and 128@28² at batch 8: the pixel-tile direct convolution (a block of
+    // images holds 196 / 784 output pixels); 512@7² (147 per block): the GEMM forms.
+    let r50 = |c: usize, hw: usize| {
+        Preset::lean_for(
+            &ConvGeometry::new(8, c, c, &[hw, hw], &[3, 3])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+        )
+    };
+    for p in [r50(256, 14), r50(128, 28)] {
+        assert_eq!(p.forward, ForwardAlgo::Direct);
+        assert_eq!(p.backward_data, BackwardDataAlgo::FlippedDirect);
+        assert_eq!(p.backward_filter, BackwardFilterAlgo::ConvgemmTrans);
+    }
+    let p = r50(512, 7);
+    assert_eq!(p.forward, ForwardAlgo::Convgemm);
+    assert_eq!(p.backward_data, BackwardDataAlgo::FlippedConvgemm);
 
     for (i, g) in [rn20, s2, proj, wide, valid, flat].iter().enumerate() {
         let p = Preset::lean_for(g);
@@ -928,6 +946,85 @@ fn deconvgemm_line_rounds() {
                 .unwrap();
                 tol(g.out_channels_per_group() * g.kernel_len())
                     .check(&format!("{threads} threads, {g:?}"), &dx, &want)
+                    .unwrap();
+            }
+        }
+    }
+}
+
+/// The direct forward and flipped-direct backward-data through the public API on layers of 128+
+/// output channels (pixel tiles: a partial last panel of 16 channels, 6-pixel tiles across lines
+/// and images, groups) and on their transposed geometries, under 1-3 threads, against the
+/// reference.
+#[test]
+fn direct_pixel_tiles() {
+    let layers = [
+        ConvGeometry::new(3, 20, 130, &[9, 11], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+        ConvGeometry::new(2, 136, 131, &[6, 7], &[3, 3])
+            .unwrap()
+            .with_padding_per_side(&[1, 0], &[2, 1])
+            .unwrap(),
+        ConvGeometry::new(5, 8, 258, &[5, 5], &[3, 3])
+            .unwrap()
+            .with_stride(&[2])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap()
+            .with_groups(2)
+            .unwrap(),
+    ];
+    for threads in 1..=3 {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        for (i, g) in layers.iter().enumerate() {
+            let seed = 300 + i as u64;
+            let (x, w, dy) = (
+                uniform(seed, g.x_len()),
+                uniform(seed ^ 1, g.w_len()),
+                uniform(seed ^ 2, g.y_len()),
+            );
+            let bias = uniform(seed ^ 3, g.out_channels());
+            let mut ws = Workspace::new(false);
+            let (mut y, mut y_ref) = (vec![f32::NAN; g.y_len()], vec![0f32; g.y_len()]);
+            pool.install(|| {
+                forward(
+                    g,
+                    &x,
+                    &w,
+                    Some(&bias),
+                    true,
+                    &mut y,
+                    ForwardAlgo::Direct,
+                    &mut ws,
+                )
+            })
+            .unwrap();
+            reference::forward(g, &x, &w, Some(&bias), &mut y_ref).unwrap();
+            y_ref.iter_mut().for_each(|v| *v = v.max(0.0));
+            tol(g.in_channels_per_group() * g.kernel_len())
+                .check(&format!("y, {threads} threads, {g:?}"), &y, &y_ref)
+                .unwrap();
+            if conv_ops::transposed_geometry(g).is_ok() {
+                let (mut dx, mut dx_ref) = (vec![f32::NAN; g.x_len()], vec![0f32; g.x_len()]);
+                pool.install(|| {
+                    backward_data(
+                        g,
+                        &dy,
+                        &w,
+                        &mut dx,
+                        BackwardDataAlgo::FlippedDirect,
+                        &mut ws,
+                    )
+                })
+                .unwrap();
+                reference::backward_data(g, &dy, &w, &mut dx_ref).unwrap();
+                tol(g.out_channels_per_group() * g.kernel_len())
+                    .check(&format!("dx, {threads} threads, {g:?}"), &dx, &dx_ref)
                     .unwrap();
             }
         }
