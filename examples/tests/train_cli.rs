@@ -142,6 +142,10 @@ fn bad_arguments_are_clear_errors() {
             &["--lr-schedule", "linear"][..],
             "possible values: constant, cosine, step",
         ),
+        (
+            &["--random-crop", "28", "--steps", "1"][..],
+            "whose height and width exceed the crop padding (28)",
+        ),
     ] {
         let out = train(args);
         assert!(!out.status.success(), "{args:?} should fail");
@@ -221,6 +225,10 @@ fn cifar10_files_train_a_torchvision_resnet() {
         "0.01",
         "--conv-algo",
         "convgemm",
+        // CIFAR-10's augmentation recipe.
+        "--random-crop",
+        "4",
+        "--random-flip",
         "--json",
     ]);
     std::fs::remove_dir_all(&dir).unwrap();

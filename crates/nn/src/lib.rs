@@ -50,7 +50,7 @@ pub mod train;
 pub use checkpoint::TrainState;
 /// The conv-ops algorithm of each pass, as [`Conv::preset_in_use`] reports it.
 pub use conv_ops::{BackwardDataAlgo, BackwardFilterAlgo, ForwardAlgo, Preset};
-pub use data::Dataset;
+pub use data::{Augment, Dataset};
 pub use error::{NnError, Result};
 pub use layer::{AsAny, GradReady, Layer, Parameter, RngState};
 pub use layers::{

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::TrainState;
-use crate::data::Dataset;
+use crate::data::{Augment, Dataset};
 use crate::error::{NnError, Result};
 use crate::loss::{correct, cross_entropy};
 use crate::model::Sequential;
@@ -27,6 +27,9 @@ pub struct TrainConfig {
     /// The learning rate over the run, a factor on the optimizer's rate as passed in (which is
     /// restored when the run ends).
     pub schedule: LrSchedule,
+    /// Random crops and flips of the training samples, drawn per epoch from `seed` (none by
+    /// default; never applied to the test split).
+    pub augment: Augment,
 }
 
 impl Default for TrainConfig {
@@ -38,6 +41,7 @@ impl Default for TrainConfig {
             seed: 0,
             warmup_steps: 2,
             schedule: LrSchedule::constant(),
+            augment: Augment::default(),
         }
     }
 }
@@ -158,10 +162,11 @@ pub fn fit_with<E: From<NnError>>(
         let start = Instant::now();
         let (mut loss_sum, mut seen, mut right, mut known) = (0f64, 0usize, 0usize, true);
         let mut stopped = false;
-        for (x, labels) in train.batches(
-            cfg.batch_size,
-            Some(cfg.seed.wrapping_add(state.epoch as u64)),
-        )? {
+        let seed = cfg.seed.wrapping_add(state.epoch as u64);
+        for (x, labels) in train
+            .batches(cfg.batch_size, Some(seed))?
+            .augmented(cfg.augment, seed)?
+        {
             if cfg.max_steps.is_some_and(|m| steps_run >= m) {
                 stopped = true;
                 break;

@@ -3,8 +3,8 @@
 use rand::SeedableRng;
 
 use nn::{
-    ConvAlgo, Dataset, EpochReport, LrSchedule, ModelOptions, Parameter, Sequential, Sgd, Tensor,
-    TrainConfig, TrainState, build, build_with, checkpoint, evaluate, fit, local_step,
+    Augment, ConvAlgo, Dataset, EpochReport, LrSchedule, ModelOptions, Parameter, Sequential, Sgd,
+    Tensor, TrainConfig, TrainState, build, build_with, checkpoint, evaluate, fit, local_step,
 };
 
 #[test]
@@ -161,6 +161,57 @@ fn lenet_learns_the_digits() {
     assert!(acc > 0.9, "test accuracy after 6 epochs: {acc}");
 }
 
+/// Each sample's crop and flip depend on the seed and its index, not on the batch it lands in;
+/// labels stay with their samples; the test split and unaugmented batches are untouched.
+#[test]
+fn augmented_batches_transform_each_sample_the_same_whatever_the_batch_size() {
+    let data = Dataset::synthetic(23, &[2, 6, 5], 4, 8).unwrap();
+    let aug = Augment {
+        crop_padding: 2,
+        hflip: true,
+    };
+    let per = 2 * 6 * 5;
+    let samples = |batch: usize, aug: Option<Augment>| {
+        let mut out = Vec::new();
+        let batches = data.batches(batch, Some(4)).unwrap();
+        let batches = match aug {
+            Some(a) => batches.augmented(a, 4).unwrap(),
+            None => batches,
+        };
+        for (x, labels) in batches {
+            for (s, l) in x.data().chunks_exact(per).zip(labels) {
+                out.push((s.to_vec(), l));
+            }
+        }
+        out
+    };
+    let plain = samples(23, None);
+    let a16 = samples(16, Some(aug));
+    let a5 = samples(5, Some(aug));
+    assert_eq!(a16, a5);
+    assert_eq!(
+        a16.iter().map(|s| s.1).collect::<Vec<_>>(),
+        plain.iter().map(|s| s.1).collect::<Vec<_>>()
+    );
+    let changed = a16.iter().zip(&plain).filter(|(a, p)| a.0 != p.0).count();
+    assert!(changed > 15, "{changed} of 23 samples transformed");
+    // Another seed draws other transformations.
+    let other: Vec<_> = data
+        .batches(23, Some(4))
+        .unwrap()
+        .augmented(aug, 5)
+        .unwrap()
+        .flat_map(|(x, _)| x.data().to_vec())
+        .collect();
+    assert_ne!(
+        other,
+        a16.iter().flat_map(|s| s.0.clone()).collect::<Vec<_>>()
+    );
+    // Samples that cannot be cropped by that much are an error, not a panic.
+    let tiny = Dataset::synthetic(3, &[1, 2, 2], 2, 0).unwrap();
+    assert!(tiny.batches(2, None).unwrap().augmented(aug, 0).is_err());
+}
+
 #[test]
 fn checkpoint_round_trip_and_resume() {
     let dir = std::env::temp_dir().join(format!("nn-ckpt-{}", std::process::id()));
@@ -168,10 +219,15 @@ fn checkpoint_round_trip_and_resume() {
     let path = dir.join("lenet.safetensors");
     let data = Dataset::synthetic(64, &[1, 28, 28], 10, 3).unwrap();
     // A schedule that depends on the step: the resumed run must continue it, not restart it.
+    // With augmentation, whose draws the resumed run must repeat too.
     let cfg = TrainConfig {
         epochs: 1,
         batch_size: 16,
         schedule: LrSchedule::cosine(2, 8).unwrap(),
+        augment: Augment {
+            crop_padding: 3,
+            hflip: true,
+        },
         ..Default::default()
     };
 

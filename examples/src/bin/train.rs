@@ -29,8 +29,8 @@ use dist::{
 };
 use examples::peak_rss_bytes;
 use nn::{
-    ConvAlgo, Dataset, EpochReport, LrSchedule, ModelOptions, Sequential, Sgd, TrainConfig,
-    TrainState, build, build_with, checkpoint, fit_with, local_step,
+    Augment, ConvAlgo, Dataset, EpochReport, LrSchedule, ModelOptions, Sequential, Sgd,
+    TrainConfig, TrainState, build, build_with, checkpoint, fit_with, local_step,
 };
 
 /// The data sets this binary can load.
@@ -110,9 +110,18 @@ struct Args {
     /// Resume from this checkpoint (model, optimizer state and position).
     #[arg(long)]
     resume: Option<PathBuf>,
-    /// Seed of weights, split and shuffles.
+    /// Seed of weights, split, shuffles and augmentation.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Augment the training samples with a random crop after zero padding by this many pixels
+    /// on every side (torchvision's `RandomCrop(size, padding)`; CIFAR-10's recipe uses 4).
+    /// The draws depend on the seed, the epoch and the sample, so a resumed run repeats them
+    #[arg(long, default_value_t = 0, value_name = "PAD")]
+    random_crop: usize,
+    /// Augment the training samples with a horizontal flip (of the last axis) with
+    /// probability ½, after the crop
+    #[arg(long)]
+    random_flip: bool,
     /// Print a JSON summary as the last line of stdout.
     #[arg(long)]
     json: bool,
@@ -433,6 +442,10 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         batch_size: args.batch_size,
         seed: args.seed,
         schedule: lr_schedule(args, train.len(), state)?,
+        augment: Augment {
+            crop_padding: args.random_crop,
+            hflip: args.random_flip,
+        },
         ..TrainConfig::default()
     };
     let total = state.epoch + args.epochs;

@@ -1,10 +1,12 @@
 //! Data sets: the `digits` set the repository ships, MNIST, Fashion-MNIST and CIFAR-10 read from
-//! their distribution files, generated 3D `volumes`, synthetic data, splitting, resizing and
-//! shuffled mini-batches.
+//! their distribution files, generated 3D `volumes`, synthetic data, splitting, resizing,
+//! shuffled mini-batches and their augmentation (random crops and flips).
 
+mod augment;
 mod files;
 mod volumes;
 
+pub use augment::Augment;
 pub use volumes::VOLUME_CLASSES;
 
 use rand::SeedableRng;
@@ -254,6 +256,7 @@ impl Dataset {
             order,
             batch_size,
             at: 0,
+            augment: None,
         })
     }
 }
@@ -265,6 +268,20 @@ pub struct Batches<'a> {
     order: Vec<usize>,
     batch_size: usize,
     at: usize,
+    /// The transformation and the seed of its draws.
+    augment: Option<(Augment, u64)>,
+}
+
+impl Batches<'_> {
+    /// The same batches with every sample transformed by `augment` as drawn for its index in
+    /// the data set under `seed` (see [`Augment`]).
+    ///
+    /// Errors: samples that `augment` cannot transform ([`Augment::check`]).
+    pub fn augmented(mut self, augment: Augment, seed: u64) -> Result<Self> {
+        augment.check(&self.data.sample_shape)?;
+        self.augment = (!augment.is_identity()).then_some((augment, seed));
+        Ok(self)
+    }
 }
 
 impl Iterator for Batches<'_> {
@@ -276,7 +293,15 @@ impl Iterator for Batches<'_> {
         }
         let idx = &self.order[self.at..(self.at + self.batch_size).min(self.order.len())];
         self.at += idx.len();
-        let sub = self.data.subset(idx);
+        let mut sub = self.data.subset(idx);
+        if let Some((aug, seed)) = self.augment {
+            let per = self.data.per_sample();
+            let mut plane = Vec::new();
+            for (sample, &i) in sub.inputs.chunks_exact_mut(per).zip(idx) {
+                aug.apply(sample, &self.data.sample_shape, seed, i, &mut plane)
+                    .expect("checked by `augmented`");
+            }
+        }
         let shape = [&[idx.len()], self.data.sample_shape.as_slice()].concat();
         let x = Tensor::new(&shape, sub.inputs).expect("subset has the batch's length");
         Some((x, sub.labels))
