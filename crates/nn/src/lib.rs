@@ -3,7 +3,8 @@
 //! Owns [`Tensor`], the [`Layer`] trait, [`Sequential`] models (nestable, with PyTorch's
 //! parameter names), the cross-entropy loss, the [`Sgd`] optimizer, data sets (the `digits` set
 //! ships inside the crate; MNIST, Fashion-MNIST and CIFAR-10 are read from their distribution
-//! files; 3D `volumes` are generated), checkpoints and the training loop, and chooses the
+//! files; 3D `volumes` are generated; random crops and flips augment the training samples,
+//! [`Augment`]), checkpoints and the training loop, and chooses the
 //! convolution algorithm of each layer ([`ConvAlgo`]): Winograd (`fastconv`) where it applies and
 //! pays, convgemm (`conv-ops`, no im2col workspace) elsewhere.
 //!
