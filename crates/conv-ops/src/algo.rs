@@ -181,28 +181,19 @@ impl Preset {
 /// From 128 output channels per group on, when an image's padded copy fits the direct plan's
 /// block of images, the direct forward runs pixel tiles (6 output pixels at any bases × 16
 /// output channels of a packed Wᵀ panel: core-blas's offset-A tile, no lane lost on narrow
-/// lines), and it is the lean choice when a block of images holds at least
-/// 192 output pixels (`PIXELS_PER_PANEL_PASS`; each Wᵀ panel, 16 × C/G·R values, is brought back
-/// from L3 once per block and reused over its pixels): ResNet-50's 128@28² (784 per block, one
-/// image) and 256@14² (196, one image) at batch 8 ran faster than convgemm, 512@7² (147, three
-/// images; panels twice as long) 1.06× slower forward, 1.17× flipped (measured session 10, see
-/// `direct::tiles_for`; the threshold lies between the two measured points).
+/// lines; see `direct::tiles_for`), which changes no choice here: on ResNet-50's 256@14² they ran
+/// 0.96× the GEMM forms' time at 1 thread in thread-CPU probes but 0.98-1.25× in criterion's
+/// wall clock and 1.03-1.10× at 2 threads, and on 512@7² 1.06-1.14× (session 10,
+/// docs/PERFORMANCE.md), so those layers keep the GEMM forms.
 pub fn direct_applies(g: &ConvGeometry) -> bool {
     let (cg, kg) = (g.in_channels_per_group(), g.out_channels_per_group());
-    let pixels = crate::direct::tiles_for(g) == crate::direct::Tiles::Pixels;
     g.kernel_len() > 1
         && ((cg <= 64 && kg <= 64)
-            || (pixels && crate::direct::pixels_per_block(g) >= PIXELS_PER_PANEL_PASS)
-            || (!pixels
-                && cg <= 128
+            || (cg <= 128
                 && kg <= 128
                 && g.output().last().is_some_and(|&w| w >= 16)
                 && crate::direct::flat_line_pitch(g).is_some()))
 }
-
-/// Output pixels per block of images from which the pixel-tile direct convolution is the lean
-/// choice (32 tiles of 6; see [`direct_applies`]).
-const PIXELS_PER_PANEL_PASS: usize = 192;
 
 /// Bytes of one image's zero-padded input for one group (C/G × Π (input + padding) floats).
 fn padded_image_bytes(g: &ConvGeometry) -> usize {

@@ -740,13 +740,6 @@ pub(crate) fn padded_image_bytes(g: &ConvGeometry) -> usize {
     Plan::new(g).map_or(0, |p| p.xq_len * size_of::<f32>())
 }
 
-/// Output pixels of one block of images of the pixel-tile forward on one thread: the pixels
-/// every packed Wᵀ panel is reused over before the next block brings it back from L3.
-pub(crate) fn pixels_per_block(g: &ConvGeometry) -> usize {
-    let fit = (PIXEL_BLOCK_BYTES / padded_image_bytes(g).max(1)).max(1);
-    fit.min(g.batch()) * g.output_spatial_len()
-}
-
 /// The weights of group `grp` packed as Wᵀ panels for the pixel tiles: panel p holds, per step
 /// s = (input channel, tap), the weights w\[16p + o\]\[s\] for o < 16 (zeros past the group's
 /// last output channel), `steps · 16` values.
