@@ -335,7 +335,7 @@ impl WinogradPlan {
         tt: &TileTransforms,
         w: &[f32],
         dims: (usize, usize),
-        layout: impl FnOnce(&mut [f32]),
+        layout: impl Fn(&mut [f32], std::ops::Range<usize>),
         run: impl FnOnce(&PackedKernels) -> Result<R>,
     ) -> Result<R> {
         if !keep {
@@ -379,7 +379,7 @@ impl WinogradPlan {
         tt: &TileTransforms,
         w: &[f32],
         dims: (usize, usize),
-        layout: impl FnOnce(&mut [f32]),
+        layout: impl Fn(&mut [f32], std::ops::Range<usize>),
     ) -> Result<()> {
         KERNEL_WORK.with(|cell| match cell.try_borrow_mut() {
             Ok(mut work) => Self::transform_into(u, &mut work, tt, w, dims, layout),
@@ -395,13 +395,11 @@ impl WinogradPlan {
         tt: &TileTransforms,
         w: &[f32],
         (inner, outer): (usize, usize),
-        layout: impl FnOnce(&mut [f32]),
+        layout: impl Fn(&mut [f32], std::ops::Range<usize>),
     ) -> Result<()> {
         let taps: usize = tt.kernel().iter().product();
         let n = inner * outer;
         debug_assert_eq!(w.len(), taps * n);
-        work.g.resize(taps * n, 0.0);
-        layout(&mut work.g);
         let a_n: usize = tt.in_tile().iter().product();
         let (mr, _) = core_blas::Gemm::global()?.tile();
         u.reset(a_n, outer, inner, mr);
@@ -411,11 +409,17 @@ impl WinogradPlan {
         let cols = (KERNEL_CHUNK / outer.max(1))
             .max(KERNEL_CHUNK_COLS)
             .clamp(1, inner.max(1));
-        let g = std::mem::take(&mut work.g);
+        // The piece's kernels in the transform's layout (taps, kernels of the piece), laid out
+        // piece by piece too (a whole-layer copy of the weights was 28 MB on C3D's 512 × 512).
+        let mut g = std::mem::take(&mut work.g);
         let mut done = Ok(());
         for p0 in (0..inner).step_by(cols) {
             let pn = cols.min(inner - p0);
-            done = tt.kernel_transform_f64_range(&g, n, p0 * outer..(p0 + pn) * outer, work);
+            let range = p0 * outer..(p0 + pn) * outer;
+            let len = range.len();
+            g.resize(taps * len, 0.0);
+            layout(&mut g, range);
+            done = tt.kernel_transform_f64_range(&g, len, 0..len, work);
             if done.is_err() {
                 break;
             }
@@ -433,13 +437,14 @@ impl WinogradPlan {
         self.check("w", w.len(), g.w_len())?;
         self.check("y", y.len(), g.y_len())?;
         let (c, k, taps) = (g.in_channels(), g.out_channels(), g.kernel_len());
-        // U[ξ][c][k] from g[tap][c·K + k] = w[k][c][tap].
-        let layout = |gl: &mut [f32]| {
-            for ki in 0..k {
-                for ci in 0..c {
-                    for t in 0..taps {
-                        gl[t * c * k + ci * k + ki] = w[(ki * c + ci) * taps + t];
-                    }
+        // U[ξ][c][k] from g[tap][c·K + k] = w[k][c][tap], kernels j = c·K + k of `r` into
+        // gl[tap][j − r.start].
+        let layout = |gl: &mut [f32], r: std::ops::Range<usize>| {
+            let len = r.len();
+            for (jj, j) in r.enumerate() {
+                let (ci, ki) = (j / k, j % k);
+                for (t, &v) in w[(ki * c + ci) * taps..][..taps].iter().enumerate() {
+                    gl[t * len + jj] = v;
                 }
             }
         };
@@ -479,13 +484,14 @@ impl WinogradPlan {
         self.check("dx", dx.len(), g.x_len())?;
         let (c, k, taps) = (g.in_channels(), g.out_channels(), g.kernel_len());
         // U[ξ][k][c] from g[s][k·C + c] = w[k][c][flip(s)], flip reverses every spatial index,
-        // which on the row-major flat tap index is taps − 1 − s.
-        let layout = |gl: &mut [f32]| {
-            for ki in 0..k {
-                for ci in 0..c {
-                    for s in 0..taps {
-                        gl[s * c * k + ki * c + ci] = w[(ki * c + ci) * taps + (taps - 1 - s)];
-                    }
+        // which on the row-major flat tap index is taps − 1 − s; kernels j = k·C + c of `r` into
+        // gl[s][j − r.start].
+        let layout = |gl: &mut [f32], r: std::ops::Range<usize>| {
+            let len = r.len();
+            for (jj, j) in r.enumerate() {
+                let src = &w[j * taps..][..taps];
+                for (s, &v) in src.iter().rev().enumerate() {
+                    gl[s * len + jj] = v;
                 }
             }
         };
