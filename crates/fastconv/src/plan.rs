@@ -438,13 +438,20 @@ impl WinogradPlan {
         self.check("y", y.len(), g.y_len())?;
         let (c, k, taps) = (g.in_channels(), g.out_channels(), g.kernel_len());
         // U[ξ][c][k] from g[tap][c·K + k] = w[k][c][tap], kernels j = c·K + k of `r` into
-        // gl[tap][j − r.start].
+        // gl[tap][j − r.start]. A piece holds whole columns (all K kernels of channels c0..c1),
+        // read in w's order (channels of one kernel k are contiguous in w).
         let layout = |gl: &mut [f32], r: std::ops::Range<usize>| {
             let len = r.len();
-            for (jj, j) in r.enumerate() {
-                let (ci, ki) = (j / k, j % k);
-                for (t, &v) in w[(ki * c + ci) * taps..][..taps].iter().enumerate() {
-                    gl[t * len + jj] = v;
+            let (c0, c1) = (r.start / k, r.end.div_ceil(k));
+            for ki in 0..k {
+                for ci in c0..c1 {
+                    let j = ci * k + ki;
+                    if !r.contains(&j) {
+                        continue;
+                    }
+                    for (t, &v) in w[(ki * c + ci) * taps..][..taps].iter().enumerate() {
+                        gl[t * len + (j - r.start)] = v;
+                    }
                 }
             }
         };
