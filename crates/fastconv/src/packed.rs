@@ -26,6 +26,9 @@ impl ToF32 for f64 {
     }
 }
 
+/// Panels per block of [`PackedKernels::repack_cols`]'s fixed-height copies.
+const PANEL_BLOCK: usize = 8;
+
 /// `U_ξᵀ` for all ξ, packed into `mr`-tall micro-panels over the whole inner dimension.
 #[derive(Debug, Clone)]
 pub(crate) struct PackedKernels {
@@ -157,25 +160,33 @@ impl PackedKernels {
         for xi in 0..self.count {
             let src = &u[xi * n * rows..][..n * rows];
             let dst = &mut self.data[xi * per..][..per];
-            for (q, panel) in dst.chunks_exact_mut(MR * cols).enumerate() {
-                let r0 = q * MR;
-                let outs = panel[p0 * MR..][..n * MR].chunks_exact_mut(MR);
-                if q < full {
-                    for (out, col) in outs.zip(src.chunks_exact(rows)) {
-                        let out: &mut [f32; MR] = out.try_into().expect("MR values");
-                        let v: &[T; MR] = col[r0..r0 + MR].try_into().expect("MR values");
+            // Whole panels, `PANEL_BLOCK` at a time, column by column: each column's source rows
+            // are read as one short run and the block's panels written side by side (panel by
+            // panel, the source columns lie `rows` values apart, in one L1 set for 512 rows).
+            for qb in (0..full).step_by(PANEL_BLOCK) {
+                let qe = (qb + PANEL_BLOCK).min(full);
+                for (p, col) in src.chunks_exact(rows).enumerate() {
+                    for q in qb..qe {
+                        let at = q * MR * cols + (p0 + p) * MR;
+                        let out: &mut [f32; MR] =
+                            (&mut dst[at..at + MR]).try_into().expect("MR values");
+                        let v: &[T; MR] = col[q * MR..q * MR + MR].try_into().expect("MR values");
                         for i in 0..MR {
                             out[i] = v[i].to_f32();
                         }
                     }
-                } else {
-                    let w = rows - r0;
-                    for (out, col) in outs.zip(src.chunks_exact(rows)) {
-                        for (o, v) in out[..w].iter_mut().zip(&col[r0..]) {
-                            *o = v.to_f32();
-                        }
-                        out[w..].fill(0.0);
+                }
+            }
+            // The last, partial panel: value by value, zero past the last row.
+            if full * MR < rows {
+                let (r0, w) = (full * MR, rows - full * MR);
+                let panel = &mut dst[full * MR * cols..][..MR * cols];
+                let outs = panel[p0 * MR..][..n * MR].chunks_exact_mut(MR);
+                for (out, col) in outs.zip(src.chunks_exact(rows)) {
+                    for (o, v) in out[..w].iter_mut().zip(&col[r0..]) {
+                        *o = v.to_f32();
                     }
+                    out[w..].fill(0.0);
                 }
             }
         }
