@@ -167,11 +167,12 @@ impl Gemm {
             Family::Scalar(_) => unsafe {
                 small_a_body::<crate::kernel::portable::Lanes8>(nz, xs, ys, n)
             },
-            // SAFETY: holding an Avx2 or Avx512 kernel proves avx2+fma; memory per the caller.
+            // SAFETY: holding an Avx2 kernel proves avx2+fma; memory per the caller.
             #[cfg(target_arch = "x86_64")]
-            Family::Avx2(_) | Family::Avx512(_) => unsafe {
-                crate::kernel::x86::small_a_avx2(nz, xs, ys, n)
-            },
+            Family::Avx2(_) => unsafe { crate::kernel::x86::small_a_avx2(nz, xs, ys, n) },
+            // SAFETY: holding an Avx512 kernel proves avx512f+avx2+fma; memory per the caller.
+            #[cfg(target_arch = "x86_64")]
+            Family::Avx512(_) => unsafe { crate::kernel::x86::small_a_avx512(nz, xs, ys, n) },
         }
     }
 }

@@ -146,6 +146,35 @@ impl Simd for V512 {
         // SAFETY: prefetch never faults, whatever the address.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
     }
+    #[inline(always)]
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
+        // SAFETY: `avx512f` present.
+        unsafe { _mm512_add_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn sub(a: Self::V, b: Self::V) -> Self::V {
+        // SAFETY: `avx512f` present.
+        unsafe { _mm512_sub_ps(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn load_n(p: *const f32, n: usize) -> Self::V {
+        // SAFETY: `avx512f` present; masked-off lanes are not accessed (fault suppression), the
+        // caller guarantees the first `n` (<= 16) values are readable.
+        unsafe { _mm512_maskz_loadu_ps(mask16(n), p) }
+    }
+    #[inline(always)]
+    unsafe fn store_n(p: *mut f32, v: Self::V, n: usize) {
+        // SAFETY: `avx512f` present; masked-off lanes are not written (fault suppression), the
+        // caller guarantees the first `n` (<= 16) values are writable.
+        unsafe { _mm512_mask_storeu_ps(p, mask16(n), v) }
+    }
+}
+
+/// The AVX-512 mask of the first `n` (<= 16) of 16 lanes.
+#[inline(always)]
+fn mask16(n: usize) -> __mmask16 {
+    debug_assert!(n <= 16);
+    ((1u32 << n) - 1) as __mmask16
 }
 
 /// AVX2 register tile: rows × vectors of 8.
@@ -519,6 +548,17 @@ impl Kernel for Avx512 {
 pub(crate) unsafe fn small_a_avx2(plan: &Plan, xs: &[*const f32], ys: &[*mut f32], n: usize) {
     // SAFETY: compiled with avx2+fma; the memory contract is the caller's.
     unsafe { small_a_body::<V256>(plan, xs, ys, n) }
+}
+
+/// The small-A row product on 512-bit vectors ([`super::small`]), with masked tails.
+///
+/// # Safety
+/// The CPU has AVX-512F (the caller holds an `Avx512` kernel value); memory as in
+/// [`small_a_body`].
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(crate) unsafe fn small_a_avx512(plan: &Plan, xs: &[*const f32], ys: &[*mut f32], n: usize) {
+    // SAFETY: compiled with avx512f; the memory contract is the caller's.
+    unsafe { small_a_body::<V512>(plan, xs, ys, n) }
 }
 
 /// Transpose of up to 8 lanes on 256-bit registers: `dst[t * ld + l] = lanes[l][t]` for
