@@ -167,8 +167,18 @@ fn run() -> Result<(), Error> {
             ),
         ]);
     }
+    passes.push(("bwd-filter/direct", Pass::BackwardFilter(F::Direct), false));
     if let Some(f) = a.get(8) {
         passes.retain(|(name, _, _)| name.contains(f.as_str()));
+    }
+    // The flipped passes take stride-1 layers only.
+    if conv_ops::transposed_geometry(&data.g).is_err() {
+        passes.retain(|(_, pass, _)| {
+            !matches!(
+                pass,
+                Pass::BackwardData(D::FlippedConvgemm | D::FlippedDirect)
+            )
+        });
     }
     let mut ws = Workspace::new(true);
     let mut best = vec![f64::INFINITY; passes.len()];

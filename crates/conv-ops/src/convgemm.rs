@@ -43,9 +43,9 @@ struct Scratch {
     planes: Vec<usize>,
 }
 
-/// A tap of a `FIXED`-wide panel (stride 1 or 2) whose readable positions all lie on one
-/// straight stretch of a channel plane: the row is `FIXED` values copied from `base` on, every
-/// `stride`-th (relative to the plane of the panel's image, `base + stride·FIXED <= plane
+/// A tap of a full panel of a [`fixed_width`] (stride 1 or 2) whose readable positions all lie
+/// on one straight stretch of a channel plane: the row is `nr` values copied from `base` on,
+/// every `stride`-th (relative to the plane of the panel's image, `base + stride·nr <= plane
 /// length`), then the positions in `mask` (which fall in the padding, or read across a line
 /// end) set to zero.
 #[derive(Clone, Copy, Default)]
@@ -66,8 +66,34 @@ struct Entry {
     lin: usize,
 }
 
-/// The panel width whose full rows are copied as one fixed-size block (AVX2's NR).
-const FIXED: usize = 16;
+/// The panel widths whose full rows are copied as one fixed-size block: AVX2's NR (16) and
+/// AVX-512's (32); `mask` bits cover both.
+const fn fixed_width(nr: usize) -> bool {
+    nr == 16 || nr == 32
+}
+
+/// Copies `W` values of a straight stretch into a panel row: `from[0], from[1], ..` (stride
+/// 1) or `from[0], from[2], ..` (stride 2, `2·W` values read).
+///
+/// # Safety
+/// `d` is valid for `W` writes and `from` for `stride · W` reads (`stride` 1 or 2).
+#[inline(always)]
+unsafe fn copy_fixed<const W: usize>(d: *mut f32, from: *const f32, stride: usize) {
+    // SAFETY: the caller's contract: `W` values at `d`, `stride · W` at `from`.
+    unsafe {
+        if stride == 1 {
+            let v = from.cast::<[f32; W]>().read_unaligned();
+            d.cast::<[f32; W]>().write_unaligned(v);
+        } else {
+            // Every other value of 2·W, read as two blocks of W (`vpermt2ps` / `shufps`).
+            let lo = from.cast::<[f32; W]>().read_unaligned();
+            let hi = from.add(W).cast::<[f32; W]>().read_unaligned();
+            let even: [f32; W] =
+                std::array::from_fn(|t| if 2 * t < W { lo[2 * t] } else { hi[2 * t - W] });
+            d.cast::<[f32; W]>().write_unaligned(even);
+        }
+    }
+}
 
 /// No cached entry for this position.
 const EMPTY: u32 = u32::MAX;
@@ -192,10 +218,10 @@ impl Im2colB<'_> {
                     s.full.extend(ss.chunks_exact(e.count).map(|t| {
                         w == nr && t.iter().zip(rr).all(|(g, r)| g.lo == 0 && g.hi == r.len)
                     }));
-                    let fixed = w == nr && nr == FIXED && (stride == 1 || stride == 2);
+                    let fixed = w == nr && fixed_width(nr) && (stride == 1 || stride == 2);
                     s.lin.extend(ss.chunks_exact(e.count).map(|t| {
                         if fixed {
-                            straight(t, rr, src.plane(1) - src.plane(0), stride)
+                            straight(t, rr, src.plane(1) - src.plane(0), stride, nr)
                         } else {
                             Lin::default()
                         }
@@ -232,23 +258,19 @@ impl Im2colB<'_> {
                         // One straight stretch of the plane: a fixed-size copy per channel,
                         // then the few padded positions zeroed.
                         let at = from0 + lin.base;
-                        debug_assert!(at + (rows - 1) * ilen + stride * FIXED <= src.x.len());
+                        debug_assert!(at + (rows - 1) * ilen + stride * nr <= src.x.len());
                         for i in 0..rows {
                             // SAFETY: row `row0 + i·R < kc` of the panel (`kc · nr` values)
-                            // holds `nr = FIXED` values; `base + stride·FIXED` stays inside the
-                            // plane of channel `c_lo + i` of the panel's image (`straight`),
-                            // inside x; mask bits are below FIXED.
+                            // holds `nr` (16 or 32, `fixed_width`) values; `base + stride·nr`
+                            // stays inside the plane of channel `c_lo + i` of the panel's image
+                            // (`straight`), inside x; mask bits are below nr.
                             unsafe {
                                 let d = panel.as_mut_ptr().add((row0 + i * rlen) * nr);
                                 let from = src.x.as_ptr().add(at + i * ilen);
-                                if stride == 1 {
-                                    let v = from.cast::<[f32; FIXED]>().read_unaligned();
-                                    d.cast::<[f32; FIXED]>().write_unaligned(v);
+                                if nr == 32 {
+                                    copy_fixed::<32>(d, from, stride);
                                 } else {
-                                    // Every other value of 2·FIXED (`shufps` on SSE2).
-                                    let v = from.cast::<[f32; 2 * FIXED]>().read_unaligned();
-                                    let even: [f32; FIXED] = std::array::from_fn(|t| v[2 * t]);
-                                    d.cast::<[f32; FIXED]>().write_unaligned(even);
+                                    copy_fixed::<16>(d, from, stride);
                                 }
                                 let mut m = lin.mask;
                                 while m != 0 {
@@ -286,10 +308,10 @@ impl Im2colB<'_> {
     }
 }
 
-/// The [`Lin`] of one tap of a full `FIXED`-wide panel (stride 1 or 2) from its segments `t`
+/// The [`Lin`] of one tap of a full `nr`-wide panel (stride 1 or 2) from its segments `t`
 /// (`at` relative to the panel's image) over the panel's runs `runs`, in a plane of `ilen`
-/// values: position `p` reads `base + stride·p`, and the copy reads `stride · FIXED` values.
-fn straight(t: &[Seg], runs: &[Run], ilen: usize, stride: usize) -> Lin {
+/// values: position `p` reads `base + stride·p`, and the copy reads `stride · nr` values.
+fn straight(t: &[Seg], runs: &[Run], ilen: usize, stride: usize, nr: usize) -> Lin {
     let (mut base, mut mask) = (None, 0u32);
     for (g, r) in t.iter().zip(runs) {
         for p in (r.start..r.start + g.lo).chain(r.start + g.hi..r.start + r.len) {
@@ -308,7 +330,7 @@ fn straight(t: &[Seg], runs: &[Run], ilen: usize, stride: usize) -> Lin {
         }
     }
     match base {
-        Some(base) if base + stride * FIXED <= ilen => Lin {
+        Some(base) if base + stride * nr <= ilen => Lin {
             ok: true,
             base,
             mask,

@@ -137,8 +137,8 @@ impl PackA for FlippedA<'_> {
             let col0 = k * r + t0 - pc;
             for (q, rows) in src.chunks(mr * r).enumerate() {
                 let panel = &mut dst[q * kc * mr + col0 * mr..][..(t1 - t0) * mr];
-                // Whole micro-panels of every tap of 3×3 and 3×3×3 kernels on AVX2's MR: a
-                // fixed permutation the compiler unrolls.
+                // Whole micro-panels of every tap of 3×3 and 3×3×3 kernels on AVX2's MR (6) and
+                // AVX-512's (8, 12): a fixed permutation the compiler unrolls.
                 if (t0, t1, rows.len()) == (0, r, mr * r) {
                     match (r, mr) {
                         (9, 6) => {
@@ -147,6 +147,22 @@ impl PackA for FlippedA<'_> {
                         }
                         (27, 6) => {
                             flip_block::<27, 6>(rows, panel);
+                            continue;
+                        }
+                        (9, 8) => {
+                            flip_block::<9, 8>(rows, panel);
+                            continue;
+                        }
+                        (27, 8) => {
+                            flip_block::<27, 8>(rows, panel);
+                            continue;
+                        }
+                        (9, 12) => {
+                            flip_block::<9, 12>(rows, panel);
+                            continue;
+                        }
+                        (27, 12) => {
+                            flip_block::<27, 12>(rows, panel);
                             continue;
                         }
                         _ => {}
@@ -180,7 +196,7 @@ mod tests {
 
     /// `FlippedA::pack_a` against the flipped matrix built entry by entry, for blocks that start
     /// and end inside a kernel's taps, partial micro-panels, several groups, and the unrolled
-    /// 3×3 / 3×3×3 paths (MR 6) beside other MRs and tap counts.
+    /// 3×3 / 3×3×3 paths (MR 6, 8, 12) beside other MRs and tap counts.
     #[test]
     fn flipped_a_packs_the_flipped_kernel() {
         for (groups, kg, cg, taps) in [(1, 7, 20, 9), (2, 5, 13, 27), (3, 4, 9, 4), (1, 3, 6, 1)] {
@@ -198,7 +214,7 @@ mod tests {
                     let (k, t) = (p / taps, p % taps);
                     w[((grp * kg + k) * cg + c) * taps + taps - 1 - t]
                 };
-                for mr in [4, 6, 8] {
+                for mr in [4, 6, 8, 12] {
                     for (ic, mc) in [
                         (0, rows),
                         (1, rows - 1),

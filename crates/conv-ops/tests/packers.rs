@@ -139,6 +139,14 @@ fn wide_lines_pack_block_by_block() {
             .with_padding(&[1])
             .unwrap(),
         ConvGeometry::new(2, 2, 3, &[70], &[5]).unwrap(),
+        // Lines wider than AVX-512's 32-wide panels, stride 2 (the fixed-width copies of
+        // whole panel rows, every other value of 64).
+        ConvGeometry::new(2, 3, 4, &[5, 75], &[3, 3])
+            .unwrap()
+            .with_stride(&[2])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
         ConvGeometry::new(1, 2, 2, &[3, 4, 33], &[2, 3, 3])
             .unwrap()
             .with_padding(&[0, 1, 2])
@@ -151,7 +159,9 @@ fn wide_lines_pack_block_by_block() {
         (16, 20, 3),
         (8, 9, 2),
         (32, 50, 1),
+        (32, 27, 3),
         (16, 7, 40),
+        (32, 7, 20),
     ] {
         check_geometries(&geoms, nr, kc, panels, (nr * kc * panels) as u64).unwrap();
     }
