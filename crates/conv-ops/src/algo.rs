@@ -185,14 +185,33 @@ impl Preset {
 /// 0.96× the GEMM forms' time at 1 thread in thread-CPU probes but 0.98-1.25× in criterion's
 /// wall clock and 1.03-1.10× at 2 threads, and on 512@7² 1.06-1.14× (session 10,
 /// docs/PERFORMANCE.md), so those layers keep the GEMM forms.
+///
+/// All of the above was measured with AVX2 GEMM tiles (NR 16). When the GEMM's tile is wider
+/// than the direct convolution's (core-blas's offset tiles are 256-bit: 8-pixel vectors, Wᵀ
+/// rows of [`core_blas::OFFSET_A_NR`] channels), as with the AVX-512 family (NR 32), the GEMM
+/// forms win from 32 input channels on, and the direct convolution applies only to at most
+/// 16 input and 32 output channels per group. Measured on the Intel AVX-512 Xeon (probe,
+/// thread CPU, 1 thread, min of 5, session 11, 15:01-15:03 UTC, docs/PERFORMANCE.md): direct /
+/// convgemm forward ResNet-20 32@16² 18.8 / 14.2 ms, 64@8² 16.3 / 11.9, 16@32² 12.8 / 12.4,
+/// 16→32 stride 2 8.8 / 9.5, LeNet c2 1.08 / 1.44; ResNet-50 64@56² 56.1 / 36.4, 128@28²
+/// 56.6 / 29.9, VGG 64@224² 131 / 85, C3D 64@8×56² 162 / 120.
 pub fn direct_applies(g: &ConvGeometry) -> bool {
     let (cg, kg) = (g.in_channels_per_group(), g.out_channels_per_group());
+    if gemm_wider_than_direct() {
+        return g.kernel_len() > 1 && cg <= 16 && kg <= 32;
+    }
     g.kernel_len() > 1
         && ((cg <= 64 && kg <= 64)
             || (cg <= 128
                 && kg <= 128
                 && g.output().last().is_some_and(|&w| w >= 16)
                 && crate::direct::flat_line_pitch(g).is_some()))
+}
+
+/// Whether the process-wide GEMM's register tile is wider than the direct convolution's
+/// 16-channel offset tiles (NR 32 on AVX-512 against [`core_blas::OFFSET_A_NR`]).
+fn gemm_wider_than_direct() -> bool {
+    core_blas::Gemm::global().is_ok_and(|gemm| gemm.tile().1 > core_blas::OFFSET_A_NR)
 }
 
 /// Bytes of one image's zero-padded input for one group (C/G × Π (input + padding) floats).

@@ -623,14 +623,23 @@ fn direct_backward_filter_blocks_and_threads() {
 /// workspace.
 #[test]
 fn lean_preset_per_geometry() {
+    // With GEMM tiles wider than the direct convolution's (AVX-512's NR 32), the direct forms
+    // only for at most 16 input and 32 output channels per group.
+    let wide_gemm = core_blas::Gemm::global().unwrap().tile().1 > core_blas::OFFSET_A_NR;
     let rn20 = ConvGeometry::new(4, 32, 32, &[16, 16], &[3, 3])
         .unwrap()
         .with_padding(&[1])
         .unwrap();
     let p = Preset::lean_for(&rn20);
-    assert_eq!(p.forward, ForwardAlgo::Direct);
-    assert_eq!(p.backward_data, BackwardDataAlgo::FlippedDirect);
-    assert_eq!(p.backward_filter, BackwardFilterAlgo::Direct);
+    if wide_gemm {
+        assert_eq!(p.forward, ForwardAlgo::Convgemm);
+        assert_eq!(p.backward_data, BackwardDataAlgo::FlippedConvgemm);
+        assert_eq!(p.backward_filter, BackwardFilterAlgo::ConvgemmTrans);
+    } else {
+        assert_eq!(p.forward, ForwardAlgo::Direct);
+        assert_eq!(p.backward_data, BackwardDataAlgo::FlippedDirect);
+        assert_eq!(p.backward_filter, BackwardFilterAlgo::Direct);
+    }
     let s2 = ConvGeometry::new(2, 16, 32, &[17, 16], &[3, 3])
         .unwrap()
         .with_stride(&[2])
@@ -679,8 +688,13 @@ fn lean_preset_per_geometry() {
         .with_padding(&[1])
         .unwrap();
     let p = Preset::lean_for(&flat);
-    assert_eq!(p.forward, ForwardAlgo::Direct);
-    assert_eq!(p.backward_data, BackwardDataAlgo::FlippedDirect);
+    if wide_gemm {
+        assert_eq!(p.forward, ForwardAlgo::Convgemm);
+        assert_eq!(p.backward_data, BackwardDataAlgo::FlippedConvgemm);
+    } else {
+        assert_eq!(p.forward, ForwardAlgo::Direct);
+        assert_eq!(p.backward_data, BackwardDataAlgo::FlippedDirect);
+    }
     assert_eq!(p.backward_filter, BackwardFilterAlgo::ConvgemmTrans);
     let p = Preset::lean_for(
         &ConvGeometry::new(1, 256, 256, &[12, 12], &[3, 3])
@@ -708,8 +722,13 @@ fn lean_preset_per_geometry() {
         )
     };
     let p = r50(128, 28);
-    assert_eq!(p.forward, ForwardAlgo::Direct);
-    assert_eq!(p.backward_data, BackwardDataAlgo::FlippedDirect);
+    if wide_gemm {
+        assert_eq!(p.forward, ForwardAlgo::Convgemm);
+        assert_eq!(p.backward_data, BackwardDataAlgo::FlippedConvgemm);
+    } else {
+        assert_eq!(p.forward, ForwardAlgo::Direct);
+        assert_eq!(p.backward_data, BackwardDataAlgo::FlippedDirect);
+    }
     assert_eq!(p.backward_filter, BackwardFilterAlgo::ConvgemmTrans);
     for p in [r50(256, 14), r50(512, 7)] {
         assert_eq!(p.forward, ForwardAlgo::Convgemm);
