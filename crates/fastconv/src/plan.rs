@@ -43,16 +43,21 @@ impl KernelCache {
 
 /// Default number of tiles per block when none is set: the block's buffers (gathered D, V, the
 /// mode-product scratch: C values per point; M and the outputs: K) stay within about 4 MiB,
-/// rounded down to a multiple of 16 (the n of the 16-wide GEMM micro-kernels, so no panel is
-/// padded), and never fewer than 48 tiles. With packed kernel transforms and register-blocked
-/// mode products, larger blocks win: measured single-threaded (CPU time, Zen 4 AVX2) on the
-/// ResNet-50 3×3 layers and the paper's 4×4 layer, 48-96 tiles beat 16 by 10-25 % (forward and
-/// backward-filter), 25 vs 32 lost 10 % to a half-empty 16-wide panel.
+/// rounded down to a multiple of 16, never fewer than 48 tiles, then rounded up to a whole
+/// number of the GEMM's `NR`-wide micro-panels (the tiles are the products' n: 16 on AVX2, 32
+/// on AVX-512, where 48 or 80 tiles would leave a panel a half or a sixth empty). With packed
+/// kernel transforms and register-blocked mode products, larger blocks win: measured
+/// single-threaded (CPU time, Zen 4 AVX2) on the ResNet-50 3×3 layers and the paper's 4×4 layer,
+/// 48-96 tiles beat 16 by 10-25 % (forward and backward-data), 25 vs 32 lost 10 % to a
+/// half-empty 16-wide panel; on the AVX-512 Xeon (session 11) 64 instead of 48 tiles ran
+/// ResNet-50's 128@28² forward 0.84× and 96 instead of 80 the paper layer's 0.90×.
 pub fn default_block_tiles(alpha_n: usize, in_channels: usize, out_channels: usize) -> usize {
-    block_tiles_within(4 << 20, alpha_n, in_channels, out_channels)
+    let nr = core_blas::Gemm::global().map_or(16, |g| g.tile().1).max(1);
+    block_tiles_within(4 << 20, alpha_n, in_channels, out_channels).next_multiple_of(nr)
 }
 
-/// Default number of tiles per block of backward-filter: as [`default_block_tiles`], but within
+/// Default number of tiles per block of backward-filter: as [`default_block_tiles`] (without the
+/// rounding to whole micro-panels: here the tiles are the products' k), but within
 /// about 8 MiB when the tile has at most 100 points (1-D and 2-D tiles): every block adds its
 /// products into the K × C × α^N accumulator, and longer blocks (the products' inner dimension)
 /// read and write it less often. Measured single-threaded against the 4 MiB blocks (thread CPU

@@ -1,0 +1,186 @@
+//! Probes for tuning on a new machine (session 11): the cost model's tile under panel widths 16
+//! and 32, an A/B of block sizes and tiles per pass (wall time, alternating rounds, the rayon
+//! pool's threads: set `RAYON_NUM_THREADS=1` for one thread), and the accuracy figures of the
+//! project's goals.
+//!
+//! `cargo run --release -p fastconv --example wino_probe -- tiles`
+//! `... -- blocks LAYER ROUNDS VARIANT...`, a variant `BLOCK` or `BLOCK:TILE` (`0` = the default
+//! block, e.g. `0 96 0:4x4`); `REPS` calls per timing (3), `FWD_ONLY=1` skips the backward passes.
+//! `... -- acc`: F(4,3) and F(6,3) in 2-D against an f64 direct sum (the layer of
+//! `tests/plan.rs`'s `accuracy_goals_f4_f6`).
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use conv_ops::{ConvGeometry, testing::uniform};
+use fastconv::{CostModel, WinogradPlan, choose_tile};
+
+fn layers() -> Vec<(&'static str, ConvGeometry)> {
+    let g = |n, c, k, i: &[usize], r: &[usize], p| {
+        ConvGeometry::new(n, c, k, i, r)
+            .and_then(|g| g.with_padding(&[p]))
+            .unwrap()
+    };
+    vec![
+        ("paper1_b1", g(1, 32, 32, &[224, 224], &[4, 4], 0)),
+        ("paper2_b1", g(1, 32, 32, &[221, 221], &[4, 4], 0)),
+        ("paper3_b1", g(1, 32, 32, &[218, 218], &[4, 4], 0)),
+        ("paper1_b20", g(20, 32, 32, &[224, 224], &[4, 4], 0)),
+        ("r50_64", g(8, 64, 64, &[56, 56], &[3, 3], 1)),
+        ("r50_128", g(8, 128, 128, &[28, 28], &[3, 3], 1)),
+        ("r50_256", g(8, 256, 256, &[14, 14], &[3, 3], 1)),
+        ("r50_512", g(8, 512, 512, &[7, 7], &[3, 3], 1)),
+        ("c3d", g(1, 64, 64, &[8, 56, 56], &[3, 3, 3], 1)),
+    ]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let (mr, nr) = core_blas::Gemm::global().unwrap().tile();
+    println!("gemm tile {mr}x{nr}");
+    match args.get(1).map(String::as_str) {
+        Some("tiles") => {
+            for (name, g) in layers() {
+                let mut row = format!("{name:12}");
+                for w in [16usize, 32] {
+                    let m = CostModel {
+                        vector_width: w,
+                        ..CostModel::default()
+                    };
+                    row += &format!(" w{w}: {:?}", choose_tile(&g, &m).unwrap());
+                }
+                println!("{row}");
+            }
+        }
+        Some("blocks") => {
+            let name = &args[2];
+            let rounds: usize = args[3].parse().unwrap();
+            // Each variant: BLOCK (0 = default) or BLOCK:TILE (e.g. 0:4x4).
+            let specs: Vec<(usize, Option<Vec<usize>>)> = args[4..]
+                .iter()
+                .map(|s| {
+                    let mut it = s.split(':');
+                    let b = it.next().unwrap().parse().unwrap();
+                    let t = it
+                        .next()
+                        .map(|t| t.split('x').map(|v| v.parse().unwrap()).collect());
+                    (b, t)
+                })
+                .collect();
+            let g = layers().into_iter().find(|(n, _)| n == name).unwrap().1;
+            let (x, w, dy) = (
+                uniform(1, g.x_len()),
+                uniform(2, g.w_len()),
+                uniform(3, g.y_len()),
+            );
+            let (mut y, mut dx, mut dw) = (
+                vec![0f32; g.y_len()],
+                vec![0f32; g.x_len()],
+                vec![0f32; g.w_len()],
+            );
+            let mut plans: Vec<WinogradPlan> = specs
+                .iter()
+                .map(|(b, tile)| {
+                    let b = *b;
+                    let mut p = WinogradPlan::new(&g, tile.as_deref()).unwrap();
+                    if b > 0 {
+                        p.set_block_tiles(b).unwrap();
+                    }
+                    p
+                })
+                .collect();
+            println!("{name}");
+            let reps = std::env::var("REPS").map_or(3, |s| s.parse().unwrap());
+            let only_fwd = std::env::var("FWD_ONLY").is_ok();
+            // [plan][pass] samples
+            let mut t = vec![vec![Vec::new(); 3]; plans.len()];
+            for _ in 0..rounds {
+                for (i, p) in plans.iter_mut().enumerate() {
+                    p.forward(&x, &w, &mut y).unwrap();
+                    let s = Instant::now();
+                    for _ in 0..reps {
+                        p.forward(black_box(&x), &w, &mut y).unwrap();
+                    }
+                    t[i][0].push(s.elapsed().as_secs_f64() * 1e3 / reps as f64);
+                    if only_fwd {
+                        t[i][1].push(0.0);
+                        t[i][2].push(0.0);
+                        continue;
+                    }
+                    p.backward_data(&dy, &w, &mut dx).unwrap();
+                    let s = Instant::now();
+                    for _ in 0..reps {
+                        p.backward_data(black_box(&dy), &w, &mut dx).unwrap();
+                    }
+                    t[i][1].push(s.elapsed().as_secs_f64() * 1e3 / reps as f64);
+                    let s = Instant::now();
+                    for _ in 0..reps {
+                        p.backward_filter(black_box(&x), &dy, &mut dw).unwrap();
+                    }
+                    t[i][2].push(s.elapsed().as_secs_f64() * 1e3 / reps as f64);
+                }
+            }
+            for (i, (b, _)) in specs.iter().enumerate() {
+                let mut row = format!("block {b:5} tile {:?}", plans[i].tile());
+                for (j, pass) in ["fwd", "bwd-data", "bwd-filter"].iter().enumerate() {
+                    let v = &mut t[i][j];
+                    v.sort_by(f64::total_cmp);
+                    row += &format!("  {pass} min {:.3} med {:.3}", v[0], v[v.len() / 2]);
+                }
+                println!("{row}");
+            }
+            black_box((&y, &dx, &dw));
+        }
+        Some("acc") => {
+            // As tests/plan.rs accuracy_goals_f4_f6, printing the figures.
+            let g = ConvGeometry::new(1, 64, 8, &[24, 24], &[3, 3])
+                .and_then(|g| g.with_padding(&[1]))
+                .unwrap();
+            let x = uniform(11, g.x_len());
+            let w = uniform(12, g.w_len());
+            let mut y_ref = vec![0.0f32; g.y_len()];
+            // f64 reference, direct.
+            let (c, k, n) = (64usize, 8usize, 24usize);
+            let mut r64 = vec![0f64; g.y_len()];
+            for ko in 0..k {
+                for oy in 0..n {
+                    for ox in 0..n {
+                        let mut acc = 0f64;
+                        for ci in 0..c {
+                            for i in 0..3 {
+                                for j in 0..3 {
+                                    let (iy, ix) = (oy + i, ox + j);
+                                    if iy < 1 || ix < 1 || iy > n || ix > n {
+                                        continue;
+                                    }
+                                    acc += x[(ci * n + iy - 1) * n + ix - 1] as f64
+                                        * w[((ko * c + ci) * 3 + i) * 3 + j] as f64;
+                                }
+                            }
+                        }
+                        r64[(ko * n + oy) * n + ox] = acc;
+                    }
+                }
+            }
+            conv_ops::reference::forward(&g, &x, &w, None, &mut y_ref).unwrap();
+            let scale = r64.iter().fold(0f64, |a, v| a.max(v.abs()));
+            for m in [4usize, 6] {
+                let mut plan = WinogradPlan::new(&g, Some(&[m])).unwrap();
+                let mut y = vec![0.0; g.y_len()];
+                plan.forward(&x, &w, &mut y).unwrap();
+                let e = y
+                    .iter()
+                    .zip(&r64)
+                    .fold(0f64, |a, (p, q)| a.max((*p as f64 - q).abs()))
+                    / scale;
+                let er = y_ref
+                    .iter()
+                    .zip(&r64)
+                    .fold(0f64, |a, (p, q)| a.max((*p as f64 - q).abs()))
+                    / scale;
+                println!("F({m},3) 2-D: max err / max|y| = {e:.3e} (f32 reference: {er:.3e})");
+            }
+        }
+        _ => eprintln!("usage: wino_probe tiles | blocks LAYER ROUNDS B..."),
+    }
+}
