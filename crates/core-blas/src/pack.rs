@@ -168,6 +168,7 @@ fn pack_panels(
                     4 => pack_lines_avx::<4>(data, sp, x0, w, p0, kc, dst),
                     6 => pack_lines_avx::<6>(data, sp, x0, w, p0, kc, dst),
                     8 => pack_lines_avx::<8>(data, sp, x0, w, p0, kc, dst),
+                    12 => pack_lines_avx::<12>(data, sp, x0, w, p0, kc, dst),
                     16 => pack_lines_avx::<16>(data, sp, x0, w, p0, kc, dst),
                     24 => pack_lines_avx::<24>(data, sp, x0, w, p0, kc, dst),
                     32 => pack_lines_avx::<32>(data, sp, x0, w, p0, kc, dst),
@@ -180,6 +181,7 @@ fn pack_panels(
             4 => pack_lines::<4>(data, sp, x0, w, p0, kc, dst),
             6 => pack_lines::<6>(data, sp, x0, w, p0, kc, dst),
             8 => pack_lines::<8>(data, sp, x0, w, p0, kc, dst),
+            12 => pack_lines::<12>(data, sp, x0, w, p0, kc, dst),
             16 => pack_lines::<16>(data, sp, x0, w, p0, kc, dst),
             24 => pack_lines::<24>(data, sp, x0, w, p0, kc, dst),
             32 => pack_lines::<32>(data, sp, x0, w, p0, kc, dst),
@@ -232,6 +234,7 @@ fn gather_runs(
         4 => gather::<4>(data, sx, xq, p0, kc, panel),
         6 => gather::<6>(data, sx, xq, p0, kc, panel),
         8 => gather::<8>(data, sx, xq, p0, kc, panel),
+        12 => gather::<12>(data, sx, xq, p0, kc, panel),
         16 => gather::<16>(data, sx, xq, p0, kc, panel),
         _ => return false,
     }
@@ -256,7 +259,7 @@ fn gather<const R: usize>(
     let vector = true;
     #[cfg(target_arch = "x86_64")]
     if vector
-        && R.is_multiple_of(8)
+        && (R.is_multiple_of(8) || R == 12)
         && kc > 0
         && std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("fma")

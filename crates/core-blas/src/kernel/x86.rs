@@ -2,6 +2,8 @@
 //!
 //! On Zen 4 both reach the same FMA peak (two 256-bit FMA pipes; AVX-512 is double-pumped), so the
 //! AVX-512 family wins only through its 32 registers (a larger register tile, fewer loads per FMA).
+//! On the Xeon of session 11 (Cascade Lake, two 512-bit FMA units) the AVX-512 peak is 1.8-1.9×
+//! the AVX2 one (`examples/peak.rs`, 14:30 UTC: 131-141 vs 73-77 GFLOP/s on one core).
 
 use core::arch::x86_64::*;
 
@@ -407,10 +409,14 @@ impl Kernel for Avx2 {
 }
 
 /// AVX-512 register tile: rows × vectors of 16.
-const AVX512_MR: usize = 8;
+const AVX512_MR: usize = 12;
 const AVX512_NV: usize = 2;
 
-/// `avx512-f32-8x32`: 16 accumulators in zmm registers, 2 B vectors, 1 broadcast.
+/// `avx512-f32-12x32`: 24 accumulators in zmm registers, 2 B vectors, 1 broadcast (BLIS's SKX
+/// sgemm tile, 32 × 12 in its column-major terms): 14 loads per 24 FMAs, against 10 per 16 on
+/// the 8 × 32 tile of sessions 1-10. Session 11 (Xeon, gemm_ratio 1 thread, quiet 15:03 UTC,
+/// KC 384 vs 8 × 32 at KC 128): 2048³ 48.8-49.4% of the peak vs 35.5-39.3%, 64×50176×576
+/// 27.0-29.3% vs 26.5-26.6%, 256×3136×2304 40.2-41.6% vs 38.3-43.5% (noise).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Avx512(());
 
@@ -433,7 +439,26 @@ unsafe fn avx512_ukr(
     }
 }
 
-/// The row-major-A kernels of `avx512-f32-8x32` ([`ukr_rowa`]): `R` rows (the tile's `m`).
+/// The edge kernels of `avx512-f32-12x32`: the first `R` rows and `NV` vectors of the 12 × 32
+/// panels, for tiles of `m <= R` rows and `n <= 16 · NV` columns (only their FMAs).
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn avx512_edge<const R: usize, const NV: usize>(
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    b: *const f32,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+    cs_c: usize,
+    m: usize,
+    n: usize,
+) {
+    // SAFETY: compiled with avx512f; `m <= R`, `n <= 16 · NV` and memory are the caller's.
+    unsafe { ukr::<V512, R, NV, AVX512_MR, 32>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
+}
+
+/// The row-major-A kernels of `avx512-f32-12x32` ([`ukr_rowa`]): `R` rows (the tile's `m`).
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn avx512_rowa<const R: usize, const TS: usize>(
@@ -451,10 +476,30 @@ unsafe fn avx512_rowa<const R: usize, const TS: usize>(
     unsafe { ukr_rowa::<V512, R, AVX512_NV, 32, TS, false>(k, a, lda, b, beta, c, ldc, m, n) }
 }
 
+/// Dispatch on the tile's `m` (1 ..= 12) to a `$f::<R, ...>` instance, `R = m`.
+macro_rules! by_rows {
+    ($m:expr, $f:ident :: <_ $(, $p:tt)*> ($($arg:expr),*)) => {
+        match $m {
+            1 => $f::<1 $(, $p)*>($($arg),*),
+            2 => $f::<2 $(, $p)*>($($arg),*),
+            3 => $f::<3 $(, $p)*>($($arg),*),
+            4 => $f::<4 $(, $p)*>($($arg),*),
+            5 => $f::<5 $(, $p)*>($($arg),*),
+            6 => $f::<6 $(, $p)*>($($arg),*),
+            7 => $f::<7 $(, $p)*>($($arg),*),
+            8 => $f::<8 $(, $p)*>($($arg),*),
+            9 => $f::<9 $(, $p)*>($($arg),*),
+            10 => $f::<10 $(, $p)*>($($arg),*),
+            11 => $f::<11 $(, $p)*>($($arg),*),
+            _ => $f::<12 $(, $p)*>($($arg),*),
+        }
+    };
+}
+
 impl Kernel for Avx512 {
     const MR: usize = AVX512_MR;
     const NR: usize = AVX512_NV * 16;
-    const NAME: &'static str = "avx512-f32-8x32";
+    const NAME: &'static str = "avx512-f32-12x32";
 
     fn new() -> Option<Self> {
         (is_x86_feature_detected!("avx512f")
@@ -477,8 +522,23 @@ impl Kernel for Avx512 {
         m: usize,
         n: usize,
     ) {
-        // SAFETY: holding `Avx512` proves avx512f+avx2+fma; memory per contract.
-        unsafe { avx512_ukr(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
+        // SAFETY: holding `Avx512` proves avx512f+avx2+fma; memory per contract (each edge
+        // kernel reads the first `R >= m` rows and `NV` vectors of the 12 × 32 panels).
+        unsafe {
+            if m == AVX512_MR && n > 16 {
+                avx512_ukr(k, alpha, a, b, beta, c, rs_c, cs_c, m, n);
+            } else if n > 16 {
+                by_rows!(
+                    m,
+                    avx512_edge::<_, 2>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n)
+                );
+            } else {
+                by_rows!(
+                    m,
+                    avx512_edge::<_, 1>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n)
+                );
+            }
+        }
     }
 
     #[inline]
@@ -494,19 +554,8 @@ impl Kernel for Avx512 {
         n: usize,
     ) {
         // SAFETY: holding `Avx512` proves avx512f+avx2+fma; each arm's `R` equals `m`
-        // (1 <= m <= 8 by contract) and reads the first `R` rows of the 8-wide panel.
-        unsafe {
-            match m {
-                1 => avx512_rowa::<1, 8>(k, a, 1, b, beta, c, ldc, m, n),
-                2 => avx512_rowa::<2, 8>(k, a, 1, b, beta, c, ldc, m, n),
-                3 => avx512_rowa::<3, 8>(k, a, 1, b, beta, c, ldc, m, n),
-                4 => avx512_rowa::<4, 8>(k, a, 1, b, beta, c, ldc, m, n),
-                5 => avx512_rowa::<5, 8>(k, a, 1, b, beta, c, ldc, m, n),
-                6 => avx512_rowa::<6, 8>(k, a, 1, b, beta, c, ldc, m, n),
-                7 => avx512_rowa::<7, 8>(k, a, 1, b, beta, c, ldc, m, n),
-                _ => avx512_rowa::<8, 8>(k, a, 1, b, beta, c, ldc, m, n),
-            }
-        }
+        // (1 <= m <= 12 by contract) and reads the first `R` rows of the 12-wide panel.
+        unsafe { by_rows!(m, avx512_rowa::<_, 12>(k, a, 1, b, beta, c, ldc, m, n)) }
     }
 
     #[inline]
@@ -523,19 +572,8 @@ impl Kernel for Avx512 {
         n: usize,
     ) {
         // SAFETY: holding `Avx512` proves avx512f+avx2+fma; each arm's `R` equals `m`
-        // (1 <= m <= 8 by contract); memory per contract.
-        unsafe {
-            match m {
-                1 => avx512_rowa::<1, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                2 => avx512_rowa::<2, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                3 => avx512_rowa::<3, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                4 => avx512_rowa::<4, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                5 => avx512_rowa::<5, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                6 => avx512_rowa::<6, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                7 => avx512_rowa::<7, 1>(k, a, lda, b, beta, c, ldc, m, n),
-                _ => avx512_rowa::<8, 1>(k, a, lda, b, beta, c, ldc, m, n),
-            }
-        }
+        // (1 <= m <= 12 by contract); memory per contract.
+        unsafe { by_rows!(m, avx512_rowa::<_, 1>(k, a, lda, b, beta, c, ldc, m, n)) }
     }
 }
 
