@@ -124,6 +124,8 @@ impl PackedKernels {
             4 => self.repack_cols_fixed::<T, 4>(u, p0, n, per),
             6 => self.repack_cols_fixed::<T, 6>(u, p0, n, per),
             8 => self.repack_cols_fixed::<T, 8>(u, p0, n, per),
+            // 12: the 12 × 32 AVX-512 tile core-blas is building (session 11).
+            12 => self.repack_cols_fixed::<T, 12>(u, p0, n, per),
             16 => self.repack_cols_fixed::<T, 16>(u, p0, n, per),
             _ => {
                 for xi in 0..self.count {
@@ -300,11 +302,21 @@ mod tests {
     /// over storage that held other (larger, NaN) matrices before.
     #[test]
     fn repack_cols_matches_repack() {
-        let (count, rows, cols) = (3, 11, 9);
+        // 11 rows: partial panels only for MR 12 and 16; 37: whole panels of every height.
+        for (mr, rows) in [1, 3, 4, 6, 8, 12, 16]
+            .into_iter()
+            .flat_map(|mr| [(mr, 11), (mr, 37)])
+        {
+            repack_cols_case(mr, rows);
+        }
+    }
+
+    fn repack_cols_case(mr: usize, rows: usize) {
+        let (count, cols) = (3, 9);
         let u: Vec<f64> = (0..count * rows * cols)
             .map(|i| ((i * 53 % 29) as f64 - 14.0) / 3.0)
             .collect();
-        for mr in [1, 3, 4, 6, 8, 16] {
+        {
             let mut want = PackedKernels::empty();
             want.repack(&u, count, rows, cols, mr);
             for widths in [vec![9], vec![1; 9], vec![2, 3, 4], vec![4, 5]] {
@@ -322,7 +334,7 @@ mod tests {
                 assert_eq!(p0, cols);
                 let bits =
                     |k: &PackedKernels| k.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&got), bits(&want), "mr {mr}");
+                assert_eq!(bits(&got), bits(&want), "mr {mr} rows {rows}");
             }
         }
     }
