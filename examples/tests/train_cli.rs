@@ -333,3 +333,83 @@ fn profile_prints_a_row_per_layer() {
     );
     assert!(rows.len() > 8, "{table}");
 }
+
+/// `--tune-cache`: the first run writes `auto`'s choices; a run interrupted after one epoch and
+/// resumed, both loading them, takes the same choices and ends bit for bit where the
+/// uninterrupted run ended. Another machine's file is replaced; a malformed one is an error.
+#[test]
+fn tune_cache_makes_a_resumed_auto_run_repeat_the_whole_run() {
+    let dir = std::env::temp_dir().join(format!("train-cli-tune-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cache, ckpt) = (dir.join("tune.txt"), dir.join("lenet.safetensors"));
+    let (cache_s, ckpt_s) = (cache.to_str().unwrap(), ckpt.to_str().unwrap());
+    let common = [
+        "--model",
+        "lenet",
+        "--batch-size",
+        "64",
+        "--threads",
+        "1",
+        // The cosine schedule ends with each run's epochs: the interrupted run's first half
+        // would anneal to 0 within its one epoch.
+        "--lr-schedule",
+        "constant",
+        "--json",
+        "--tune-cache",
+        cache_s,
+    ];
+    let run = |extra: &[&str]| {
+        let out = train(&[&common[..], extra].concat());
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            out.status.success(),
+            "{extra:?}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        (stdout, v)
+    };
+    let (_, whole) = run(&["--epochs", "2"]);
+    let text = std::fs::read_to_string(&cache).unwrap();
+    let choices = text.lines().filter(|l| l.contains(" algo=")).count();
+    assert!(choices >= 1, "LeNet's 5×5 layers are measured: {text}");
+    let (first, _) = run(&["--epochs", "1", "--checkpoint", ckpt_s]);
+    // The first run's choices are this process's: it measured none of them.
+    assert!(
+        first.contains(&format!(
+            "auto: {choices} measured choices loaded from {cache_s}"
+        )),
+        "{first}"
+    );
+    let (second, resumed) = run(&["--epochs", "1", "--resume", ckpt_s]);
+    assert!(second.contains("resumed from"), "{second}");
+    for key in ["train_loss", "test_accuracy"] {
+        assert_eq!(resumed[key], whole[key], "{key}: {second}");
+    }
+    // Written for other kernels: ignored, measured again, rewritten with ours.
+    let kernels = text
+        .lines()
+        .nth(1)
+        .unwrap()
+        .split("kernels=")
+        .nth(1)
+        .unwrap()
+        .to_string();
+    std::fs::write(&cache, text.replace(&kernels, "neon-f32-8x12")).unwrap();
+    let (stale, _) = run(&["--epochs", "1", "--steps", "2"]);
+    assert!(
+        stale.contains("was measured with kernels neon-f32-8x12, this run has"),
+        "{stale}"
+    );
+    assert!(std::fs::read_to_string(&cache).unwrap().contains(&kernels));
+    // Malformed: a clear error naming the file and line.
+    std::fs::write(&cache, "# nn auto-tuning choices\nformat=1 kernels\n").unwrap();
+    let out = train(&[&common[..], &["--steps", "1"]].concat());
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("tuning file {cache_s}, line 2:")),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

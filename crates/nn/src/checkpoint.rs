@@ -157,13 +157,27 @@ pub fn save_snapshot(path: &Path, snap: &Snapshot) -> Result<()> {
     let bytes =
         safetensors::serialize(views, Some(meta)).map_err(|e| ckpt_err(path, e.to_string()))?;
 
+    write_atomic(path, &bytes)
+}
+
+/// Writes `bytes` to `path` so that an interrupted or failed write leaves the previous file
+/// intact: into a temporary file in the same directory, fsync, rename over `path`, fsync the
+/// directory. The temporary file is removed on failure.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let io = |e| NnError::Io {
+        path: path.to_path_buf(),
+        source: e,
+    };
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let file_name = path
-        .file_name()
-        .ok_or_else(|| ckpt_err(path, "not a file path"))?;
+    let file_name = path.file_name().ok_or_else(|| {
+        io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a file path",
+        ))
+    })?;
     let tmp = dir.join(format!(
         ".{}.tmp-{}",
         file_name.to_string_lossy(),
@@ -171,7 +185,7 @@ pub fn save_snapshot(path: &Path, snap: &Snapshot) -> Result<()> {
     ));
     let write = || -> std::io::Result<()> {
         let mut f = fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
+        f.write_all(bytes)?;
         f.sync_all()?;
         fs::rename(&tmp, path)?;
         // Make the rename itself durable.
@@ -179,10 +193,7 @@ pub fn save_snapshot(path: &Path, snap: &Snapshot) -> Result<()> {
     };
     write().map_err(|e| {
         let _ = fs::remove_file(&tmp);
-        NnError::Io {
-            path: path.to_path_buf(),
-            source: e,
-        }
+        io(e)
     })
 }
 

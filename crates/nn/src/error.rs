@@ -107,6 +107,17 @@ pub enum NnError {
         /// What was wrong.
         detail: String,
     },
+    /// A tuning file (`auto`'s saved choices, [`crate::tuning`]) is malformed or names a choice
+    /// that cannot run its geometry.
+    #[error("tuning file {path}, line {line}: {detail}")]
+    Tuning {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// What was wrong.
+        detail: String,
+    },
     /// A checkpoint is malformed or does not match the model.
     #[error("checkpoint {path}: {detail}")]
     Checkpoint {

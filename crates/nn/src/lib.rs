@@ -47,6 +47,7 @@ pub mod optim;
 mod par;
 mod tensor;
 pub mod train;
+pub mod tuning;
 
 pub use checkpoint::TrainState;
 /// The conv-ops algorithm of each pass, as [`Conv::preset_in_use`] reports it.

@@ -18,7 +18,7 @@
 //!     --dataset synthetic --steps 4
 //! ```
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -28,6 +28,7 @@ use dist::{
     sync_batch_norm,
 };
 use examples::peak_rss_bytes;
+use nn::tuning::Loaded;
 use nn::{
     Augment, ConvAlgo, Dataset, EpochReport, LrSchedule, ModelOptions, Sequential, Sgd,
     TrainConfig, TrainState, build, build_with, checkpoint, fit_with, local_step,
@@ -122,6 +123,12 @@ struct Args {
     /// probability ½, after the crop
     #[arg(long)]
     random_flip: bool,
+    /// Keep `auto`'s measured choices in this file: loaded before training when it exists
+    /// (the layers it covers skip the measurement and make the same choices, so a resumed run
+    /// repeats the interrupted one's arithmetic), written after the first step and at the end.
+    /// A file written for other GEMM kernels (another CPU) is ignored and rewritten.
+    #[arg(long, value_name = "FILE")]
+    tune_cache: Option<PathBuf>,
     /// Print a JSON summary as the last line of stdout.
     #[arg(long)]
     json: bool,
@@ -157,14 +164,23 @@ struct Args {
 }
 
 /// After the first training step (warm-up: allocations, `auto`'s measurements), turns on the
-/// per-layer profile when `on`.
-fn profile_after_first_step(on: bool) -> impl FnMut(&mut Sequential) {
+/// per-layer profile when `profile` and writes `auto`'s choices to `tune_cache` (when given).
+fn after_first_step(
+    profile: bool,
+    tune_cache: Option<&Path>,
+) -> impl FnMut(&mut Sequential) -> nn::Result<()> {
     let mut steps = 0usize;
     move |m: &mut Sequential| {
         steps += 1;
-        if on && steps == 1 {
-            m.set_profiling(true);
+        if steps == 1 {
+            if profile {
+                m.set_profiling(true);
+            }
+            if let Some(path) = tune_cache {
+                nn::tuning::save(path)?;
+            }
         }
+        Ok(())
     }
 }
 
@@ -436,6 +452,17 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         test.as_ref().map_or(0, |t| t.len()),
         core_blas::isa()?,
     );
+    if let Some(path) = args.tune_cache.as_deref().filter(|p| p.exists()) {
+        match nn::tuning::load(path)? {
+            Loaded::Choices(n) => say!("auto: {n} measured choices loaded from {}", path.display()),
+            Loaded::Stale { file, here } => say!(
+                "auto: {} was measured with kernels {file}, this run has {here}: measuring again",
+                path.display()
+            ),
+        }
+    }
+    // Only rank 0 writes the tuning file (every rank may read it).
+    let tune_cache = args.tune_cache.as_deref().filter(|_| root);
     let cfg = TrainConfig {
         epochs: args.epochs,
         max_steps: args.steps,
@@ -527,7 +554,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         }
         let mut dp = DataParallel::new(&*sample_comm);
         dp.broadcast_model(&mut model)?;
-        let mut after_step = profile_after_first_step(args.profile);
+        let mut after_step = after_first_step(args.profile, tune_cache);
         fit_with(
             &mut model,
             &mut opt,
@@ -536,9 +563,9 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             &cfg,
             state,
             |m, o, x, l| {
-                let r = dp.step_result(m, o, &x, l);
-                after_step(m);
-                r
+                let r = dp.step_result(m, o, &x, l)?;
+                after_step(m)?;
+                Ok(r)
             },
             |e, m, o, s| {
                 report_epoch(e);
@@ -554,7 +581,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             },
         )?
     } else {
-        let mut after_step = profile_after_first_step(args.profile);
+        let mut after_step = after_first_step(args.profile, tune_cache);
         fit_with(
             &mut model,
             &mut opt,
@@ -563,9 +590,9 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             &cfg,
             state,
             |m, o, x, l| {
-                let r = local_step(m, o, x, l);
-                after_step(m);
-                r
+                let r = local_step(m, o, x, l)?;
+                after_step(m)?;
+                Ok(r)
             },
             |e, m, o, s| {
                 report_epoch(e);
@@ -587,6 +614,10 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             100.0 * a
         )),
     );
+    if let Some(path) = tune_cache {
+        // Again at the end: choices made after the first step included.
+        nn::tuning::save(path)?;
+    }
     if root {
         print!(
             "model as run (`auto` shows what it measured and chose):\n{}",

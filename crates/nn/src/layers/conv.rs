@@ -491,6 +491,71 @@ impl Conv {
     }
 }
 
+/// Whether `Auto` may take `algo` with data-gradient algorithm `data` for `geom` (what
+/// [`crate::tuning::load`] checks a file's choices against): convgemm, or Winograd where it
+/// applies; a data-gradient algorithm that runs the geometry.
+pub(crate) fn check_choice(
+    geom: &ConvGeometry,
+    algo: ConvAlgo,
+    data: BackwardDataAlgo,
+) -> std::result::Result<(), String> {
+    match algo {
+        ConvAlgo::Convgemm => {}
+        ConvAlgo::Winograd if winograd_applies(geom) => {}
+        ConvAlgo::Winograd => {
+            return Err("winograd does not apply to this geometry (stride, dilation, groups or a 1-tap kernel)".into());
+        }
+        other => return Err(format!("`auto` never chooses {other}")),
+    }
+    match data {
+        BackwardDataAlgo::FlippedConvgemm | BackwardDataAlgo::FlippedDirect
+            if !flipped_applies(geom) =>
+        {
+            Err(format!(
+                "{data:?} needs stride 1, no dilation and padding below the kernel size"
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Every choice in the process's `Auto` cache: geometry, rayon thread count, algorithm and the
+/// data-gradient algorithm of its convgemm preset.
+pub(crate) fn measured_choices() -> Vec<(ConvGeometry, usize, ConvAlgo, BackwardDataAlgo)> {
+    let m = MEASURED.lock().unwrap_or_else(|e| e.into_inner());
+    m.iter()
+        .map(|(&(geom, threads), &(c, _))| (geom, threads, c.algo, c.preset.backward_data))
+        .collect()
+}
+
+/// Adds a choice to the process's `Auto` cache as if measured (checked by [`check_choice`]);
+/// `false` when the process already has one for that geometry and thread count (it is kept).
+pub(crate) fn record_choice(
+    geom: ConvGeometry,
+    threads: usize,
+    algo: ConvAlgo,
+    data: BackwardDataAlgo,
+) -> bool {
+    let preset = Preset {
+        backward_data: data,
+        ..convgemm_preset(&geom)
+    };
+    let mut m = MEASURED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut added = false;
+    m.entry((geom, threads)).or_insert_with(|| {
+        added = true;
+        (Choice { algo, preset }, 0)
+    });
+    added
+}
+
+/// How often layers found the cached choice for `(geom, threads)`.
+#[cfg(test)]
+pub(crate) fn hits(geom: &ConvGeometry, threads: usize) -> Option<usize> {
+    let m = MEASURED.lock().unwrap_or_else(|e| e.into_inner());
+    m.get(&(*geom, threads)).map(|&(_, h)| h)
+}
+
 /// Whether `fastconv` runs this geometry (stride 1, no dilation, one group) with a kernel larger
 /// than 1 (a 1×1 kernel gains nothing from Winograd).
 fn winograd_applies(geom: &ConvGeometry) -> bool {

@@ -2,7 +2,7 @@
 //! fully connected.
 
 mod batchnorm;
-mod conv;
+pub(crate) mod conv;
 mod dropout;
 mod flatten;
 mod linear;
