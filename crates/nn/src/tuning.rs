@@ -26,7 +26,6 @@
 //! # }
 //! ```
 
-use std::fmt::Write as _;
 use std::fs;
 use std::path::Path;
 
@@ -154,15 +153,17 @@ fn data_name(a: BackwardDataAlgo) -> &'static str {
     }
 }
 
-fn parse_data(s: &str) -> Option<BackwardDataAlgo> {
-    [
-        BackwardDataAlgo::GemmCol2im,
-        BackwardDataAlgo::Deconvgemm,
-        BackwardDataAlgo::FlippedConvgemm,
-        BackwardDataAlgo::FlippedDirect,
-    ]
-    .into_iter()
-    .find(|&a| data_name(a) == s)
+/// Every data-gradient algorithm, in the order the file format lists them.
+const DATA_ALGOS: [BackwardDataAlgo; 4] = [
+    BackwardDataAlgo::GemmCol2im,
+    BackwardDataAlgo::Deconvgemm,
+    BackwardDataAlgo::FlippedConvgemm,
+    BackwardDataAlgo::FlippedDirect,
+];
+
+/// `3x3` as sizes; `None` unless every part is a non-negative integer.
+fn parse_sizes(v: &str) -> Option<Vec<usize>> {
+    v.split('x').map(|d| d.parse().ok()).collect()
 }
 
 fn format_entry(
@@ -171,9 +172,7 @@ fn format_entry(
     algo: ConvAlgo,
     data: BackwardDataAlgo,
 ) -> String {
-    let mut s = String::new();
-    let _ = write!(
-        s,
+    format!(
         "threads={threads} batch={} in={} out={} input={} kernel={} stride={} dilation={} \
          pad={}/{} groups={} algo={algo} data={}",
         g.batch(),
@@ -187,8 +186,7 @@ fn format_entry(
         dims(g.pad_after()),
         g.groups(),
         data_name(data),
-    );
-    s
+    )
 }
 
 /// The `key=value` fields of a line, each key once.
@@ -225,10 +223,7 @@ impl<'a> Fields<'a> {
 
     fn dims(&self, key: &str) -> Result<Vec<usize>, String> {
         let v = self.text(key)?;
-        v.split('x')
-            .map(|d| d.parse::<usize>())
-            .collect::<Result<_, _>>()
-            .map_err(|_| format!("`{key}={v}` is not a list of sizes like 3x3"))
+        parse_sizes(v).ok_or_else(|| format!("`{key}={v}` is not a list of sizes like 3x3"))
     }
 }
 
@@ -242,11 +237,8 @@ fn parse_entry(line: &str) -> Result<(ConvGeometry, usize, ConvAlgo, BackwardDat
     let (before, after) = pad
         .split_once('/')
         .ok_or_else(|| format!("`pad={pad}` is not before/after, like 1x1/1x1"))?;
-    let sizes = |what: &str, v: &str| -> Result<Vec<usize>, String> {
-        v.split('x')
-            .map(|d| d.parse::<usize>())
-            .collect::<Result<_, _>>()
-            .map_err(|_| format!("`pad={pad}`: {what} `{v}` is not a list of sizes"))
+    let sizes = |what: &str, v: &str| {
+        parse_sizes(v).ok_or_else(|| format!("`pad={pad}`: {what} `{v}` is not a list of sizes"))
     };
     let geom = ConvGeometry::from_parts(
         f.number("batch")?,
@@ -266,12 +258,16 @@ fn parse_entry(line: &str) -> Result<(ConvGeometry, usize, ConvAlgo, BackwardDat
         .parse()
         .map_err(|_| format!("`algo={algo_name}` is not an algorithm"))?;
     let data_text = f.text("data")?;
-    let data = parse_data(data_text).ok_or_else(|| {
-        format!(
-            "`data={data_text}` is not a data-gradient algorithm (gemm-col2im, deconvgemm, \
-             flipped-convgemm, flipped-direct)"
-        )
-    })?;
+    let data = DATA_ALGOS
+        .into_iter()
+        .find(|&a| data_name(a) == data_text)
+        .ok_or_else(|| {
+            let names: Vec<_> = DATA_ALGOS.into_iter().map(data_name).collect();
+            format!(
+                "`data={data_text}` is not a data-gradient algorithm ({})",
+                names.join(", ")
+            )
+        })?;
     if let Some((k, _)) = f.0.iter().find(|(k, _)| {
         ![
             "threads", "batch", "in", "out", "input", "kernel", "stride", "dilation", "pad",

@@ -2,9 +2,10 @@
 //! per layer ([`ConvAlgo`]).
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::{LazyLock, Mutex};
+use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::time::Instant;
 
 use conv_ops::{BackwardDataAlgo, ConvGeometry, Preset, Workspace};
@@ -67,6 +68,11 @@ impl FromStr for ConvAlgo {
 /// `Auto`'s measured choices, per geometry and thread count, with how often each was reused.
 type Measured = HashMap<(ConvGeometry, usize), (Choice, usize)>;
 static MEASURED: LazyLock<Mutex<Measured>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The locked cache of `Auto`'s choices (a panic elsewhere while it was held leaves valid data).
+fn measured() -> MutexGuard<'static, Measured> {
+    MEASURED.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Timed rounds at most in `Auto`'s measurement (each candidate's fastest run counts).
 const MEASURE_ROUNDS: usize = 7;
@@ -301,7 +307,7 @@ impl Conv {
     fn shared_measurement(&self, geom: &ConvGeometry, x: &[f32]) -> Result<Choice> {
         let key = (*geom, rayon::current_num_threads());
         let cached = |hit: bool| {
-            let mut m = MEASURED.lock().unwrap_or_else(|e| e.into_inner());
+            let mut m = measured();
             m.get_mut(&key).map(|(c, hits)| {
                 *hits += usize::from(hit);
                 *c
@@ -311,7 +317,7 @@ impl Conv {
             return Ok(c);
         }
         let c = self.measure(geom, x)?;
-        let mut m = MEASURED.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = measured();
         Ok(m.entry(key).or_insert((c, 0)).0)
     }
 
@@ -522,7 +528,7 @@ pub(crate) fn check_choice(
 /// Every choice in the process's `Auto` cache: geometry, rayon thread count, algorithm and the
 /// data-gradient algorithm of its convgemm preset.
 pub(crate) fn measured_choices() -> Vec<(ConvGeometry, usize, ConvAlgo, BackwardDataAlgo)> {
-    let m = MEASURED.lock().unwrap_or_else(|e| e.into_inner());
+    let m = measured();
     m.iter()
         .map(|(&(geom, threads), &(c, _))| (geom, threads, c.algo, c.preset.backward_data))
         .collect()
@@ -540,19 +546,19 @@ pub(crate) fn record_choice(
         backward_data: data,
         ..convgemm_preset(&geom)
     };
-    let mut m = MEASURED.lock().unwrap_or_else(|e| e.into_inner());
-    let mut added = false;
-    m.entry((geom, threads)).or_insert_with(|| {
-        added = true;
-        (Choice { algo, preset }, 0)
-    });
-    added
+    match measured().entry((geom, threads)) {
+        Entry::Vacant(e) => {
+            e.insert((Choice { algo, preset }, 0));
+            true
+        }
+        Entry::Occupied(_) => false,
+    }
 }
 
 /// How often layers found the cached choice for `(geom, threads)`.
 #[cfg(test)]
 pub(crate) fn hits(geom: &ConvGeometry, threads: usize) -> Option<usize> {
-    let m = MEASURED.lock().unwrap_or_else(|e| e.into_inner());
+    let m = measured();
     m.get(&(*geom, threads)).map(|&(_, h)| h)
 }
 
