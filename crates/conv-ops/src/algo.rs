@@ -187,8 +187,8 @@ impl Preset {
 /// docs/PERFORMANCE.md), so those layers keep the GEMM forms.
 ///
 /// All of the above was measured with AVX2 GEMM tiles (NR 16). When the GEMM's tile is wider
-/// than the direct convolution's (core-blas's offset tiles are 256-bit: 8-pixel vectors, Wᵀ
-/// rows of [`core_blas::OFFSET_A_NR`] channels), as with the AVX-512 family (NR 32), the GEMM
+/// than 16 channels (core-blas's offset tiles were 256-bit then: 8-pixel vectors, Wᵀ rows of
+/// 16 channels), as with the AVX-512 family (NR 32), the GEMM
 /// forms win from 32 input channels on, and the direct convolution applies only to at most
 /// 16 input and 32 output channels per group. Measured on the Intel AVX-512 Xeon (probe,
 /// thread CPU, 1 thread, min of 5, session 11, 15:01-15:03 UTC, docs/PERFORMANCE.md): direct /
@@ -208,10 +208,15 @@ pub fn direct_applies(g: &ConvGeometry) -> bool {
                 && crate::direct::flat_line_pitch(g).is_some()))
 }
 
-/// Whether the process-wide GEMM's register tile is wider than the direct convolution's
-/// 16-channel offset tiles (NR 32 on AVX-512 against [`core_blas::OFFSET_A_NR`]).
+/// Whether the process-wide GEMM's register tile is wider than 16 channels, the width the
+/// rules of [`direct_applies`] were measured at (NR 32 on AVX-512). core-blas's offset-A tile
+/// is 32 channels wide there too since session 12, but the direct convolution with it still
+/// ran level with or behind the GEMM forms on 32-128-channel layers (probe, 1 thread, quiet
+/// 17:40-17:43 UTC, direct with pixel tiles / convgemm forward: ResNet-50 64@56² 32.2 / 28.7
+/// ms, 128@28² 32.5 / 30.5, 256@14² 34.0 / 27.1, VGG 67.8 / 66.4, C3D 96.0 / 72.9; ResNet-20
+/// 32@16² 13.6-15.8 / 11.4-13.8, 64@8² 12.4-14.1 / 9.3-12.8), so the restricted rule stays.
 fn gemm_wider_than_direct() -> bool {
-    core_blas::Gemm::global().is_ok_and(|gemm| gemm.tile().1 > core_blas::OFFSET_A_NR)
+    core_blas::Gemm::global().is_ok_and(|gemm| gemm.tile().1 > 2 * core_blas::OFFSET_LANES)
 }
 
 /// Bytes of one image's zero-padded input for one group (C/G × Π (input + padding) floats).

@@ -23,8 +23,9 @@
 //! From 128 output channels per group on (images whose padded copy fits half of L2), the
 //! forward uses *pixel tiles* instead ([`Tiles::Pixels`]): 6 output pixels at any bases (x
 //! values broadcast; tiles cross lines and images of a block of images) × 16 output channels of
-//! a packed Wᵀ panel, core-blas's [`core_blas::offset_a_store`] (the "offset-A" tile, the GEMM's
-//! 6 × 16 shape with A read in place), stored transposed into y: no lane lost where output
+//! a packed Wᵀ panel (AVX-512: 12 × 32), core-blas's [`core_blas::offset_a_store`] (the
+//! "offset-A" tile, a GEMM tile with A read in place, its shape core-blas's
+//! [`core_blas::Gemm::offset_a_shape`]), stored transposed into y: no lane lost where output
 //! lines are not a multiple of 8 wide (ResNet-50's 28-, 14- and 7-wide lines).
 //!
 //! Workspace: per thread, the polyphase copy of one image's group (C/G × padded plane floats;
@@ -34,6 +35,7 @@
 //! the batch.
 
 use std::cell::RefCell;
+use std::ops::Range;
 
 use rayon::prelude::*;
 
@@ -689,11 +691,12 @@ pub(crate) fn forward(
     Ok(())
 }
 
-/// Output channels per pixel tile (core-blas's offset-A tile: two vectors of 8 channels).
-const PANEL: usize = core_blas::OFFSET_A_NR;
-
-/// Pixels per pixel tile.
-const PIXELS: usize = core_blas::OFFSET_A_MR;
+/// `(pixels, output channels)` per pixel tile: core-blas's offset-A tile of the process-wide
+/// family (6 × 16 on AVX2, 12 × 32 on AVX-512). The packed Wᵀ panels are as wide as its
+/// channels.
+pub(crate) fn pixel_tile() -> Result<(usize, usize)> {
+    Ok(Gemm::global().map_err(gemm_err)?.offset_a_shape())
+}
 
 /// Bytes of padded input copies per block of images of the pixel-tile forward (the block's
 /// copies stay in L2 beside one Wᵀ panel while every tile of the block reads them).
@@ -706,25 +709,43 @@ pub(crate) enum Tiles {
     /// core-blas's [`core_blas::offset_tile`]. Loses lanes where output lines are not a
     /// multiple of 8 wide.
     Channels,
-    /// [`PIXELS`] output pixels at any bases (broadcast x values, tiles crossing lines and
-    /// images) × [`PANEL`] output channels (vectors of a packed Wᵀ panel): core-blas's
+    /// [`pixel_tile`] output pixels at any bases (broadcast x values, tiles crossing lines and
+    /// images) × output channels (vectors of a packed Wᵀ panel): core-blas's
     /// [`core_blas::offset_a_store`]. No lane lost on any line width.
     Pixels,
 }
 
 /// The tile the direct forward uses for `g`: pixel tiles from [`PIXEL_TILES_FROM`] output
 /// channels per group on when one image's padded copy fits a block of images
-/// ([`PIXEL_BLOCK_BYTES`]), channel tiles otherwise.
+/// ([`PIXEL_BLOCK_BYTES`]), channel tiles otherwise; with core-blas's 512-bit offset-A tile
+/// (AVX-512: 12 pixels × 32 channels, against the channel tiles' 256-bit vectors), pixel tiles
+/// whenever a group has at least a panel's 32 output channels, whatever the image size.
 ///
-/// Measured (probe, thread CPU time, 1 thread, min of 4 alternations, quiet 12:00-12:09 UTC,
+/// Measured on the Intel AVX-512 Xeon (probe, thread CPU, 1 thread, min of 5, quiet
+/// 17:40-17:43 UTC, session 12), pixel / channel tiles, forward: ResNet-50 64@56² 32.2 / 54.9
+/// ms, VGG 64@224² 67.8 / 125.4, C3D 96.0 / 115.7, s2 128@56² 39.5 / 76.0; ResNet-20 (batch 128)
+/// 32@16² 13.6-15.8 / 18.5-18.8, 64@8² 12.4-14.1 / 16.2, 16→32 s2 9.4-11.9 / 13.5-13.8,
+/// 32→64 s2 9.3 / 12.4; but 16@32² (16 channels: half of each panel wasted) 24.5-30.7 /
+/// 13.0-22.4.
+///
+/// On AVX2 (probe, thread CPU time, 1 thread, min of 4 alternations, quiet 12:00-12:09 UTC,
 /// session 10; the VM at up to 50% steal, so ±5%): ResNet-50's 128@28² forward 24.3 ms with
 /// pixel tiles against 27.6 with channel tiles (convgemm 24.0), its flipped backward-data 22.8
 /// against 24.2 (flipped convgemm 24.0); 256@14² forward 22.7 / 23.9 (convgemm 24.0 / 25.4),
 /// flipped 23.4 / 26.1 (flipped convgemm 24.2 / 27.3); 512@7² forward 25.9-27.9 against 36.0
 /// with channel tiles (convgemm 24.5-26.4).
 pub(crate) fn tiles_for(g: &ConvGeometry) -> Tiles {
-    if g.out_channels_per_group() >= PIXEL_TILES_FROM && padded_image_bytes(g) <= PIXEL_BLOCK_BYTES
+    let kg = g.out_channels_per_group();
+    if let Ok((_, nr)) = pixel_tile()
+        && nr > 2 * LANES
     {
+        return if kg >= nr {
+            Tiles::Pixels
+        } else {
+            Tiles::Channels
+        };
+    }
+    if kg >= PIXEL_TILES_FROM && padded_image_bytes(g) <= PIXEL_BLOCK_BYTES {
         Tiles::Pixels
     } else {
         Tiles::Channels
@@ -740,27 +761,27 @@ pub(crate) fn padded_image_bytes(g: &ConvGeometry) -> usize {
     Plan::new(g).map_or(0, |p| p.xq_len * size_of::<f32>())
 }
 
-/// The weights of group `grp` packed as Wᵀ panels for the pixel tiles: panel p holds, per step
-/// s = (input channel, tap), the weights w\[16p + o\]\[s\] for o < 16 (zeros past the group's
-/// last output channel), `steps · 16` values.
-fn pack_panels(g: &ConvGeometry, grp: usize, w: Weights<'_>, wp: &mut [f32]) {
+/// The weights of group `grp` packed as Wᵀ panels of `nr` channels for the pixel tiles: panel p
+/// holds, per step s = (input channel, tap), the weights w\[nr·p + o\]\[s\] for o < nr (zeros
+/// past the group's last output channel), `steps · nr` values.
+fn pack_panels(g: &ConvGeometry, grp: usize, w: Weights<'_>, wp: &mut [f32], nr: usize) {
     let (kg, cg, taps) = (
         g.out_channels_per_group(),
         g.in_channels_per_group(),
         g.kernel_len(),
     );
     let steps = cg * taps;
-    for (p, panel) in wp.chunks_exact_mut(steps * PANEL).enumerate() {
-        let rows = PANEL.min(kg - p * PANEL);
-        if rows < PANEL {
+    for (p, panel) in wp.chunks_exact_mut(steps * nr).enumerate() {
+        let rows = nr.min(kg - p * nr);
+        if rows < nr {
             panel.fill(0.0);
         }
         match w {
             Plain(w) => {
-                // The panel's rows of w side by side: 16 read streams, the panel written in
+                // The panel's rows of w side by side: nr read streams, the panel written in
                 // order.
-                let block = &w[(grp * kg + p * PANEL) * steps..][..rows * steps];
-                for (s, col) in panel.chunks_exact_mut(PANEL).enumerate() {
+                let block = &w[(grp * kg + p * nr) * steps..][..rows * steps];
+                for (s, col) in panel.chunks_exact_mut(nr).enumerate() {
                     for (o, d) in col[..rows].iter_mut().enumerate() {
                         *d = block[o * steps + s];
                     }
@@ -768,10 +789,10 @@ fn pack_panels(g: &ConvGeometry, grp: usize, w: Weights<'_>, wp: &mut [f32]) {
             }
             Flipped(w) => {
                 // Forward weight [grp·cg + c][k][taps − 1 − t] (its K'/G = cg, C'/G = kg): per
-                // input channel c the panel's 16 output channels are 16 runs of taps in w.
-                for (c, cols) in panel.chunks_exact_mut(taps * PANEL).enumerate() {
-                    let block = &w[((grp * cg + c) * kg + p * PANEL) * taps..][..rows * taps];
-                    for (t, col) in cols.chunks_exact_mut(PANEL).enumerate() {
+                // input channel c the panel's nr output channels are nr runs of taps in w.
+                for (c, cols) in panel.chunks_exact_mut(taps * nr).enumerate() {
+                    let block = &w[((grp * cg + c) * kg + p * nr) * taps..][..rows * taps];
+                    for (t, col) in cols.chunks_exact_mut(nr).enumerate() {
                         for (o, d) in col[..rows].iter_mut().enumerate() {
                             *d = block[o * taps + taps - 1 - t];
                         }
@@ -791,11 +812,17 @@ thread_local! {
 struct PixelCall<'a> {
     plan: Plan,
     gemm: &'static Gemm,
+    /// Pixels and output channels per tile ([`pixel_tile`]).
+    pixels: usize,
+    panel: usize,
     /// Wᵀ panels, `group_len` floats per group (see [`pack_panels`]).
     wp: &'a [f32],
     group_len: usize,
     /// Offset of every output pixel's first input (tap 0, channel 0) in an image's copy.
     bases: Vec<usize>,
+    /// The pixel tiles of one image when they follow its output lines ([`line_tiles`]); empty
+    /// when tiles of [`PixelCall::pixels`] run across lines and images.
+    line_tiles: Vec<Range<usize>>,
     bias: Option<&'a [f32]>,
     relu: bool,
     /// K/G, C/G, input plane, output plane, C, K.
@@ -824,6 +851,22 @@ impl PixelCall<'_> {
                 bases.extend(self.bases.iter().map(|&b| j * xq_len + b));
                 dsts.extend((0..self.olen).map(|p| j * ys + p));
             }
+            let tiles: Vec<Range<usize>> = if self.line_tiles.is_empty() {
+                let all = nb * self.olen;
+                (0..all)
+                    .step_by(self.pixels)
+                    .map(|p| p..all.min(p + self.pixels))
+                    .collect()
+            } else {
+                (0..nb)
+                    .flat_map(|j| {
+                        let at = j * self.olen;
+                        self.line_tiles
+                            .iter()
+                            .map(move |t| at + t.start..at + t.end)
+                    })
+                    .collect()
+            };
             let steps = self.plan.offs.len();
             for grp in 0..self.c / self.cg {
                 for (j, xn) in xb.chunks_exact(xs).enumerate() {
@@ -833,21 +876,22 @@ impl PixelCall<'_> {
                     );
                 }
                 let xq = &xq[..nb * xq_len];
+                let nr = self.panel;
                 let panel = |p: usize, y: &mut [f32]| -> Result<()> {
-                    let k0 = p * PANEL;
-                    let channels = PANEL.min(self.kg - k0);
-                    let wt = &self.wp[grp * self.group_len + p * steps * PANEL..][..steps * PANEL];
+                    let k0 = p * nr;
+                    let channels = nr.min(self.kg - k0);
+                    let wt = &self.wp[grp * self.group_len + p * steps * nr..][..steps * nr];
                     let bias = self.bias.map(|b| &b[grp * self.kg + k0..]);
-                    for (tb, td) in bases.chunks(PIXELS).zip(dsts.chunks(PIXELS)) {
+                    for t in &tiles {
                         self.gemm
                             .offset_a_store(
                                 wt,
                                 &self.plan.offs,
                                 0..steps,
                                 xq,
-                                tb,
+                                &bases[t.clone()],
                                 y,
-                                td,
+                                &dsts[t.clone()],
                                 self.olen,
                                 channels,
                                 OffsetAStore::Set { bias },
@@ -857,17 +901,17 @@ impl PixelCall<'_> {
                     }
                     Ok(())
                 };
-                let panels = self.kg.div_ceil(PANEL);
+                let panels = self.kg.div_ceil(nr);
                 let y0 = grp * self.kg * self.olen;
                 if split_panels {
                     // One image: the panels' channel planes are disjoint pieces of yb.
                     let yg = &mut yb[y0..][..self.kg * self.olen];
-                    yg.par_chunks_mut(PANEL * self.olen)
+                    yg.par_chunks_mut(nr * self.olen)
                         .enumerate()
                         .try_for_each(|(p, y)| panel(p, y))?;
                 } else {
                     for p in 0..panels {
-                        panel(p, &mut yb[y0 + p * PANEL * self.olen..])?;
+                        panel(p, &mut yb[y0 + p * nr * self.olen..])?;
                     }
                 }
             }
@@ -896,19 +940,36 @@ fn forward_pixels(
             bases.extend((0..o[2]).map(|ow| (od * q[1] + oh) * q[2] + ow));
         }
     }
-    let group_len = g.out_channels_per_group().div_ceil(PANEL)
-        * PANEL
-        * g.in_channels_per_group()
-        * g.kernel_len();
+    let (mr, nr) = pixel_tile()?;
+    let group_len =
+        g.out_channels_per_group().div_ceil(nr) * nr * g.in_channels_per_group() * g.kernel_len();
     let mut wp = PANELS.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
     // Every value is written by the packing below (zeros past a group's last channel).
     wp.resize(g.groups() * group_len, 0.0);
     for (grp, wg) in wp.chunks_exact_mut(group_len.max(1)).enumerate() {
-        pack_panels(g, grp, w, wg);
+        pack_panels(g, grp, w, wg, nr);
     }
-    let done = forward_pixels_with(g, x, bias, relu, y, plan, bases, &wp, group_len);
+    let done = forward_pixels_with(g, x, bias, relu, y, plan, bases, &wp, group_len, (mr, nr));
     PANELS.with(|cell| *cell.borrow_mut() = wp);
     done
+}
+
+/// The pixel tiles of one image (ranges of its output pixels in order) when tiles of `mr`
+/// pixels should not cross output lines: core-blas runs its widest offset-A tiles (AVX-512's 12
+/// pixels) only on runs of consecutive bases ([`core_blas::Gemm::offset_a_shape`]), and an
+/// output line is such a run in the padded copy. Each line split evenly into tiles of at most
+/// `mr` pixels (224 → 19 tiles of 11-12, 28 → 9 + 9 + 10, 14 → 7 + 7, 7 → 7). Empty (tiles
+/// run across lines) for tiles of at most 6 pixels, which core-blas runs at any bases.
+fn line_tiles(g: &ConvGeometry, mr: usize) -> Vec<Range<usize>> {
+    if mr <= 6 {
+        return Vec::new();
+    }
+    let w = g.output().last().copied().unwrap_or(1).max(1);
+    let per_line = w.div_ceil(mr);
+    (0..g.output_spatial_len())
+        .step_by(w)
+        .flat_map(|l| (0..per_line).map(move |t| l + t * w / per_line..l + (t + 1) * w / per_line))
+        .collect()
 }
 
 /// [`forward_pixels`] once the panels are packed (`wp`: `group_len` floats per group).
@@ -923,9 +984,13 @@ fn forward_pixels_with(
     bases: Vec<usize>,
     wp: &[f32],
     group_len: usize,
+    (pixels, panel): (usize, usize),
 ) -> Result<()> {
     let call = PixelCall {
         gemm: Gemm::global().map_err(gemm_err)?,
+        line_tiles: line_tiles(g, pixels),
+        pixels,
+        panel,
         wp,
         group_len,
         bases,
@@ -1007,7 +1072,7 @@ pub(crate) fn backward_filter(
     }
     let parts = threads;
     // Contiguous image ranges, as even as possible; part 0 writes dw, the others partials.
-    let ranges: Vec<std::ops::Range<usize>> = (0..parts)
+    let ranges: Vec<Range<usize>> = (0..parts)
         .map(|i| (batch * i / parts)..(batch * (i + 1) / parts))
         .collect();
     let (first, rest) = ranges.split_first().expect("parts >= 2");
@@ -1069,7 +1134,7 @@ fn filter_images(
     plan: &Plan,
     gemm: &Gemm,
     block: usize,
-    images: std::ops::Range<usize>,
+    images: Range<usize>,
     x: &[f32],
     dy: &[f32],
     dw: &mut [f32],

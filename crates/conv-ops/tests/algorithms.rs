@@ -623,9 +623,9 @@ fn direct_backward_filter_blocks_and_threads() {
 /// workspace.
 #[test]
 fn lean_preset_per_geometry() {
-    // With GEMM tiles wider than the direct convolution's (AVX-512's NR 32), the direct forms
-    // only for at most 16 input and 32 output channels per group.
-    let wide_gemm = core_blas::Gemm::global().unwrap().tile().1 > core_blas::OFFSET_A_NR;
+    // With GEMM tiles wider than 16 channels (AVX-512's NR 32), the direct forms only for at
+    // most 16 input and 32 output channels per group.
+    let wide_gemm = core_blas::Gemm::global().unwrap().tile().1 > 2 * core_blas::OFFSET_LANES;
     let rn20 = ConvGeometry::new(4, 32, 32, &[16, 16], &[3, 3])
         .unwrap()
         .with_padding(&[1])

@@ -113,8 +113,8 @@ pub use gemm::Gemm;
 pub use isa::{Isa, isa};
 pub use offset::{
     DOT_MR, DOT_NC, DotTile, OFFSET_A_MR, OFFSET_A_NR, OFFSET_LANES, OFFSET_MR, OFFSET_NV,
-    OffsetAStore, OffsetATile, OffsetTile, Offsets, offset_a_store, offset_a_tile, offset_dot_rows,
-    offset_dot_tile, offset_tile, offset_tile_vectors,
+    OffsetAStore, OffsetATile, OffsetTile, Offsets, offset_a_shape, offset_a_store, offset_a_tile,
+    offset_dot_rows, offset_dot_tile, offset_tile, offset_tile_vectors,
 };
 pub use pack::{PackA, PackB};
 pub use packed::{PackedOperand, gemm_packed_batched, gemm_rowa_batched, pack_rows};
@@ -123,6 +123,14 @@ pub use store::{Bias, DenseStore, Store, Tile, Window};
 pub use transpose::{deinterleave, transpose_lanes};
 pub use vector::Vector;
 pub use view::{MatMut, MatRef};
+
+/// Probes only (`examples/ukr_ab.rs`): the full tiles of `avx512-f32-12x32` run on the assembly
+/// k-loop (0, the default) or on the intrinsics body of session 11 (1).
+#[doc(hidden)]
+#[cfg(target_arch = "x86_64")]
+pub fn __set_ukr_variant(v: u8) {
+    kernel::skx::UKR_VARIANT.store(v, std::sync::atomic::Ordering::Relaxed);
+}
 
 /// cblas row-major `sgemm` with the process-wide kernel: `C := alpha · op(A) · op(B) + beta · C`,
 /// `op(A)` `m × k`, `op(B)` `k × n`. See [`Gemm::sgemm`].

@@ -19,10 +19,11 @@
 //!   an output (arguments checked once per call).
 //!
 //! - [`Gemm::offset_a_tile`] (the "offset-A" tile, a GEMM tile whose A is read in place): for
-//!   `m` pixels (1..=[`OFFSET_A_MR`]) at any bases `bases[i]` and 16 output channels
-//!   ([`OFFSET_A_NR`]) of a packed Wᵀ panel of 16 values per step,
+//!   `m` pixels (1..=`MR`) at any bases `bases[i]` and `NR` output channels of a packed Wᵀ panel
+//!   of `NR` values per step, where `(MR, NR)` is the family's [`Gemm::offset_a_shape`] (6 × 16
+//!   on `scalar` and `avx2`, 12 × 32 on `avx512`),
 //!
-//!   `acc[i][c] (:= or +=) Σ_s x[bases[i] + offs[s]] · wt[(s − start) · 16 + c]`, `c < 16`,
+//!   `acc[i][c] (:= or +=) Σ_s x[bases[i] + offs[s]] · wt[(s − start) · NR + c]`, `c < NR`,
 //!
 //!   summed in step order; [`Gemm::offset_a_store`] stores the same sums transposed (channel `c`
 //!   of pixel `i` at `y[dst[i] + c · ldy]`), with a bias and ReLU if asked. Unlike the offset tile, no
@@ -32,13 +33,13 @@
 //! a step per (input channel, tap) with its offset, and a run per 8 consecutive outputs with its
 //! base. Bounds are checked once per call against the lists' precomputed maxima, so a call costs
 //! O(runs) checks, not O(steps). Families: `scalar` (portable 8-lane arrays, multiply then add),
-//! `avx2` (256-bit FMA), `avx512` (the same 256-bit body compiled with AVX-512F: the contract is
-//! 8 lanes wide). Results of different families may differ in the last bits (FMA rounds once).
+//! `avx2` (256-bit FMA), `avx512` (the offset and dot tiles: the same 256-bit bodies compiled
+//! with AVX-512F, their contract is 8 lanes wide; the offset-A tile: 512-bit vectors). Results of different families may differ in the last bits (FMA rounds once).
 
 use std::ops::Range;
 
 use crate::isa::Family;
-use crate::kernel::offset::{a_tile_any, dot_any, tile_any};
+use crate::kernel::offset::{ATileFamily, a_tile_any, dot_any, tile_any};
 use crate::{Error, Gemm};
 
 /// Values per vector of the offset kernels (one 256-bit vector of f32, on every family).
@@ -53,12 +54,15 @@ pub const DOT_MR: usize = 3;
 /// Columns of an [`Gemm::offset_dot_tile`] (offsets into x).
 pub const DOT_NC: usize = 4;
 
-/// Pixels of an [`Gemm::offset_a_tile`] (x values broadcast per step).
-pub const OFFSET_A_MR: usize = 6;
-/// Output channels of an [`Gemm::offset_a_tile`] (Wᵀ values per step: two vectors of 8).
-pub const OFFSET_A_NR: usize = 16;
+/// The most pixels of an [`Gemm::offset_a_tile`] on any family (x values broadcast per step;
+/// a family's own count is [`Gemm::offset_a_shape`]`.0`).
+pub const OFFSET_A_MR: usize = 12;
+/// The most output channels of an [`Gemm::offset_a_tile`] on any family (Wᵀ values per step:
+/// two vectors; a family's own count is [`Gemm::offset_a_shape`]`.1`).
+pub const OFFSET_A_NR: usize = 32;
 
-/// The accumulators of an offset-A tile: `acc[i][c]` is channel `c` of pixel `i`.
+/// The accumulators of an offset-A tile: `acc[i][c]` is channel `c` of pixel `i` (the first
+/// [`Gemm::offset_a_shape`] pixels and channels used).
 pub type OffsetATile = [[f32; OFFSET_A_NR]; OFFSET_A_MR];
 
 /// How [`Gemm::offset_a_store`] writes its sums into y.
@@ -300,9 +304,36 @@ impl Gemm {
     }
 }
 
+/// `(pixels, channels, pixels at arbitrary bases)` of family `K`'s offset-A tile.
+const fn a_shape<K: ATileFamily>() -> (usize, usize, usize) {
+    (K::MR, K::NR, K::GENERAL_MR)
+}
+
 impl Gemm {
+    /// `(pixels, channels)` of this family's offset-A tile ([`Gemm::offset_a_tile`]): at most
+    /// ([`OFFSET_A_MR`], [`OFFSET_A_NR`]); 6 × 16 on `scalar` and `avx2`, 12 × 32 on `avx512`.
+    /// `wt` panels hold `channels` values per step. Tiles whose pixels are a run (`bases[i] =
+    /// bases[0] + i`) run at this size; at other bases, the avx512 tile runs as two halves
+    /// (its 12 base pointers would spill), so callers should form runs where they can.
+    pub fn offset_a_shape(&self) -> (usize, usize) {
+        let (mr, nr, _) = self.a_shape();
+        (mr, nr)
+    }
+
+    /// [`a_shape`] of this family.
+    fn a_shape(&self) -> (usize, usize, usize) {
+        match self.family {
+            Family::Scalar(_) => a_shape::<crate::kernel::portable::Scalar>(),
+            #[cfg(target_arch = "x86_64")]
+            Family::Avx2(_) => a_shape::<crate::kernel::x86::Avx2>(),
+            #[cfg(target_arch = "x86_64")]
+            Family::Avx512(_) => a_shape::<crate::kernel::x86::Avx512>(),
+        }
+    }
+
     /// Checks an offset-A call and builds its x pointers: `(pixels, steps' offsets)`.
     fn a_args<'o>(
+        &self,
         wt: &[f32],
         offs: &'o Offsets,
         steps: &Range<usize>,
@@ -311,15 +342,12 @@ impl Gemm {
         xs: &mut [*const f32; OFFSET_A_MR],
     ) -> Result<(usize, &'o [usize]), Error> {
         let m = bases.len();
-        if !(1..=OFFSET_A_MR).contains(&m) {
-            return Err(shape(
-                "bases",
-                format!("1..={OFFSET_A_MR} pixels"),
-                m.to_string(),
-            ));
+        let (mr, nr) = self.offset_a_shape();
+        if !(1..=mr).contains(&m) {
+            return Err(shape("bases", format!("1..={mr} pixels"), m.to_string()));
         }
         check_range("steps", steps, offs.len())?;
-        let needed = steps.len() * OFFSET_A_NR;
+        let needed = steps.len() * nr;
         if wt.len() < needed {
             return Err(Error::SliceTooShort {
                 arg: "wt",
@@ -345,16 +373,16 @@ impl Gemm {
         Ok((m, &offs.offs[steps.clone()]))
     }
 
-    /// The offset-A tile (module [`mod@crate::offset`]): `acc[i][c] (:= or +=, as
-    /// `accumulate`) Σ_{s ∈ steps} x[bases[i] + offs[s]] · wt[(s − steps.start) · 16 + c]` for
-    /// `i < bases.len()` (any bases), `c < 16`, steps in ascending order; rows `i >=
-    /// bases.len()` of `acc` are left as they are. `wt` is a packed Wᵀ panel of
-    /// [`OFFSET_A_NR`] values per step, all read (each channel's sums are independent, so
-    /// channels the caller does not use may hold anything, NaN included). The bases are checked against `offs.max()` (the whole
-    /// list).
+    /// The offset-A tile (module [`mod@crate::offset`]), with `(MR, NR)` =
+    /// [`Gemm::offset_a_shape`]: `acc[i][c] (:= or +=, as `accumulate`) Σ_{s ∈ steps}
+    /// x[bases[i] + offs[s]] · wt[(s − steps.start) · NR + c]` for `i < bases.len()` (any
+    /// bases), `c < NR`, steps in ascending order; rows `i >= bases.len()` and channels `c >= NR`
+    /// of `acc` are left as they are. `wt` is a packed Wᵀ panel of `NR` values per step, all
+    /// read (each channel's sums are independent, so channels the caller does not use may hold
+    /// anything, NaN included). The bases are checked against `offs.max()` (the whole list).
     ///
-    /// Errors: [`Error::ShapeMismatch`] on `bases` (count not in 1..=[`OFFSET_A_MR`]) or `steps`
-    /// (not within the list); [`Error::SliceTooShort`] on `wt` (fewer than `steps.len() · 16`
+    /// Errors: [`Error::ShapeMismatch`] on `bases` (count not in 1..=`MR`) or `steps` (not
+    /// within the list); [`Error::SliceTooShort`] on `wt` (fewer than `steps.len() · NR`
     /// values) or `x` (some `bases[i] + offs.max()` past its end).
     #[allow(clippy::too_many_arguments)]
     #[inline]
@@ -369,26 +397,74 @@ impl Gemm {
         accumulate: bool,
     ) -> Result<(), Error> {
         let mut xs = [x.as_ptr(); OFFSET_A_MR];
-        let (m, o) = Self::a_args(wt, offs, &steps, x, bases, &mut xs)?;
+        let (m, o) = self.a_args(wt, offs, &steps, x, bases, &mut xs)?;
         let wp = wt.as_ptr();
-        // SAFETY: m is in range (checked); wt holds steps·16 values (checked); pixel i reads
-        // x[base_i + o] with o <= max and base_i + max < x.len() (checked); holding the family
-        // value proves its target features.
-        unsafe {
-            match self.family {
-                Family::Scalar(k) => a_tile_any(k, m, o, wp, &xs, acc, accumulate),
-                #[cfg(target_arch = "x86_64")]
-                Family::Avx2(k) => a_tile_any(k, m, o, wp, &xs, acc, accumulate),
-                #[cfg(target_arch = "x86_64")]
-                Family::Avx512(k) => a_tile_any(k, m, o, wp, &xs, acc, accumulate),
-            }
+        let run = bases.windows(2).all(|b| b[1] == b[0].wrapping_add(1));
+        let general = self.a_shape().2;
+        if run || m <= general {
+            // SAFETY: m is in the family's range (checked); wt holds steps·NR values
+            // (checked); pixel i reads x[base_i + o] with o <= max and base_i + max < x.len()
+            // (checked; a run's pixel i is xs[0] + i = x + base_i); holding the family value
+            // proves its target features.
+            unsafe { self.a_dispatch(run, m, o, wp, &xs, acc, accumulate) };
+            return Ok(());
+        }
+        // Arbitrary bases beyond the family's general tile: even parts of at most `general`
+        // pixels, each on a copy of its rows (channels past NR keep their values).
+        let part = m.div_ceil(m.div_ceil(general));
+        for i0 in (0..m).step_by(part) {
+            let mc = part.min(m - i0);
+            let mut xp = [x.as_ptr(); OFFSET_A_MR];
+            xp[..mc].copy_from_slice(&xs[i0..i0 + mc]);
+            let mut ap: OffsetATile = [[0.0; OFFSET_A_NR]; OFFSET_A_MR];
+            ap[..mc].copy_from_slice(&acc[i0..i0 + mc]);
+            // SAFETY: as above, for the part's mc <= m pixels (their bases checked).
+            unsafe { self.a_dispatch(false, mc, o, wp, &xp, &mut ap, accumulate) };
+            acc[i0..i0 + mc].copy_from_slice(&ap[..mc]);
         }
         Ok(())
     }
 
+    /// The family's offset-A kernel for `m` pixels (`run`: a run from `xs[0]`).
+    ///
+    /// # Safety
+    /// As `kernel::offset::a_tile_body` for `M = m` (1..=[`OFFSET_A_MR`]).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    unsafe fn a_dispatch(
+        &self,
+        run: bool,
+        m: usize,
+        o: &[usize],
+        wp: *const f32,
+        xs: &[*const f32; OFFSET_A_MR],
+        acc: &mut OffsetATile,
+        accumulate: bool,
+    ) {
+        macro_rules! any {
+            ($k:expr) => {
+                if run {
+                    a_tile_any::<_, true>($k, m, o, wp, xs, acc, accumulate)
+                } else {
+                    a_tile_any::<_, false>($k, m, o, wp, xs, acc, accumulate)
+                }
+            };
+        }
+        // SAFETY: the caller's contract; holding the family value proves its features.
+        unsafe {
+            match self.family {
+                Family::Scalar(k) => any!(k),
+                #[cfg(target_arch = "x86_64")]
+                Family::Avx2(k) => any!(k),
+                #[cfg(target_arch = "x86_64")]
+                Family::Avx512(k) => any!(k),
+            }
+        }
+    }
+
     /// The offset-A tile's sums ([`Gemm::offset_a_tile`] with `:=`) stored transposed into y,
-    /// pixel `i` of channel `c` at `y[dst[i] + c · ldy]`, for `c < channels` (1..=[`OFFSET_A_NR`])
-    /// and `i < bases.len()`:
+    /// pixel `i` of channel `c` at `y[dst[i] + c · ldy]`, for `c < channels` (1..=`NR` of
+    /// [`Gemm::offset_a_shape`]) and `i < bases.len()`:
     ///
     /// - [`OffsetAStore::Set`]: `y[…] = sum[i][c] (+ bias[c])` (y not read),
     /// - [`OffsetAStore::Add`]: `y[…] += sum[i][c]`,
@@ -399,7 +475,7 @@ impl Gemm {
     /// repeated one receives each of its pixels' values in turn, in pixel order).
     ///
     /// Errors: as [`Gemm::offset_a_tile`]; [`Error::ShapeMismatch`] on `channels` (not in
-    /// 1..=16) or `dst` (not one per pixel); [`Error::SliceTooShort`] on `y` (some
+    /// 1..=NR) or `dst` (not one per pixel); [`Error::SliceTooShort`] on `y` (some
     /// `dst[i] + (channels − 1) · ldy` past its end) or `bias` (fewer than `channels`).
     #[allow(clippy::too_many_arguments)]
     pub fn offset_a_store(
@@ -416,12 +492,9 @@ impl Gemm {
         store: OffsetAStore<'_>,
         relu: bool,
     ) -> Result<(), Error> {
-        if !(1..=OFFSET_A_NR).contains(&channels) {
-            return Err(shape(
-                "channels",
-                format!("1..={OFFSET_A_NR}"),
-                channels.to_string(),
-            ));
+        let nr = self.offset_a_shape().1;
+        if !(1..=nr).contains(&channels) {
+            return Err(shape("channels", format!("1..={nr}"), channels.to_string()));
         }
         if dst.len() != bases.len() {
             return Err(shape(
@@ -597,6 +670,11 @@ pub fn offset_a_tile(
     accumulate: bool,
 ) -> Result<(), Error> {
     Gemm::global()?.offset_a_tile(wt, offs, steps, x, bases, acc, accumulate)
+}
+
+/// [`Gemm::offset_a_shape`] of the process-wide kernel family.
+pub fn offset_a_shape() -> Result<(usize, usize), Error> {
+    Ok(Gemm::global()?.offset_a_shape())
 }
 
 /// [`Gemm::offset_a_store`] with the process-wide kernel family.

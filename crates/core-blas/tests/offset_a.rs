@@ -1,5 +1,6 @@
 //! The offset-A kernels ([`Gemm::offset_a_tile`], [`Gemm::offset_a_store`]) against a naive f64
-//! reference, for every kernel family the host has: every pixel count, step counts from 0 to
+//! reference, for every kernel family the host has (each at its own [`Gemm::offset_a_shape`]:
+//! 6 × 16 on scalar / avx2, 12 × 32 on avx512): every pixel count, step counts from 0 to
 //! hundreds over sub-ranges of the list, random and repeated bases including the largest valid
 //! one, := and +=, untouched rows, the transposed store with per-pixel destinations (Set with and
 //! without bias over a NaN-filled y, Add, ReLU, every channel count, NaN in unused channels), and
@@ -25,11 +26,12 @@ fn stencil(n: usize) -> Vec<usize> {
         .collect()
 }
 
-/// `(Σ, Σ|terms|)` of pixel `base`, channel `c` over the steps' offsets, in f64.
-fn naive(wt: &[f32], offs: &[usize], x: &[f32], base: usize, c: usize) -> (f64, f64) {
+/// `(Σ, Σ|terms|)` of pixel `base`, channel `c` over the steps' offsets (Wᵀ panels of `nr`
+/// values per step), in f64.
+fn naive(wt: &[f32], nr: usize, offs: &[usize], x: &[f32], base: usize, c: usize) -> (f64, f64) {
     let (mut s, mut sabs) = (0.0f64, 0.0f64);
     for (t, &o) in offs.iter().enumerate() {
-        let p = x[base + o] as f64 * wt[t * NR + c] as f64;
+        let p = x[base + o] as f64 * wt[t * nr + c] as f64;
         s += p;
         sabs += p.abs();
     }
@@ -53,9 +55,24 @@ fn bases(m: usize, last: usize, seed: usize) -> Vec<usize> {
 }
 
 #[test]
+fn offset_a_shape_is_the_familys() {
+    for isa in common::families() {
+        let shape = Gemm::new(isa).unwrap().offset_a_shape();
+        let want = if isa == core_blas::Isa::Avx512 {
+            (12, 32)
+        } else {
+            (6, 16)
+        };
+        assert_eq!(shape, want, "{isa}");
+        assert!(shape.0 <= MR && shape.1 <= NR);
+    }
+}
+
+#[test]
 fn offset_a_tile_matches_naive_for_every_pixel_count() {
     for isa in common::families() {
         let g = Gemm::new(isa).unwrap();
+        let (mr, nr) = g.offset_a_shape();
         for n in [0usize, 1, 2, 3, 5, 9, 27, 64, 301] {
             let all = stencil(n + 4);
             let offs = Offsets::new(all.clone());
@@ -63,17 +80,24 @@ fn offset_a_tile_matches_naive_for_every_pixel_count() {
             // Steps 3..n+3 of the list (a sub-range, as for input-channel blocking).
             let steps = 3..n + 3;
             let o = &all[steps.clone()];
-            let wt = random(n * NR, 5 + n as u64);
+            let wt = random(n * nr, 5 + n as u64);
             let last = x.len() - 1 - offs.max();
-            for m in 1..=MR {
-                for (seed, b) in [bases(m, last, m), vec![0; m], bases(m, m * 3, m + 9)]
-                    .into_iter()
-                    .enumerate()
-                {
+            for m in 1..=mr {
+                // Scattered bases, one repeated base, runs (bases[i] = bases[0] + i: the run
+                // kernel) up to the largest valid base.
+                let run = |b0: usize| (b0..b0 + m).collect::<Vec<usize>>();
+                let cases = [
+                    bases(m, last, m),
+                    vec![0; m],
+                    bases(m, m * 3, m + 9),
+                    run(last + 1 - m),
+                    run(7),
+                ];
+                for (seed, b) in cases.into_iter().enumerate() {
                     for accumulate in [false, true] {
                         let mut acc: OffsetATile = [[-3.5; NR]; MR];
                         acc[0][5] = 0.25;
-                        acc[MR - 1][15] = 1e3;
+                        acc[mr - 1][nr - 1] = 1e3;
                         let before = acc;
                         g.offset_a_tile(&wt, &offs, steps.clone(), &x, &b, &mut acc, accumulate)
                             .unwrap();
@@ -83,7 +107,7 @@ fn offset_a_tile_matches_naive_for_every_pixel_count() {
                                 let what = format!(
                                     "{isa} n {n} m {m} bases#{seed} acc {accumulate}: acc[{i}][{c}] = {got}"
                                 );
-                                if i >= m {
+                                if i >= m || c >= nr {
                                     assert_eq!(
                                         got.to_bits(),
                                         before[i][c].to_bits(),
@@ -91,7 +115,7 @@ fn offset_a_tile_matches_naive_for_every_pixel_count() {
                                     );
                                     continue;
                                 }
-                                let (mut s, mut sabs) = naive(&wt, o, &x, b[i], c);
+                                let (mut s, mut sabs) = naive(&wt, nr, o, &x, b[i], c);
                                 if accumulate {
                                     s += before[i][c] as f64;
                                     sabs += (before[i][c] as f64).abs();
@@ -111,26 +135,35 @@ fn offset_a_tile_matches_naive_for_every_pixel_count() {
 fn offset_a_store_matches_naive_with_every_mode() {
     for isa in common::families() {
         let g = Gemm::new(isa).unwrap();
-        for (n, ldy) in [(0usize, 7usize), (1, 6), (9, 49), (40, 13), (288, 196)] {
+        let (mr, nr) = g.offset_a_shape();
+        // ldy at least the most pixels of a tile (12): the destinations of one channel, `gap`
+        // apart, must not reach the next channel's plane.
+        for (n, ldy) in [(0usize, 13usize), (1, 12), (9, 49), (40, 13), (288, 196)] {
             let all = stencil(n + 2);
             let offs = Offsets::new(all.clone());
             let x = random(offs.max() + 61, 40 + n as u64);
             let steps = 1..n + 1;
             let o = &all[steps.clone()];
-            let bias = random(NR, 77);
-            for channels in [1usize, 2, 7, 8, 9, 15, 16] {
+            let bias = random(nr, 77);
+            let counts = [1usize, 2, 7, 8, 9, 15, 16, 17, 24, 31, 32];
+            for channels in counts.into_iter().filter(|&c| c <= nr) {
                 // Channels past `channels` hold NaN in wt: they must never reach y.
-                let mut wt = random(n * NR, 9 + channels as u64);
+                let mut wt = random(n * nr, 9 + channels as u64);
                 for s in 0..n {
-                    for c in channels..NR {
-                        wt[s * NR + c] = f32::NAN;
+                    for c in channels..nr {
+                        wt[s * nr + c] = f32::NAN;
                     }
                 }
-                let gap = (ldy / MR).max(1);
-                let ylen = (channels - 1) * ldy + gap * MR + 5;
+                let gap = (ldy / mr).max(1);
+                let ylen = (channels - 1) * ldy + gap * mr + 5;
                 let last = x.len() - 1 - offs.max();
-                for m in 1..=MR {
-                    let b = bases(m, last, m + channels);
+                for m in 1..=mr {
+                    // Odd channel counts on a run of bases (the run kernel), even ones scattered.
+                    let b = if channels % 2 == 1 {
+                        (last + 1 - m..=last).collect()
+                    } else {
+                        bases(m, last, m + channels)
+                    };
                     // Distinct destinations (pixels `gap` apart within one plane of ldy),
                     // descending, the first at the largest valid one.
                     let dst: Vec<usize> = (0..m)
@@ -170,7 +203,7 @@ fn offset_a_store_matches_naive_with_every_mode() {
                                 for c in 0..channels {
                                     let at = dst[i] + c * ldy;
                                     written[at] = true;
-                                    let (mut s, mut sabs) = naive(&wt, o, &x, b[i], c);
+                                    let (mut s, mut sabs) = naive(&wt, nr, o, &x, b[i], c);
                                     let extra = match mode {
                                         0 => 0.0,
                                         1 => bias[c] as f64,
@@ -204,13 +237,16 @@ fn offset_a_store_matches_naive_with_every_mode() {
 
 #[test]
 fn offset_a_free_functions_use_the_process_family() {
+    let shape = core_blas::offset_a_shape().unwrap();
+    assert_eq!(shape, Gemm::global().unwrap().offset_a_shape());
+    let nr = shape.1;
     let offs = Offsets::new(vec![0, 5, 1, 9, 3]);
-    let wt = random(5 * NR, 5);
+    let wt = random(5 * nr, 5);
     let x = random(40, 6);
     let b = [3usize, 20, 30, 0];
     let mut acc: OffsetATile = [[0.0; NR]; MR];
     core_blas::offset_a_tile(&wt, &offs, 1..5, &x, &b, &mut acc, false).unwrap();
-    let mut y = vec![0.0f32; 16 * 4];
+    let mut y = vec![0.0f32; nr * 4];
     let dst = [0usize, 1, 2, 3];
     core_blas::offset_a_store(
         &wt,
@@ -221,14 +257,14 @@ fn offset_a_free_functions_use_the_process_family() {
         &mut y,
         &dst,
         4,
-        16,
+        nr,
         OffsetAStore::Add,
         false,
     )
     .unwrap();
     for (i, &bi) in b.iter().enumerate() {
-        for c in 0..NR {
-            let (s, sabs) = naive(&wt, &[5, 1, 9, 3], &x, bi, c);
+        for c in 0..nr {
+            let (s, sabs) = naive(&wt, nr, &[5, 1, 9, 3], &x, bi, c);
             let e = bound(4, sabs);
             assert!((acc[i][c] as f64 - s).abs() <= e, "acc[{i}][{c}]");
             assert!((y[c * 4 + i] as f64 - s).abs() <= e, "y[{i}][{c}]");
@@ -260,8 +296,9 @@ fn expect_short(r: Result<(), Error>, arg: &str, needed: usize) {
 fn offset_a_rejects_bad_arguments() {
     for isa in common::families() {
         let g = Gemm::new(isa).unwrap();
+        let (mr, nr) = g.offset_a_shape();
         let offs = Offsets::new(vec![0, 4, 2]);
-        let wt = vec![1.0; 3 * NR];
+        let wt = vec![1.0; 3 * nr];
         let x = vec![1.0; 30];
         let mut acc: OffsetATile = [[0.0; NR]; MR];
         {
@@ -269,13 +306,13 @@ fn offset_a_rejects_bad_arguments() {
                 g.offset_a_tile(wt, &offs, steps, &x, b, &mut acc, false)
             };
             expect_shape(t(&wt, 0..3, &[]), "bases");
-            expect_shape(t(&wt, 0..3, &[0; MR + 1]), "bases");
+            expect_shape(t(&wt, 0..3, &vec![0; mr + 1]), "bases");
             expect_shape(t(&wt, 1..4, &[0]), "steps");
             #[allow(clippy::reversed_empty_ranges)]
             expect_shape(t(&wt, 2..1, &[0]), "steps");
-            expect_short(t(&wt[..3 * NR - 1], 0..3, &[0]), "wt", 3 * NR);
+            expect_short(t(&wt[..3 * nr - 1], 0..3, &[0]), "wt", 3 * nr);
             // A sub-range needs only its own wt values.
-            t(&wt[..NR], 1..2, &[0]).unwrap();
+            t(&wt[..nr], 1..2, &[0]).unwrap();
             // base + max + 1 = 31 > 30: one value past the end.
             expect_short(t(&wt, 0..3, &[0, 26]), "x", 31);
             assert!(matches!(
@@ -287,14 +324,15 @@ fn offset_a_rejects_bad_arguments() {
             t(&[], 3..3, &[25]).unwrap();
         }
         assert_eq!(acc[0], [0.0; NR]);
-        assert_eq!(acc[1], [3.0; NR]);
+        assert_eq!(acc[1][..nr], vec![3.0; nr][..]);
+        assert!(acc[1][nr..].iter().all(|&v| v == 0.0));
         let mut y = vec![0.0f32; 50];
         let set = OffsetAStore::Set { bias: None };
         let s = |y: &mut [f32], dst: &[usize], ldy, ch, store| {
             g.offset_a_store(&wt, &offs, 0..3, &x, &[1, 2], y, dst, ldy, ch, store, false)
         };
         expect_shape(s(&mut y, &[0, 1], 10, 0, set), "channels");
-        expect_shape(s(&mut y, &[0, 1], 10, NR + 1, set), "channels");
+        expect_shape(s(&mut y, &[0, 1], 10, nr + 1, set), "channels");
         expect_shape(s(&mut y, &[0], 10, 2, set), "dst");
         expect_shape(s(&mut y, &[0, 1, 2], 10, 2, set), "dst");
         // dst 41 + 1·10 = 51 > 50 - 1: y one short.

@@ -4,15 +4,54 @@
 //!   `src[v] + offset`, `M` broadcasts of the packed w values, `M · V` FMAs;
 //! - [`dot_body`]: `M × J` dot products; per run `M` vector loads of dy (kept), per column one x
 //!   vector and `M` FMAs; the lanes reduced four columns at a time at the end;
-//! - [`a_tile_body`]: `M × 2` accumulators of 8 lanes (the GEMM micro-kernel's 6 × 16 shape); per
-//!   step 2 vector loads of the packed Wᵀ panel, `M` broadcasts of x at `xs[i] + offset`, `2 · M`
-//!   FMAs.
+//! - [`a_tile_body`]: `M × 2` accumulators of `S::LANES` lanes (AVX2: the GEMM micro-kernel's
+//!   6 × 16 shape; AVX-512: M × 32 on 512-bit vectors, see [`ATileFamily`]); per step 2 vector
+//!   loads of the packed Wᵀ panel, `M` broadcasts of x at `xs[i] + offset` (embedded broadcasts
+//!   of the FMAs on AVX-512), `2 · M` FMAs.
 
 use super::Simd;
 use crate::offset::{
     DOT_MR, DOT_NC, DotTile, OFFSET_A_MR, OFFSET_A_NR, OFFSET_LANES, OFFSET_MR, OFFSET_NV,
     OffsetATile, OffsetTile,
 };
+
+/// A family's offset-A tile: the vectors its [`a_tile_body`] runs on (two per step: `2 ·
+/// S::LANES` output channels) and its pixels per tile. The offset tile and the dot tile stay
+/// 8 lanes wide on every family (their contract); only the offset-A tile widens with the ISA.
+pub(crate) trait ATileFamily {
+    /// The vectors of the family's offset-A tile.
+    type S: Simd;
+    /// Pixels per tile (x values broadcast per step; `≤` [`OFFSET_A_MR`]) when the tile's
+    /// pixels are a run (`xs[i] = xs[0] + i`: one base register, the broadcasts at fixed
+    /// displacements from it).
+    const MR: usize;
+    /// Pixels per tile at arbitrary bases (one base register per pixel: beyond the free
+    /// general-purpose registers the pointers spill); wider tiles are split.
+    const GENERAL_MR: usize = 6;
+    /// Output channels per tile: two vectors (`≤` [`OFFSET_A_NR`]).
+    const NR: usize = 2 * <Self::S as Simd>::LANES;
+}
+
+impl ATileFamily for super::portable::Scalar {
+    type S = super::portable::Lanes8;
+    const MR: usize = 6;
+}
+
+#[cfg(target_arch = "x86_64")]
+impl ATileFamily for super::x86::Avx2 {
+    /// 6 × 16: 12 accumulators, 2 Wᵀ vectors and a broadcast of the 16 ymm registers.
+    type S = super::x86::V256;
+    const MR: usize = 6;
+}
+
+#[cfg(target_arch = "x86_64")]
+impl ATileFamily for super::x86::Avx512 {
+    /// 12 × 32 on zmm: 24 accumulators, 2 Wᵀ vectors, the x values as embedded broadcasts. At
+    /// arbitrary bases 6 pixels (12 base pointers spill: 12 × 32 ran at 28-42 GFLOP/s against
+    /// 52-68 for 6-10 pixels, `examples/offset_a_tile.rs`, quiet 17:27 UTC session 12).
+    type S = super::x86::V512;
+    const MR: usize = 12;
+}
 
 /// A family's instantiations of [`tile_body`] and [`dot_body`] (its `#[target_feature]`
 /// wrappers).
@@ -45,7 +84,7 @@ pub(crate) trait OffsetKernel: Copy {
         accumulate: bool,
     );
 
-    /// [`a_tile_body`] for `M` pixels, compiled with the family's features.
+    /// [`a_tile_body`] for `M` pixels at any bases, compiled with the family's features.
     ///
     /// # Safety
     /// As [`a_tile_body`]; holding `self` proves the family's features.
@@ -57,60 +96,81 @@ pub(crate) trait OffsetKernel: Copy {
         acc: &mut OffsetATile,
         accumulate: bool,
     );
+
+    /// [`a_tile_body`] for a run of `M` pixels from `xs[0]` (`RUN`), compiled with the
+    /// family's features.
+    ///
+    /// # Safety
+    /// As [`a_tile_body`] with `RUN`; holding `self` proves the family's features.
+    unsafe fn a_run<const M: usize>(
+        self,
+        offs: &[usize],
+        wt: *const f32,
+        xs: &[*const f32; OFFSET_A_MR],
+        acc: &mut OffsetATile,
+        accumulate: bool,
+    );
 }
 
-/// `acc[i][v·8 + l] (:= or +=) Σ_s x[xs[i] + offs[s]] · wt[s·16 + v·8 + l]` for `i < M`,
-/// `v < 2`, `l < 8`, steps in order (one FMA per step and lane; the portable family multiplies
-/// then adds).
+/// With `L = S::LANES` and `NR = 2 · L`: `acc[i][v·L + l] (:= or +=) Σ_s x[xs[i] + offs[s]] ·
+/// wt[s·NR + v·L + l]` for `i < M`, `v < 2`, `l < L`, steps in order (one FMA per step and lane;
+/// the portable family multiplies then adds); `acc[i][NR..]` and rows `i >= M` untouched.
+/// With `RUN` the pixels are a run, pixel `i` at `xs[0] + i` (the other `xs` not read): the
+/// same sums in the same order, on one base pointer.
 ///
 /// # Safety
-/// `S::LANES == 8` and the caller is compiled with `S`'s features; `wt` holds `offs.len() · 16`
-/// readable values; for every `i < M` and every offset `o` of `offs`, `xs[i] + o` is readable.
+/// `2 · S::LANES <= OFFSET_A_NR` and the caller is compiled with `S`'s features; `wt` holds
+/// `offs.len() · NR` readable values; for every `i < M` and every offset `o` of `offs`, `xs[i] +
+/// o` (`RUN`: `xs[0] + i + o`) is readable.
 #[inline(always)]
-pub(crate) unsafe fn a_tile_body<S: Simd, const M: usize>(
+pub(crate) unsafe fn a_tile_body<S: Simd, const M: usize, const RUN: bool>(
     offs: &[usize],
     wt: *const f32,
     xs: &[*const f32; OFFSET_A_MR],
     acc: &mut OffsetATile,
     accumulate: bool,
 ) {
-    debug_assert!(S::LANES == OFFSET_LANES && M <= OFFSET_A_MR);
-    // SAFETY: the caller's contract covers every load (16 wt values and one x value per pixel
-    // and step) and the target features; acc[i] is 16 f32 values.
+    debug_assert!(2 * S::LANES <= OFFSET_A_NR && M <= OFFSET_A_MR);
+    let lanes = S::LANES;
+    // SAFETY: the caller's contract covers every load (2 · LANES wt values and one x value per
+    // pixel and step) and the target features; acc[i] is OFFSET_A_NR >= 2 · LANES f32 values.
     unsafe {
         let mut c = [[S::zero(); 2]; M];
         if accumulate {
             for i in 0..M {
                 c[i][0] = S::load(acc[i].as_ptr());
-                c[i][1] = S::load(acc[i].as_ptr().add(OFFSET_LANES));
+                c[i][1] = S::load(acc[i].as_ptr().add(lanes));
             }
         }
-        let ps: [*const f32; M] = std::array::from_fn(|i| xs[i]);
+        // A run: every pixel at a constant displacement from xs[0] (inside x by the contract).
+        let ps: [*const f32; M] =
+            std::array::from_fn(|i| if RUN { xs[0].wrapping_add(i) } else { xs[i] });
         let mut wp = wt;
         for &off in offs {
             let b0 = S::load(wp);
-            let b1 = S::load(wp.add(OFFSET_LANES));
+            let b1 = S::load(wp.add(lanes));
             for i in 0..M {
                 let a = S::bcast(ps[i].add(off));
                 c[i][0] = S::fma(a, b0, c[i][0]);
                 c[i][1] = S::fma(a, b1, c[i][1]);
             }
             // The last advance points one past the steps' values, never dereferenced.
-            wp = wp.wrapping_add(OFFSET_A_NR);
+            wp = wp.wrapping_add(2 * lanes);
         }
         for i in 0..M {
             S::store(acc[i].as_mut_ptr(), c[i][0]);
-            S::store(acc[i].as_mut_ptr().add(OFFSET_LANES), c[i][1]);
+            S::store(acc[i].as_mut_ptr().add(lanes), c[i][1]);
         }
     }
 }
 
-/// [`OffsetKernel::a_tile`] for `m` (1..=[`OFFSET_A_MR`]) pixels, one monomorphized tile each.
+/// [`OffsetKernel::a_tile`] (`RUN`: [`OffsetKernel::a_run`]) for `m` (1..=[`OFFSET_A_MR`])
+/// pixels, one monomorphized tile each.
 ///
 /// # Safety
 /// As [`a_tile_body`] for `M = m` (in range, checked by the caller).
 #[inline(always)]
-pub(crate) unsafe fn a_tile_any<K: OffsetKernel>(
+pub(crate) unsafe fn a_tile_any<K: OffsetKernel, const RUN: bool>(
     k: K,
     m: usize,
     offs: &[usize],
@@ -119,15 +179,32 @@ pub(crate) unsafe fn a_tile_any<K: OffsetKernel>(
     acc: &mut OffsetATile,
     accumulate: bool,
 ) {
+    macro_rules! tile {
+        ($m:literal) => {
+            if RUN {
+                k.a_run::<$m>(offs, wt, xs, acc, accumulate)
+            } else {
+                k.a_tile::<$m>(offs, wt, xs, acc, accumulate)
+            }
+        };
+    }
     // SAFETY: the caller's contract, for this M <= OFFSET_A_MR.
     unsafe {
         match m {
-            1 => k.a_tile::<1>(offs, wt, xs, acc, accumulate),
-            2 => k.a_tile::<2>(offs, wt, xs, acc, accumulate),
-            3 => k.a_tile::<3>(offs, wt, xs, acc, accumulate),
-            4 => k.a_tile::<4>(offs, wt, xs, acc, accumulate),
-            5 => k.a_tile::<5>(offs, wt, xs, acc, accumulate),
-            6 => k.a_tile::<6>(offs, wt, xs, acc, accumulate),
+            1 => tile!(1),
+            2 => tile!(2),
+            3 => tile!(3),
+            4 => tile!(4),
+            5 => tile!(5),
+            6 => tile!(6),
+            // Only the families with more pixels per tile get here (the caller checks m
+            // against the family's MR), so the narrower ones never run these spilling tiles.
+            7 => tile!(7),
+            8 => tile!(8),
+            9 => tile!(9),
+            10 => tile!(10),
+            11 => tile!(11),
+            12 => tile!(12),
             _ => debug_assert!(false, "pixels out of range"),
         }
     }
@@ -301,7 +378,8 @@ pub(crate) unsafe fn dot_any<K: OffsetKernel>(
 }
 
 /// The `impl OffsetKernel` of a family: `#[target_feature]` wrappers around the shared bodies
-/// (`$simd` must have 8 lanes).
+/// (`$simd` must have 8 lanes: the offset and dot tiles; the offset-A tile runs on the
+/// family's [`ATileFamily::S`]).
 macro_rules! offset_kernel {
     ($family:ty, $simd:ty, $tile:ident, $dot:ident, $atile:ident $(, $features:literal)?) => {
         $(#[target_feature(enable = $features)])?
@@ -334,15 +412,22 @@ macro_rules! offset_kernel {
         }
 
         $(#[target_feature(enable = $features)])?
-        unsafe fn $atile<const M: usize>(
+        unsafe fn $atile<const M: usize, const RUN: bool>(
             offs: &[usize],
             wt: *const f32,
             xs: &[*const f32; $crate::offset::OFFSET_A_MR],
             acc: &mut $crate::offset::OffsetATile,
             accumulate: bool,
         ) {
-            // SAFETY: compiled with the family's features; memory per the caller.
-            unsafe { $crate::kernel::offset::a_tile_body::<$simd, M>(offs, wt, xs, acc, accumulate) }
+            // SAFETY: compiled with the family's features (those of its a-tile vectors);
+            // memory per the caller.
+            unsafe {
+                $crate::kernel::offset::a_tile_body::<
+                    <$family as $crate::kernel::offset::ATileFamily>::S,
+                    M,
+                    RUN,
+                >(offs, wt, xs, acc, accumulate)
+            }
         }
 
         impl $crate::kernel::offset::OffsetKernel for $family {
@@ -383,7 +468,20 @@ macro_rules! offset_kernel {
                 accumulate: bool,
             ) {
                 // SAFETY: holding the family value proves its features; memory per the caller.
-                unsafe { $atile::<M>(offs, wt, xs, acc, accumulate) }
+                unsafe { $atile::<M, false>(offs, wt, xs, acc, accumulate) }
+            }
+
+            #[inline]
+            unsafe fn a_run<const M: usize>(
+                self,
+                offs: &[usize],
+                wt: *const f32,
+                xs: &[*const f32; $crate::offset::OFFSET_A_MR],
+                acc: &mut $crate::offset::OffsetATile,
+                accumulate: bool,
+            ) {
+                // SAFETY: holding the family value proves its features; memory per the caller.
+                unsafe { $atile::<M, true>(offs, wt, xs, acc, accumulate) }
             }
         }
     };
