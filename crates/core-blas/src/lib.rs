@@ -124,6 +124,14 @@ pub use transpose::{deinterleave, transpose_lanes};
 pub use vector::Vector;
 pub use view::{MatMut, MatRef};
 
+/// Probes only (`examples/ukr_ab.rs`): the full tiles of `avx512-f32-12x32` run on the assembly
+/// k-loop (0, the default) or on the intrinsics body of session 11 (1).
+#[doc(hidden)]
+#[cfg(target_arch = "x86_64")]
+pub fn __set_ukr_variant(v: u8) {
+    kernel::skx::UKR_VARIANT.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// cblas row-major `sgemm` with the process-wide kernel: `C := alpha · op(A) · op(B) + beta · C`,
 /// `op(A)` `m × k`, `op(B)` `k × n`. See [`Gemm::sgemm`].
 #[allow(clippy::too_many_arguments)]

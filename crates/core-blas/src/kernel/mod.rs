@@ -16,6 +16,8 @@ pub(crate) mod offset;
 pub(crate) mod portable;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod probe;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod skx;
 pub(crate) mod small;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod vector;
@@ -313,7 +315,7 @@ unsafe fn step_rows<S: Simd, const MR: usize, const NV: usize>(
 /// `n <= NV · LANES`; the caller is compiled with `S`'s features.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn store_acc<S: Simd, const MR: usize, const NV: usize>(
+pub(crate) unsafe fn store_acc<S: Simd, const MR: usize, const NV: usize>(
     acc: &[[S::V; NV]; MR],
     alpha: f32,
     beta: f32,
@@ -414,7 +416,7 @@ unsafe fn store_acc<S: Simd, const MR: usize, const NV: usize>(
 /// # Safety
 /// The caller is compiled with `S`'s features (prefetch itself never faults).
 #[inline(always)]
-unsafe fn prefetch_tile<S: Simd>(c: *mut f32, rs_c: usize, m: usize, n: usize) {
+pub(crate) unsafe fn prefetch_tile<S: Simd>(c: *mut f32, rs_c: usize, m: usize, n: usize) {
     for r in 0..m {
         // SAFETY: prefetch has no architectural effect; `wrapping_add` computes the addresses.
         unsafe {
@@ -456,7 +458,7 @@ unsafe fn steps4<S: Simd, const MR: usize, const NV: usize, const AS: usize, con
 
 /// One rank-1 update of the register tile.
 #[inline(always)]
-unsafe fn step<S: Simd, const MR: usize, const NV: usize>(
+pub(crate) unsafe fn step<S: Simd, const MR: usize, const NV: usize>(
     acc: &mut [[S::V; NV]; MR],
     a: *const f32,
     b: *const f32,

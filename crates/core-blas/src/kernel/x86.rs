@@ -416,7 +416,8 @@ const AVX512_NV: usize = 2;
 /// sgemm tile, 32 × 12 in its column-major terms): 14 loads per 24 FMAs, against 10 per 16 on
 /// the 8 × 32 tile of sessions 1-10. Session 11 (Xeon, gemm_ratio 1 thread, quiet 15:03 UTC,
 /// KC 384 vs 8 × 32 at KC 128): 2048³ 48.8-49.4% of the peak vs 35.5-39.3%, 64×50176×576
-/// 27.0-29.3% vs 26.5-26.6%, 256×3136×2304 40.2-41.6% vs 38.3-43.5% (noise).
+/// 27.0-29.3% vs 26.5-26.6%, 256×3136×2304 40.2-41.6% vs 38.3-43.5% (noise). Since session 12
+/// the full tiles run the k-loop in assembly ([`super::skx`]); the edge tiles keep [`ukr`].
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Avx512(());
 
@@ -526,7 +527,11 @@ impl Kernel for Avx512 {
         // kernel reads the first `R >= m` rows and `NV` vectors of the 12 × 32 panels).
         unsafe {
             if m == AVX512_MR && n > 16 {
-                avx512_ukr(k, alpha, a, b, beta, c, rs_c, cs_c, m, n);
+                if super::skx::UKR_VARIANT.load(std::sync::atomic::Ordering::Relaxed) == 1 {
+                    avx512_ukr(k, alpha, a, b, beta, c, rs_c, cs_c, m, n);
+                } else {
+                    super::skx::avx512_ukr_asm(k, alpha, a, b, beta, c, rs_c, cs_c, m, n);
+                }
             } else if n > 16 {
                 by_rows!(
                     m,
@@ -813,8 +818,9 @@ pub(crate) unsafe fn gather2_avx2(
     }
 }
 
-// The offset-list kernels ([`crate::offset`]) on 256-bit vectors; the AVX-512 family runs the
-// same 256-bit body compiled with AVX-512F (the contract is 8 lanes wide).
+// The offset-list kernels ([`crate::offset`]): `offset_tile` / `offset_dot` on 256-bit vectors in
+// both families (the AVX-512 one compiled with AVX-512F; that contract is 8 lanes wide); the
+// offset-A tile picks its vector width per family inside `kernel/offset.rs`.
 super::offset::offset_kernel!(
     Avx2,
     V256,
