@@ -236,6 +236,10 @@ fn gather_runs(
         8 => gather::<8>(data, sx, xq, p0, kc, panel),
         12 => gather::<12>(data, sx, xq, p0, kc, panel),
         16 => gather::<16>(data, sx, xq, p0, kc, panel),
+        // 24 and 32: the AVX-512 family's NR (32) and its narrow edge (a transposed B of fastconv's
+        // backward-filter went through the scalar loop below: 5 % of the paper layer's passes).
+        24 => gather::<24>(data, sx, xq, p0, kc, panel),
+        32 => gather::<32>(data, sx, xq, p0, kc, panel),
         _ => return false,
     }
     true
@@ -409,6 +413,49 @@ pub(crate) fn with_workspace<R>(f: impl FnOnce(&mut Workspace) -> R) -> R {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `pack_panels` on a unit p-stride (a transposed view: x runs are contiguous over p, as B = Vᵀ
+    /// of fastconv's backward-filter), for every panel width of `gather_runs` (24 and 32 included)
+    /// and a width without a fixed arm, full and partial panels, the vector and the scalar gather,
+    /// against the layout definition (NaN-filled destination: every value is written).
+    #[test]
+    fn transposed_panels_match_the_layout() {
+        let (sx, xs) = (203usize, 75usize);
+        let data: Vec<f32> = (0..sx * xs).map(|i| i as f32 * 0.25 - 11.0).collect();
+        for scalar in [false, true] {
+            SCALAR_GATHER.store(scalar, std::sync::atomic::Ordering::Relaxed);
+            for r in [4usize, 6, 8, 12, 16, 24, 32, 20] {
+                for (x0, w, p0, kc) in [
+                    (0usize, 64usize, 0usize, 37usize),
+                    (3, 70, 5, 9),
+                    (1, 24, 2, 1),
+                ] {
+                    let panels = w.div_ceil(r);
+                    let mut want = vec![0.0f32; panels * r * kc];
+                    for q in 0..panels {
+                        for p in 0..kc {
+                            for x in 0..r {
+                                let col = q * r + x;
+                                want[q * r * kc + p * r + x] = if col < w {
+                                    data[(x0 + col) * sx + p0 + p]
+                                } else {
+                                    0.0
+                                };
+                            }
+                        }
+                    }
+                    let mut got = vec![f32::NAN; want.len()];
+                    pack_panels(&data, sx, 1, x0, w, p0, kc, r, &mut got);
+                    assert_eq!(
+                        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "r={r} x0={x0} w={w} p0={p0} kc={kc} scalar={scalar}"
+                    );
+                }
+            }
+        }
+        SCALAR_GATHER.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
 
     /// `pack_lines` (baseline codegen) and `pack_lines_avx` against the layout definition.
     #[test]
