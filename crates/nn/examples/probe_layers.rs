@@ -23,9 +23,12 @@ fn tensor(shape: &[usize], seed: usize) -> Result<Tensor, Error> {
     Ok(Tensor::new(shape, data)?)
 }
 
-/// (name, layer, input shape): ResNet-50 at batch 8.
-fn cases() -> Result<Vec<(String, Box<dyn Layer>, Vec<usize>)>, Error> {
-    let mut v: Vec<(String, Box<dyn Layer>, Vec<usize>)> = Vec::new();
+/// A case: name, layer, input shape.
+type Case = (String, Box<dyn Layer>, Vec<usize>);
+
+/// The cases: ResNet-50's shapes at batch 8.
+fn cases() -> Result<Vec<Case>, Error> {
+    let mut v: Vec<Case> = Vec::new();
     for (c, s) in [(64, 112), (256, 56), (512, 28), (1024, 14), (2048, 7)] {
         let shape = vec![8, c, s, s];
         v.push((format!("bn {c}@{s}²"), Box::new(BatchNorm::new(c)?), shape));

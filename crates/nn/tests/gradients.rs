@@ -400,6 +400,90 @@ fn naive_max_pool(x: &Tensor, k: &[usize], s: &[usize], p: &[usize]) -> Tensor {
     Tensor::new(&shape, y).unwrap()
 }
 
+/// Where max pooling's backward sends each output's gradient, by the definition: the first
+/// input of the window in row-major order that holds its maximum, a NaN beating any number.
+fn naive_max_pool_dx(x: &Tensor, dy: &Tensor, k: &[usize], s: &[usize], p: &[usize]) -> Vec<f32> {
+    let r = k.len();
+    let sp = &x.shape()[2..];
+    let o = &dy.shape()[2..];
+    let planes = x.shape()[0] * x.shape()[1];
+    let (ilen, olen) = (sp.iter().product::<usize>(), o.iter().product::<usize>());
+    let mut dx = vec![0.0; x.len()];
+    for pl in 0..planes {
+        for oi in 0..olen {
+            let oc: Vec<usize> = (0..r)
+                .map(|d| oi / o[d + 1..].iter().product::<usize>() % o[d])
+                .collect();
+            let mut best: Option<(f32, usize)> = None;
+            for ki in 0..k.iter().product::<usize>() {
+                let kc: Vec<usize> = (0..r)
+                    .map(|d| ki / k[d + 1..].iter().product::<usize>() % k[d])
+                    .collect();
+                let pos: Option<Vec<usize>> = (0..r)
+                    .map(|d| {
+                        let v = (oc[d] * s[d] + kc[d]) as isize - p[d] as isize;
+                        (v >= 0 && (v as usize) < sp[d]).then_some(v as usize)
+                    })
+                    .collect();
+                if let Some(pos) = pos {
+                    let flat = pos.iter().zip(sp).fold(0, |a, (&c, &n)| a * n + c);
+                    let v = x.data()[pl * ilen + flat];
+                    let wins = match best {
+                        None => true,
+                        Some((b, _)) => v > b || (v.is_nan() && !b.is_nan()),
+                    };
+                    if wins {
+                        best = Some((v, flat));
+                    }
+                }
+            }
+            let (_, at) = best.expect("windows are never empty");
+            dx[pl * ilen + at] += dy.data()[pl * olen + oi];
+        }
+    }
+    dx
+}
+
+/// Ties and NaNs route the gradient to the first winner in row-major order (PyTorch's choice),
+/// on every path of the forward: the 2×2 fast path, strides 1-3 (one or several phases of a
+/// strided row), clipped windows at both ends, 1-3 dimensions.
+#[test]
+fn max_pool_ties_and_nans_route_the_gradient_to_the_first_winner() {
+    let rng = &mut SmallRng::seed_from_u64(21);
+    type Case<'a> = (&'a [usize], &'a [usize], &'a [usize], &'a [usize]);
+    let cases: [Case; 8] = [
+        (&[3, 3], &[2, 2], &[1, 1], &[2, 3, 11, 13]),
+        (&[2, 2], &[2, 2], &[0, 0], &[1, 2, 6, 8]),
+        (&[3, 3], &[1, 1], &[1, 1], &[1, 2, 7, 9]),
+        (&[3, 3], &[3, 3], &[1, 1], &[1, 2, 10, 17]),
+        (&[5], &[2], &[2], &[2, 2, 19]),
+        (&[2, 3], &[2, 3], &[0, 1], &[1, 2, 6, 14]),
+        (&[1, 2, 2], &[1, 2, 2], &[0, 0, 0], &[1, 2, 3, 6, 7]),
+        (&[3, 3, 3], &[2, 2, 2], &[1, 1, 1], &[1, 2, 5, 7, 9]),
+    ];
+    for (i, (k, s, p, shape)) in cases.into_iter().enumerate() {
+        // Three values only: most windows hold ties; a few NaNs.
+        let n: usize = shape.iter().product();
+        let data = (0..n)
+            .map(|_| match rng.random_range(0..40) {
+                0 => f32::NAN,
+                v => (v % 3) as f32,
+            })
+            .collect();
+        let x = Tensor::new(shape, data).unwrap();
+        let mut pool = MaxPool::nd(k, s, p).unwrap();
+        let y = pool.forward(x.clone(), true).unwrap();
+        let dy = random(y.shape(), rng);
+        let dx = pool.backward(dy.clone(), true).unwrap().unwrap();
+        assert_eq!(
+            dx.data(),
+            naive_max_pool_dx(&x, &dy, k, s, p).as_slice(),
+            "case {i}: {}",
+            pool.describe()
+        );
+    }
+}
+
 #[test]
 fn padded_and_anisotropic_max_pool_against_the_definition() {
     let rng = &mut SmallRng::seed_from_u64(14);

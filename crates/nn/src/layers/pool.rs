@@ -269,17 +269,40 @@ fn wins(v: f32, best: f32) -> bool {
     v > best || v.is_nan() && !best.is_nan()
 }
 
-/// One tap of a row of windows: `best[q]`, `at[q]` take `v[q]` (input index `start + q·step`)
-/// where it [`wins`]. Written with bit masks instead of branches, so it compiles to vector
-/// compares and blends (maxima of activations are unpredictable: branches mispredict).
-fn update(best: &mut [f32], at: &mut [u32], v: &[f32], start: usize, step: usize) {
-    let (start, step) = (start as u32, step as u32);
-    for (q, ((b, a), &v)) in best.iter_mut().zip(at.iter_mut()).zip(v).enumerate() {
+/// One tap of a row of windows: `best[q]`, `tap[q]` take `v[q]` and `t` where `v[q]` [`wins`].
+/// Written with bit masks instead of branches, so it compiles to vector compares and blends
+/// (maxima of activations are unpredictable: branches mispredict); the tap number is the same
+/// for the whole row, so no per-output index arithmetic is needed here.
+fn update(best: &mut [f32], tap: &mut [u32], v: &[f32], t: u32) {
+    for ((b, a), &v) in best.iter_mut().zip(tap.iter_mut()).zip(v) {
         #[allow(clippy::eq_op)]
         let w = (v > *b) | ((v != v) & (*b == *b));
         let m = (w as u32).wrapping_neg();
         *b = f32::from_bits((b.to_bits() & !m) | (v.to_bits() & m));
-        *a = (*a & !m) | ((start + q as u32 * step) & m);
+        *a = (*a & !m) | (t & m);
+    }
+}
+
+/// `phases[p][u] = x[p + step·u]` for the phases `p < phases.len()` of a run `x` read with a
+/// stride of `step` (2: one pass over pairs, which vectorizes).
+fn deinterleave(x: &[f32], step: usize, phases: &mut [Vec<f32>]) {
+    for (p, ph) in phases.iter_mut().enumerate() {
+        ph.resize(x.len().saturating_sub(p).div_ceil(step), 0.0);
+    }
+    if let ([even, odd], 2) = (&mut *phases, step) {
+        // Whole pairs by slices of known length (vector shuffles), then the odd value left.
+        for ((e, o), pair) in even.iter_mut().zip(odd.iter_mut()).zip(x.chunks_exact(2)) {
+            (*e, *o) = (pair[0], pair[1]);
+        }
+        if x.len() % 2 == 1 {
+            even[x.len() / 2] = x[x.len() - 1];
+        }
+    } else {
+        for (p, ph) in phases.iter_mut().enumerate() {
+            for (v, &xv) in ph.iter_mut().zip(x.iter().skip(p).step_by(step)) {
+                *v = xv;
+            }
+        }
     }
 }
 
@@ -320,7 +343,9 @@ impl Windows {
         }
         .max(first_in);
         let mut rows = Vec::with_capacity(self.kernel[0] * self.kernel[1]);
-        let mut column = Vec::with_capacity(end_in - first_in);
+        // The phases of a window row's run (strided pools), and each tap's first input index.
+        let mut phases = vec![Vec::new(); s2.min(k2)];
+        let mut offsets = Vec::with_capacity(rows.capacity() * k2);
         let mut o = 0;
         for o0 in 0..od {
             let (lo0, hi0) = self.range(0, o0);
@@ -345,33 +370,41 @@ impl Windows {
                     }
                     (yr[o2], ar[o2]) = (best, at as u32);
                 }
-                // The inner outputs, tap by tap in the same order as above.
+                // The inner outputs, tap by tap in the same order as above: each window row's
+                // run is split once into its `s2` phases (tap j of output q is phase j mod s2 at
+                // q + j / s2), the winning tap per output is kept, then turned into an index.
                 let n = end_in - first_in;
                 if n > 0 {
                     let (yi, ai) = (&mut yr[first_in..end_in], &mut ar[first_in..end_in]);
                     let base = first_in * s2 - p2;
-                    let span = (n - 1) * s2 + 1;
-                    let start = rows[0] + base;
-                    for ((yo, ao), (q, &v)) in yi
-                        .iter_mut()
-                        .zip(ai.iter_mut())
-                        .zip(x[start..start + span].iter().step_by(s2).enumerate())
-                    {
-                        (*yo, *ao) = (v, (start + q * s2) as u32);
-                    }
-                    for &r in &rows {
+                    let span = (n - 1) * s2 + k2;
+                    for (ri, &r) in rows.iter().enumerate() {
+                        let run = &x[r + base..r + base + span];
+                        if s2 > 1 {
+                            deinterleave(run, s2, &mut phases);
+                        }
                         for j in 0..k2 {
-                            let start = r + base + j;
-                            let taps = &x[start..start + span];
-                            if s2 == 1 {
-                                update(yi, ai, taps, start, 1);
+                            let taps = if s2 == 1 {
+                                &run[j..j + n]
                             } else {
-                                // Gathered into a contiguous run first, so the update vectorizes.
-                                column.clear();
-                                column.extend(taps.iter().step_by(s2));
-                                update(yi, ai, &column, start, s2);
+                                &phases[j % s2][j / s2..j / s2 + n]
+                            };
+                            let t = ri * k2 + j;
+                            if t == 0 {
+                                yi.copy_from_slice(taps);
+                                ai.fill(0);
+                            } else {
+                                update(yi, ai, taps, t as u32);
                             }
                         }
+                    }
+                    offsets.clear();
+                    offsets.extend(
+                        rows.iter()
+                            .flat_map(|&r| (0..k2).map(move |j| r + base + j)),
+                    );
+                    for (q, a) in ai.iter_mut().enumerate() {
+                        *a = (offsets[*a as usize] + q * s2) as u32;
                     }
                 }
                 o += ow;
