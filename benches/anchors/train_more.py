@@ -6,6 +6,9 @@ best step time, peak RSS), whose `main` this reuses with its model table extende
 `conv_small_layers.py` does for `conv_layers.py`. The definitions match `nn::model::build_with`.
 
   /tmp/anchor-venv/bin/python benches/anchors/train_more.py --model c3d --threads 1 --no-wait --steps 3 --warmup 1
+
+`--channels-last` runs PyTorch in its channels-last layout (channels_last_3d for C3D), which
+oneDNN prefers on AVX-512 CPUs.
 """
 import argparse
 import os
@@ -72,4 +75,9 @@ def add_argument(self, *args, **kwargs):
 argparse.ArgumentParser.add_argument = add_argument
 
 if __name__ == "__main__":
+    if "c3d" in sys.argv and "--channels-last" in sys.argv:
+        # train_bench converts with torch.channels_last, which needs 4-D tensors: C3D's clips and
+        # weights are 5-D, whose channels-last format is channels_last_3d.
+        import torch
+        torch.channels_last = torch.channels_last_3d
     train_bench.main()
