@@ -6,8 +6,9 @@
 //! cut into runs along the innermost output dimension, with a (tap × run) segment table (see
 //! `source.rs`); every row of the panel then is a few copies of input runs, zero-filled first
 //! where some run overhangs the padding. The tables depend only on the panel's position inside
-//! an image, so on small output planes they are cached per thread across calls (core-blas's
-//! small-m schedule packs one or two micro-panels per call) and reused for every image.
+//! an image, so they are cached per thread across calls (core-blas's small-m schedule packs one
+//! or two micro-panels per call; every KC block of an NC block packs the same panel positions)
+//! and reused for every image, up to [`CACHE_MAX_SEGS`] segments.
 
 use std::cell::RefCell;
 
@@ -104,9 +105,22 @@ thread_local! {
     static PREFETCH_RUNS: RefCell<Vec<Run>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Output planes up to this size keep their panels' tables cached across calls (one entry per
-/// panel position; larger planes rebuild them per panel into one reused entry).
-const CACHE_MAX_PLANE: usize = 4096;
+/// Segments the cached tables may hold: past it the cache starts over (on planes whose panel
+/// positions need more, such as C3D's 8×56² with 27 taps or VGG's 224², the positions of one
+/// NC block are still packed once per KC block from the cache, instead of rebuilding their
+/// tables for every KC block).
+const CACHE_MAX_SEGS: usize = 1 << 16;
+
+impl Scratch {
+    /// Drops every cached entry's tables (the slots must be reset with them).
+    fn clear_tables(&mut self) {
+        self.entries.clear();
+        self.runs.clear();
+        self.segs.clear();
+        self.full.clear();
+        self.lin.clear();
+    }
+}
 
 impl<'a> Im2colB<'a> {
     /// The im2col matrix of group `grp` of `x` (validated by the caller: `x.len() == g.x_len()`).
@@ -170,16 +184,11 @@ impl Im2colB<'_> {
         let (image, olen, rlen) = (src.image_len(), src.olen(), src.rlen);
         SCRATCH.with_borrow_mut(|s| {
             let key = (src.d, [src.plane(0), image, rlen, nr]);
-            let cache = olen <= CACHE_MAX_PLANE;
-            if s.key != Some(key) || !cache {
+            if s.key != Some(key) {
                 s.key = Some(key);
                 s.slots.clear();
-                s.slots.resize(if cache { olen } else { 0 }, EMPTY);
-                s.entries.clear();
-                s.runs.clear();
-                s.segs.clear();
-                s.full.clear();
-                s.lin.clear();
+                s.slots.resize(olen, EMPTY);
+                s.clear_tables();
             }
             if cfg!(debug_assertions) {
                 s.planes.clear();
@@ -188,18 +197,15 @@ impl Im2colB<'_> {
             for (j0, w, panel) in micro_panels(dst, kc, nr, jc, nc) {
                 let first = self.col0 + j0;
                 let (n, pos) = (first / olen, first % olen);
-                let cached = cache && w == nr;
+                let cached = w == nr;
                 let slot = if cached { s.slots[pos] } else { EMPTY };
                 let e = if slot != EMPTY {
                     s.entries[slot as usize]
                 } else {
-                    if !cache {
-                        // One entry at a time.
-                        s.entries.clear();
-                        s.runs.clear();
-                        s.segs.clear();
-                        s.full.clear();
-                        s.lin.clear();
+                    if s.segs.len() >= CACHE_MAX_SEGS {
+                        // Start over (this panel's entry alone would not reach the limit).
+                        s.slots.fill(EMPTY);
+                        s.clear_tables();
                     }
                     let e = Entry {
                         runs: s.runs.len(),

@@ -193,6 +193,12 @@ fn realistic_layers() {
             .unwrap()
             .with_groups(4)
             .unwrap(),
+        // A plane whose panel tables (27 taps × 1-2 runs × 2592 panel positions of 32, 5184 of
+        // 16) outgrow convgemm's table cache: it starts over mid-call.
+        ConvGeometry::new(1, 2, 3, &[16, 72, 72], &[3, 3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
     ];
     for g in &layers {
         check_all(g, 42).unwrap_or_else(|e| panic!("{g:?}: {e}"));
