@@ -360,19 +360,29 @@ fn max_pool_values_against_a_naive_loop() {
     }
 }
 
-/// Max pooling by the definition, for any kernel, stride and padding in 1-3 dimensions.
-fn naive_max_pool(x: &Tensor, k: &[usize], s: &[usize], p: &[usize]) -> Tensor {
+/// Output sizes of a pooling by the definition (floor mode).
+fn pooled(sp: &[usize], k: &[usize], s: &[usize], p: &[usize]) -> Vec<usize> {
+    (0..k.len())
+        .map(|d| (sp[d] + 2 * p[d] - k[d]) / s[d] + 1)
+        .collect()
+}
+
+/// For every output `oi` of every plane `pl` of a pooling of `x`, its window's inputs in
+/// row-major order (padded positions skipped): `f(pl, oi, flat input index within the plane)`.
+fn each_window_input(
+    x: &Tensor,
+    k: &[usize],
+    s: &[usize],
+    p: &[usize],
+    mut f: impl FnMut(usize, usize, usize),
+) {
     let r = k.len();
     let sp = &x.shape()[2..];
-    let o: Vec<usize> = (0..r)
-        .map(|d| (sp[d] + 2 * p[d] - k[d]) / s[d] + 1)
-        .collect();
+    let o = pooled(sp, k, s, p);
     let planes = x.shape()[0] * x.shape()[1];
-    let (ilen, olen) = (sp.iter().product::<usize>(), o.iter().product::<usize>());
-    let mut y = vec![f32::NEG_INFINITY; planes * olen];
     for pl in 0..planes {
-        for oi in 0..olen {
-            // Output coordinates, then every kernel offset; padded positions are skipped.
+        for oi in 0..o.iter().product::<usize>() {
+            // Output coordinates, then every kernel offset.
             let oc: Vec<usize> = (0..r)
                 .map(|d| oi / o[d + 1..].iter().product::<usize>() % o[d])
                 .collect();
@@ -387,14 +397,25 @@ fn naive_max_pool(x: &Tensor, k: &[usize], s: &[usize], p: &[usize]) -> Tensor {
                     })
                     .collect();
                 if let Some(pos) = pos {
-                    let flat = pos.iter().zip(sp).fold(0, |a, (&c, &n)| a * n + c);
-                    let v = x.data()[pl * ilen + flat];
-                    let y = &mut y[pl * olen + oi];
-                    *y = y.max(v);
+                    f(pl, oi, pos.iter().zip(sp).fold(0, |a, (&c, &n)| a * n + c));
                 }
             }
         }
     }
+}
+
+/// Max pooling by the definition, for any kernel, stride and padding in 1-3 dimensions.
+fn naive_max_pool(x: &Tensor, k: &[usize], s: &[usize], p: &[usize]) -> Tensor {
+    let o = pooled(&x.shape()[2..], k, s, p);
+    let (ilen, olen) = (
+        x.shape()[2..].iter().product::<usize>(),
+        o.iter().product::<usize>(),
+    );
+    let mut y = vec![f32::NEG_INFINITY; x.shape()[0] * x.shape()[1] * olen];
+    each_window_input(x, k, s, p, |pl, oi, at| {
+        let y = &mut y[pl * olen + oi];
+        *y = y.max(x.data()[pl * ilen + at]);
+    });
     let mut shape = x.shape()[..2].to_vec();
     shape.extend(o);
     Tensor::new(&shape, y).unwrap()
@@ -403,43 +424,22 @@ fn naive_max_pool(x: &Tensor, k: &[usize], s: &[usize], p: &[usize]) -> Tensor {
 /// Where max pooling's backward sends each output's gradient, by the definition: the first
 /// input of the window in row-major order that holds its maximum, a NaN beating any number.
 fn naive_max_pool_dx(x: &Tensor, dy: &Tensor, k: &[usize], s: &[usize], p: &[usize]) -> Vec<f32> {
-    let r = k.len();
-    let sp = &x.shape()[2..];
-    let o = &dy.shape()[2..];
-    let planes = x.shape()[0] * x.shape()[1];
-    let (ilen, olen) = (sp.iter().product::<usize>(), o.iter().product::<usize>());
-    let mut dx = vec![0.0; x.len()];
-    for pl in 0..planes {
-        for oi in 0..olen {
-            let oc: Vec<usize> = (0..r)
-                .map(|d| oi / o[d + 1..].iter().product::<usize>() % o[d])
-                .collect();
-            let mut best: Option<(f32, usize)> = None;
-            for ki in 0..k.iter().product::<usize>() {
-                let kc: Vec<usize> = (0..r)
-                    .map(|d| ki / k[d + 1..].iter().product::<usize>() % k[d])
-                    .collect();
-                let pos: Option<Vec<usize>> = (0..r)
-                    .map(|d| {
-                        let v = (oc[d] * s[d] + kc[d]) as isize - p[d] as isize;
-                        (v >= 0 && (v as usize) < sp[d]).then_some(v as usize)
-                    })
-                    .collect();
-                if let Some(pos) = pos {
-                    let flat = pos.iter().zip(sp).fold(0, |a, (&c, &n)| a * n + c);
-                    let v = x.data()[pl * ilen + flat];
-                    let wins = match best {
-                        None => true,
-                        Some((b, _)) => v > b || (v.is_nan() && !b.is_nan()),
-                    };
-                    if wins {
-                        best = Some((v, flat));
-                    }
-                }
-            }
-            let (_, at) = best.expect("windows are never empty");
-            dx[pl * ilen + at] += dy.data()[pl * olen + oi];
+    let ilen = x.shape()[2..].iter().product::<usize>();
+    let olen = dy.shape()[2..].iter().product::<usize>();
+    // The winner (value, input index) of each output, in the window's row-major order.
+    let mut best: Vec<Option<(f32, usize)>> = vec![None; dy.len()];
+    each_window_input(x, k, s, p, |pl, oi, at| {
+        let v = x.data()[pl * ilen + at];
+        let b = &mut best[pl * olen + oi];
+        if b.is_none_or(|(w, _)| v > w || (v.is_nan() && !w.is_nan())) {
+            *b = Some((v, at));
         }
+    });
+    // Scattered in output order, as the layer sums overlapping windows.
+    let mut dx = vec![0.0; x.len()];
+    for (i, b) in best.iter().enumerate() {
+        let (_, at) = b.expect("windows are never empty");
+        dx[i / olen * ilen + at] += dy.data()[i];
     }
     dx
 }
