@@ -158,9 +158,14 @@ pub(crate) const TABLE: [FamilyBlocking; 4] = [
     // Session 11, Xeon (Cascade Lake, L1 32 KiB, L2 1 MiB), gemm_ratio 1 thread, quiet 14:48
     // and 15:03 UTC: 2048³ KC 128 / 192 / 256 / 384 = 39.0 / 41.7 / 45.0-46.8 / 47.4-48.8% of
     // the peak; 64×50176×576 26.8 / 27.7 / 28.1-28.5 / 29.0-29.3%; 256×3136×2304 within noise.
+    // Session 13, 8 × 48 tile: the B micro-panel (`KC × 48`, 72 KiB at KC 384) streams from L2 as
+    // the 32-wide one did; l1_share 2.25 keeps KC 384 (MC 336). gemm_ratio 1 thread, quiet 21:08
+    // UTC, two rounds, KC / MC 384 / 336, 256 / 512, 192 / 672, 128 / 1024: 2048³ 61.8-64.8,
+    // 53.7-61.0, 57.7-58.0, 50.7-57.8% of the peak; 64×50176×576 38.4-40.0, 36.5-36.9,
+    // 30.5-33.3, 35.4-36.8%; 256×3136×2304 50.9-54.9, 53.3-53.7, 56.0-60.8, 47.8-52.3%.
     FamilyBlocking {
         isa: Isa::Avx512,
-        l1_share: 1.5,
+        l1_share: 2.25,
         l2_share: 0.5,
         l3_share: 0.25,
         kc_range: (128, 512),

@@ -193,7 +193,7 @@ pub(crate) fn global() -> Result<&'static Gemm, Error> {
         .map_err(Clone::clone)
 }
 
-/// The kernel in use by the free functions (`{family}-f32-{MR}x{NR}`, e.g. `avx512-f32-12x32`), or
+/// The kernel in use by the free functions (`{family}-f32-{MR}x{NR}`, e.g. `avx512-f32-8x48`), or
 /// the error `CORE_BLAS_ISA` causes.
 pub fn isa() -> Result<&'static str, Error> {
     global().map(|g| g.kernel_name())

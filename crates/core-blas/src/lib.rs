@@ -124,8 +124,8 @@ pub use transpose::{deinterleave, transpose_lanes};
 pub use vector::Vector;
 pub use view::{MatMut, MatRef};
 
-/// Probes only (`examples/ukr_ab.rs`): the full tiles of `avx512-f32-12x32` run on the assembly
-/// k-loop (0, the default) or on the intrinsics body of session 11 (1).
+/// Probes only (`examples/ukr_ab.rs`): the full tiles of `avx512-f32-8x48` run on the assembly
+/// k-loop (0, the default; 2: other rows as embedded broadcasts) or on the intrinsics body (1).
 #[doc(hidden)]
 #[cfg(target_arch = "x86_64")]
 pub fn __set_ukr_variant(v: u8) {

@@ -172,6 +172,7 @@ fn pack_panels(
                     16 => pack_lines_avx::<16>(data, sp, x0, w, p0, kc, dst),
                     24 => pack_lines_avx::<24>(data, sp, x0, w, p0, kc, dst),
                     32 => pack_lines_avx::<32>(data, sp, x0, w, p0, kc, dst),
+                    48 => pack_lines_avx::<48>(data, sp, x0, w, p0, kc, dst),
                     _ => pack_lines_any(data, sp, x0, w, p0, kc, r, dst),
                 }
             }
@@ -185,6 +186,7 @@ fn pack_panels(
             16 => pack_lines::<16>(data, sp, x0, w, p0, kc, dst),
             24 => pack_lines::<24>(data, sp, x0, w, p0, kc, dst),
             32 => pack_lines::<32>(data, sp, x0, w, p0, kc, dst),
+            48 => pack_lines::<48>(data, sp, x0, w, p0, kc, dst),
             _ => pack_lines_any(data, sp, x0, w, p0, kc, r, dst),
         }
         return;
@@ -236,10 +238,12 @@ fn gather_runs(
         8 => gather::<8>(data, sx, xq, p0, kc, panel),
         12 => gather::<12>(data, sx, xq, p0, kc, panel),
         16 => gather::<16>(data, sx, xq, p0, kc, panel),
-        // 24 and 32: the AVX-512 family's NR (32) and its narrow edge (a transposed B of fastconv's
-        // backward-filter went through the scalar loop below: 5 % of the paper layer's passes).
+        // 24, 32 and 48: the AVX-512 family's NR (48 since session 13, 32 before) and narrow
+        // widths (a transposed B of fastconv's backward-filter went through the scalar loop
+        // below: 5 % of the paper layer's passes).
         24 => gather::<24>(data, sx, xq, p0, kc, panel),
         32 => gather::<32>(data, sx, xq, p0, kc, panel),
+        48 => gather::<48>(data, sx, xq, p0, kc, panel),
         _ => return false,
     }
     true
@@ -424,7 +428,7 @@ mod tests {
         let data: Vec<f32> = (0..sx * xs).map(|i| i as f32 * 0.25 - 11.0).collect();
         for scalar in [false, true] {
             SCALAR_GATHER.store(scalar, std::sync::atomic::Ordering::Relaxed);
-            for r in [4usize, 6, 8, 12, 16, 24, 32, 20] {
+            for r in [4usize, 6, 8, 12, 16, 24, 32, 48, 20] {
                 for (x0, w, p0, kc) in [
                     (0usize, 64usize, 0usize, 37usize),
                     (3, 70, 5, 9),

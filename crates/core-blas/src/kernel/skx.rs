@@ -1,36 +1,41 @@
-//! The full-tile micro-kernel of `avx512-f32-12x32` with its k-loop in inline assembly, after
-//! BLIS's `bli_sgemm_skx_asm_32x12_l2` (mirrored: our B micro-panel is its 32-wide vector side,
-//! our A micro-panel its 12-wide broadcast side). The edge tiles keep the intrinsics body
-//! ([`super::ukr`]).
+//! The full-tile micro-kernel of `avx512-f32-8x48` with its k-loop in inline assembly (the
+//! layout of BLIS's `bli_sgemm_skx_asm_32x12_l2`, mirrored: our B micro-panel is the vector
+//! side, our A micro-panel the broadcast side, but 48 × 8 instead of its 32 × 12). The edge
+//! tiles keep the intrinsics body ([`super::ukr`]).
 //!
-//! Per k step: two 512-bit loads of the B row, then for each of the 12 rows of A two FMAs with
-//! the row's value broadcast, in one of two forms:
-//! - `vbroadcastss` into a register, then two register FMAs: 1 load, 3 fused µops;
-//! - two FMAs with an embedded broadcast from memory (`vfmadd231ps zmm, zmm, dword ptr
-//!   [..]{1to16}`): 2 loads, 2 fused µops.
+//! Per k step: three 512-bit loads of the B row, then for each of the 8 rows of A three FMAs
+//! with the row's value broadcast, in one of two forms:
+//! - `vbroadcastss` into a register, then three register FMAs: 1 load, 4 fused µops;
+//! - three FMAs with an embedded broadcast from memory (`vfmadd231ps zmm, zmm, dword ptr
+//!   [..]{1to16}`): 3 loads, 3 fused µops.
 //!
-//! All-register broadcasts (what LLVM emits for the intrinsics body) issue 38 fused µops per 24
-//! FMAs; all-embedded ones 26 µops but 26 loads (over the 2 loads per cycle of 12 FMA cycles).
 //! This guest sustains only ~2.2 fused µops per cycle for us (the host's hyperthread sibling
-//! shares the front end; `peak`'s FMA loop needs 2.1), so the mix matters: every third row
-//! (rows 2, 5, 8, 11) takes the embedded form, 18 loads and 34 fused µops per step, chosen with
-//! `examples/ukr_ab.rs` (session 12, PERFORMANCE.md ## core-blas). The 24 accumulators stay in
-//! zmm8-zmm31 across the loop; the loop is unrolled by 4 steps. C is prefetched 32 steps before
-//! the end of the loop (as BLIS does), not at its start, where the 384 steps of streamed panels
-//! that follow evict it from L1 again.
+//! shares the front end; `peak`'s FMA loop needs 2.1) and, measured, little more than ~1.2 loads
+//! per cycle beside it, so both µops and loads per FMA count (session 12: on the 12 × 32 tile of
+//! sessions 11-12, all-register 38 µops / 14 loads per 24 FMAs ran at 65-70% of the peak,
+//! all-embedded 26 / 26 at 51-58%, every third row embedded 34 / 18 at 77%). Three B vectors per
+//! step cut the broadcasts to 8 per 24 FMAs: rows 2, 5 and 7 embedded give 32 fused µops and 17
+//! loads per step (variant 0, the default), rows 1, 3, 5, 7 31 and 19 (variant 2 of
+//! [`UKR_VARIANT`]). Session 13 (PERFORMANCE.md ## core-blas), standalone loops on streamed
+//! panels, quiet 20:37 UTC, medians of 15 at KC 384 / 128: 12 × 32 as in session 12 73.8 /
+//! 77.6% of the peak, 8 × 48 rows 2, 5, 7 79.8 / 79.3%, rows 1, 3, 5, 7 73.7 / 82.0%; 6 × 64
+//! (4 B loads per step, 6 rows) 65-76%. The 24 accumulators stay in zmm8-zmm31 across the loop;
+//! the loop is unrolled by 4 steps. C is prefetched 32 steps before the end of the loop (as BLIS
+//! does), not at its start, where the 384 steps of streamed panels that follow evict it from L1
+//! again.
 
 use core::arch::asm;
 use core::arch::x86_64::*;
 
 use super::x86::V512;
 
-/// Row `r` of step `u` with a register broadcast: 1 load, 2 FMAs (3 fused µops).
+/// Row `r` of step `u` with a register broadcast: 1 load, 3 FMAs (4 fused µops).
 macro_rules! row_bc {
-    ($u:literal, $r:literal, $c0:literal, $c1:literal, $b0:literal, $b1:literal) => {
+    ($u:literal, $r:literal, $c0:literal, $c1:literal, $c2:literal, $b0:literal, $b1:literal, $b2:literal) => {
         concat!(
             "vbroadcastss zmm2, dword ptr [{a} + ",
             $u,
-            "*48 + ",
+            "*32 + ",
             $r,
             "*4]\n",
             "vfmadd231ps zmm",
@@ -43,14 +48,19 @@ macro_rules! row_bc {
             ", zmm",
             $b1,
             ", zmm2\n",
+            "vfmadd231ps zmm",
+            $c2,
+            ", zmm",
+            $b2,
+            ", zmm2\n",
         )
     };
 }
 
-/// Row `r` of step `u` with embedded broadcasts: 2 FMAs with a memory operand (2 loads, 2 fused
+/// Row `r` of step `u` with embedded broadcasts: 3 FMAs with a memory operand (3 loads, 3 fused
 /// µops).
 macro_rules! row_eb {
-    ($u:literal, $r:literal, $c0:literal, $c1:literal, $b0:literal, $b1:literal) => {
+    ($u:literal, $r:literal, $c0:literal, $c1:literal, $c2:literal, $b0:literal, $b1:literal, $b2:literal) => {
         concat!(
             "vfmadd231ps zmm",
             $c0,
@@ -58,7 +68,7 @@ macro_rules! row_eb {
             $b0,
             ", dword ptr [{a} + ",
             $u,
-            "*48 + ",
+            "*32 + ",
             $r,
             "*4]{{1to16}}\n",
             "vfmadd231ps zmm",
@@ -67,57 +77,67 @@ macro_rules! row_eb {
             $b1,
             ", dword ptr [{a} + ",
             $u,
-            "*48 + ",
+            "*32 + ",
+            $r,
+            "*4]{{1to16}}\n",
+            "vfmadd231ps zmm",
+            $c2,
+            ", zmm",
+            $b2,
+            ", dword ptr [{a} + ",
+            $u,
+            "*32 + ",
             $r,
             "*4]{{1to16}}\n",
         )
     };
 }
 
-/// One k step `u` of a round: the B row into zmm`b0` / zmm`b1`, then row `r` of A in form `k_r`
-/// ([`row_bc`] or [`row_eb`]) into accumulators zmm(8 + 2r), zmm(9 + 2r).
+/// One k step `u` of a round: the B row into zmm`b0..b2`, then row `r` of A in form `k_r`
+/// ([`row_bc`] or [`row_eb`]) into accumulators zmm(8 + 3r) ..= zmm(10 + 3r).
 macro_rules! step {
-    ($u:literal, $b0:literal, $b1:literal, [$k0:ident, $k1:ident, $k2:ident, $k3:ident, $k4:ident, $k5:ident, $k6:ident, $k7:ident, $k8:ident, $k9:ident, $k10:ident, $k11:ident]) => {
+    ($u:literal, $b0:literal, $b1:literal, $b2:literal, [$k0:ident, $k1:ident, $k2:ident, $k3:ident, $k4:ident, $k5:ident, $k6:ident, $k7:ident]) => {
         concat!(
             "vmovups zmm",
             $b0,
             ", zmmword ptr [{b} + ",
             $u,
-            "*128]\n",
+            "*192]\n",
             "vmovups zmm",
             $b1,
             ", zmmword ptr [{b} + ",
             $u,
-            "*128 + 64]\n",
-            $k0!($u, 0, 8, 9, $b0, $b1),
-            $k1!($u, 1, 10, 11, $b0, $b1),
-            $k2!($u, 2, 12, 13, $b0, $b1),
-            $k3!($u, 3, 14, 15, $b0, $b1),
-            $k4!($u, 4, 16, 17, $b0, $b1),
-            $k5!($u, 5, 18, 19, $b0, $b1),
-            $k6!($u, 6, 20, 21, $b0, $b1),
-            $k7!($u, 7, 22, 23, $b0, $b1),
-            $k8!($u, 8, 24, 25, $b0, $b1),
-            $k9!($u, 9, 26, 27, $b0, $b1),
-            $k10!($u, 10, 28, 29, $b0, $b1),
-            $k11!($u, 11, 30, 31, $b0, $b1),
+            "*192 + 64]\n",
+            "vmovups zmm",
+            $b2,
+            ", zmmword ptr [{b} + ",
+            $u,
+            "*192 + 128]\n",
+            $k0!($u, 0, 8, 9, 10, $b0, $b1, $b2),
+            $k1!($u, 1, 11, 12, 13, $b0, $b1, $b2),
+            $k2!($u, 2, 14, 15, 16, $b0, $b1, $b2),
+            $k3!($u, 3, 17, 18, 19, $b0, $b1, $b2),
+            $k4!($u, 4, 20, 21, 22, $b0, $b1, $b2),
+            $k5!($u, 5, 23, 24, 25, $b0, $b1, $b2),
+            $k6!($u, 6, 26, 27, 28, $b0, $b1, $b2),
+            $k7!($u, 7, 29, 30, 31, $b0, $b1, $b2),
         )
     };
 }
 
 /// `$n >= 1` rounds of 4 k steps on the accumulators `$c` (zmm8-zmm31), rows in the forms
-/// `$rows`, advancing `$a` by 4 · 12 and `$b` by 4 · 32 values per round.
+/// `$rows`, advancing `$a` by 4 · 8 and `$b` by 4 · 48 values per round.
 macro_rules! kloop {
     ($n:expr, $a:expr, $b:expr, $c:expr, $rows:tt) => {
         asm!(
             ".p2align 5",
             "2:",
-            step!(0, 0, 1, $rows),
-            step!(1, 4, 5, $rows),
-            step!(2, 0, 1, $rows),
-            step!(3, 4, 5, $rows),
-            "add {a}, 192",
-            "add {b}, 512",
+            step!(0, 0, 1, 3, $rows),
+            step!(1, 4, 5, 6, $rows),
+            step!(2, 0, 1, 3, $rows),
+            step!(3, 4, 5, 6, $rows),
+            "add {a}, 128",
+            "add {b}, 768",
             "dec {n}",
             "jnz 2b",
             n = inout(reg) $n => _,
@@ -150,8 +170,10 @@ macro_rules! kloop {
             out("zmm0") _,
             out("zmm1") _,
             out("zmm2") _,
+            out("zmm3") _,
             out("zmm4") _,
             out("zmm5") _,
+            out("zmm6") _,
             options(nostack, readonly),
         )
     };
@@ -160,12 +182,40 @@ macro_rules! kloop {
 /// The rounds of 4 steps run after the C tile is prefetched (32 steps, ~400 cycles at peak).
 const C_PREFETCH_ROUNDS: usize = 8;
 
-/// The full `12 × 32` tile of `avx512-f32-12x32`: `C[0..12, 0..n] := alpha · Ap · Bp + beta · C`
-/// ([`super::Kernel::run`]'s contract with `m = 12`), the k-loop in assembly, the `k % 4` last
+/// The k-loop's rounds in the row forms of variant `v` (0: rows 2, 5, 7 embedded; 2: rows 1, 3,
+/// 5, 7).
+macro_rules! kloop_variant {
+    ($v:expr, $n:expr, $a:expr, $b:expr, $c:expr) => {
+        if $v == 2 {
+            kloop!(
+                $n,
+                $a,
+                $b,
+                $c,
+                [
+                    row_bc, row_eb, row_bc, row_eb, row_bc, row_eb, row_bc, row_eb
+                ]
+            );
+        } else {
+            kloop!(
+                $n,
+                $a,
+                $b,
+                $c,
+                [
+                    row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_eb
+                ]
+            );
+        }
+    };
+}
+
+/// The full `8 × 48` tile of `avx512-f32-8x48`: `C[0..8, 0..n] := alpha · Ap · Bp + beta · C`
+/// ([`super::Kernel::run`]'s contract with `m = 8`), the k-loop in assembly, the `k % 4` last
 /// steps and the store in the intrinsics of [`super::ukr`].
 ///
 /// # Safety
-/// As [`super::Kernel::run`] with `m = 12`, `n <= 32`: `k · 12` values behind `a`, `k · 32`
+/// As [`super::Kernel::run`] with `m = 8`, `n <= 48`: `k · 8` values behind `a`, `k · 48`
 /// behind `b` (no alignment needed); the CPU has AVX-512F.
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
@@ -181,9 +231,10 @@ pub(crate) unsafe fn avx512_ukr_asm(
     m: usize,
     n: usize,
 ) {
-    debug_assert!(m == 12 && n <= 32);
-    // SAFETY: avx512f per the caller. The asm reads 4 · rounds <= k steps of the panels (12 and
-    // 32 values per step, unaligned loads), writes only the registers it declares and touches
+    debug_assert!(m == 8 && n <= 48);
+    let v = UKR_VARIANT.load(core::sync::atomic::Ordering::Relaxed);
+    // SAFETY: avx512f per the caller. The asm reads 4 · rounds <= k steps of the panels (8 and
+    // 48 values per step, unaligned loads), writes only the registers it declares and touches
     // no stack; prefetches never fault; the C window is the caller's.
     unsafe {
         let mut c24 = [_mm512_setzero_ps(); 24];
@@ -192,45 +243,34 @@ pub(crate) unsafe fn avx512_ukr_asm(
         let tail = rounds.min(C_PREFETCH_ROUNDS);
         let head = rounds - tail;
         if head > 0 {
-            kloop!(
-                head,
-                ap,
-                bp,
-                c24,
-                [
-                    row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc,
-                    row_bc, row_eb
-                ]
-            );
+            kloop_variant!(v, head, ap, bp, c24);
         }
         if cs_c == 1 {
-            super::prefetch_tile::<V512>(c, rs_c, m, n);
+            for r in 0..m {
+                // The row's 3 cache lines (4 when it straddles a 64-byte boundary).
+                let row = c.wrapping_add(r * rs_c);
+                for j in [0, 16, 32, n.max(1) - 1] {
+                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(j).cast());
+                }
+            }
         }
         if tail > 0 {
-            kloop!(
-                tail,
-                ap,
-                bp,
-                c24,
-                [
-                    row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc,
-                    row_bc, row_eb
-                ]
-            );
+            kloop_variant!(v, tail, ap, bp, c24);
         }
-        // Row r of the tile is accumulators 2r and 2r + 1: the layout of `[[__m512; 2]; 12]`.
-        let mut acc: [[__m512; 2]; 12] = core::mem::transmute(c24);
+        // Row r of the tile is accumulators 3r ..= 3r + 2: the layout of `[[__m512; 3]; 8]`.
+        let mut acc: [[__m512; 3]; 8] = core::mem::transmute(c24);
         for _ in 0..k % 4 {
-            super::step::<V512, 12, 2>(&mut acc, ap, bp);
-            ap = ap.add(12);
-            bp = bp.add(32);
+            super::step::<V512, 8, 3>(&mut acc, ap, bp);
+            ap = ap.add(8);
+            bp = bp.add(48);
         }
-        super::store_acc::<V512, 12, 2>(&acc, alpha, beta, c, rs_c, cs_c, m, n);
+        super::store_acc::<V512, 8, 3>(&acc, alpha, beta, c, rs_c, cs_c, m, n);
     }
 }
 
-/// Probes only ([`crate::__set_ukr_variant`]): 1 runs the full tiles on the intrinsics body
-/// instead of [`avx512_ukr_asm`].
+/// Probes only ([`crate::__set_ukr_variant`]): 0 (default) the assembly k-loop with rows 2, 5, 7
+/// embedded, 1 the intrinsics body instead of [`avx512_ukr_asm`], 2 the assembly k-loop with rows
+/// 1, 3, 5, 7 embedded.
 pub(crate) static UKR_VARIANT: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
 
 #[cfg(test)]
@@ -249,25 +289,34 @@ mod tests {
         for k in [
             0usize, 1, 3, 4, 5, 7, 8, 31, 32, 33, 35, 36, 37, 40, 64, 385,
         ] {
-            let a: Vec<f32> = (0..k * 12 + 1)
+            let a: Vec<f32> = (0..k * 8 + 1)
                 .map(|i| ((i * 7) % 19) as f32 - 9.0)
                 .collect();
-            let b: Vec<f32> = (0..k * 32 + 1)
+            let b: Vec<f32> = (0..k * 48 + 1)
                 .map(|i| ((i * 5) % 17) as f32 - 8.0)
                 .collect();
             let (ap, bp) = (&a[1..], &b[1..]);
-            for n in [17usize, 31, 32] {
+            for (n, v) in [
+                (1usize, 0u8),
+                (16, 2),
+                (17, 0),
+                (33, 2),
+                (47, 0),
+                (48, 0),
+                (48, 2),
+            ] {
+                UKR_VARIANT.store(v, core::sync::atomic::Ordering::Relaxed);
                 for (alpha, beta) in [(1.0f32, 0.0f32), (2.0, 0.0), (1.0, 1.0), (0.5, -1.5)] {
                     for cs in [1usize, 2] {
-                        let rs = 40 * cs;
-                        let c0: Vec<f32> = (0..12 * rs).map(|i| (i % 11) as f32).collect();
+                        let rs = 50 * cs;
+                        let c0: Vec<f32> = (0..8 * rs).map(|i| (i % 11) as f32).collect();
                         let mut c = if beta == 0.0 {
-                            vec![f32::NAN; 12 * rs]
+                            vec![f32::NAN; 8 * rs]
                         } else {
                             c0.clone()
                         };
-                        // SAFETY: avx512f checked above; k steps of 12 / 32 values behind ap /
-                        // bp; the 12 × n window with strides (rs, cs) lies inside `c`.
+                        // SAFETY: avx512f checked above; k steps of 8 / 48 values behind ap /
+                        // bp; the 8 × n window with strides (rs, cs) lies inside `c`.
                         unsafe {
                             avx512_ukr_asm(
                                 k,
@@ -278,14 +327,14 @@ mod tests {
                                 c.as_mut_ptr(),
                                 rs,
                                 cs,
-                                12,
+                                8,
                                 n,
                             )
                         };
-                        for i in 0..12 {
+                        for i in 0..8 {
                             for j in 0..n {
                                 let dot: f64 = (0..k)
-                                    .map(|t| ap[t * 12 + i] as f64 * bp[t * 32 + j] as f64)
+                                    .map(|t| ap[t * 8 + i] as f64 * bp[t * 48 + j] as f64)
                                     .sum();
                                 let mut want = alpha as f64 * dot;
                                 if beta != 0.0 {
@@ -294,7 +343,7 @@ mod tests {
                                 assert_eq!(
                                     c[i * rs + j * cs] as f64,
                                     want,
-                                    "k {k} n {n} alpha {alpha} beta {beta} cs {cs} at ({i}, {j})"
+                                    "k {k} n {n} v {v} alpha {alpha} beta {beta} cs {cs} at ({i}, {j})"
                                 );
                             }
                         }
@@ -302,5 +351,6 @@ mod tests {
                 }
             }
         }
+        UKR_VARIANT.store(0, core::sync::atomic::Ordering::Relaxed);
     }
 }

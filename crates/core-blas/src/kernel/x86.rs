@@ -409,15 +409,19 @@ impl Kernel for Avx2 {
 }
 
 /// AVX-512 register tile: rows × vectors of 16.
-const AVX512_MR: usize = 12;
-const AVX512_NV: usize = 2;
+const AVX512_MR: usize = 8;
+const AVX512_NV: usize = 3;
+/// Width of the AVX-512 B micro-panels.
+const AVX512_NR: usize = AVX512_NV * 16;
 
-/// `avx512-f32-12x32`: 24 accumulators in zmm registers, 2 B vectors, 1 broadcast (BLIS's SKX
-/// sgemm tile, 32 × 12 in its column-major terms): 14 loads per 24 FMAs, against 10 per 16 on
-/// the 8 × 32 tile of sessions 1-10. Session 11 (Xeon, gemm_ratio 1 thread, quiet 15:03 UTC,
-/// KC 384 vs 8 × 32 at KC 128): 2048³ 48.8-49.4% of the peak vs 35.5-39.3%, 64×50176×576
-/// 27.0-29.3% vs 26.5-26.6%, 256×3136×2304 40.2-41.6% vs 38.3-43.5% (noise). Since session 12
-/// the full tiles run the k-loop in assembly ([`super::skx`]); the edge tiles keep [`ukr`].
+/// `avx512-f32-8x48`: 24 accumulators in zmm registers, 3 B vectors, 1 broadcast. Session 13
+/// (PERFORMANCE.md ## core-blas): this guest's front end caps the loop by its µops and loads per
+/// FMA, and 8 × 48 with rows 2, 5, 7 as embedded broadcasts issues 32 fused µops (17 loads) per
+/// 24 FMAs against 34 (18) on the 12 × 32 tile of sessions 11-12 (BLIS's SKX shape). gemm_ratio
+/// 1 thread against the 12 × 32 binary, quiet 21:09-21:11 UTC, three alternating rounds: 2048³
+/// 52.2-59.4 → 63.3-64.0% of the peak, 256×3136×2304 49.1-50.4 → 52.6-53.2%, 64×50176×576
+/// 33.8-35.0 → 36.6-41.0%. The full tiles run the k-loop in assembly ([`super::skx`]); the edge
+/// tiles use [`ukr`].
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Avx512(());
 
@@ -436,11 +440,13 @@ unsafe fn avx512_ukr(
 ) {
     // SAFETY: compiled with avx512f; the memory contract is the caller's.
     unsafe {
-        ukr::<V512, AVX512_MR, AVX512_NV, AVX512_MR, 32>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n)
+        ukr::<V512, AVX512_MR, AVX512_NV, AVX512_MR, AVX512_NR>(
+            k, alpha, a, b, beta, c, rs_c, cs_c, m, n,
+        )
     }
 }
 
-/// The edge kernels of `avx512-f32-12x32`: the first `R` rows and `NV` vectors of the 12 × 32
+/// The edge kernels of `avx512-f32-8x48`: the first `R` rows and `NV` vectors of the 8 × 48
 /// panels, for tiles of `m <= R` rows and `n <= 16 · NV` columns (only their FMAs).
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn avx512_edge<const R: usize, const NV: usize>(
@@ -456,13 +462,14 @@ unsafe fn avx512_edge<const R: usize, const NV: usize>(
     n: usize,
 ) {
     // SAFETY: compiled with avx512f; `m <= R`, `n <= 16 · NV` and memory are the caller's.
-    unsafe { ukr::<V512, R, NV, AVX512_MR, 32>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
+    unsafe { ukr::<V512, R, NV, AVX512_MR, AVX512_NR>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
 }
 
-/// The row-major-A kernels of `avx512-f32-12x32` ([`ukr_rowa`]): `R` rows (the tile's `m`).
+/// The row-major-A kernels of `avx512-f32-8x48` ([`ukr_rowa`]): `R` rows (the tile's `m`), `NV`
+/// vectors (tiles of at most `16 · NV` columns).
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn avx512_rowa<const R: usize, const TS: usize>(
+unsafe fn avx512_rowa<const R: usize, const NV: usize, const TS: usize>(
     k: usize,
     a: *const f32,
     lda: usize,
@@ -473,11 +480,11 @@ unsafe fn avx512_rowa<const R: usize, const TS: usize>(
     m: usize,
     n: usize,
 ) {
-    // SAFETY: compiled with avx512f; `m == R` and memory are the caller's.
-    unsafe { ukr_rowa::<V512, R, AVX512_NV, 32, TS, false>(k, a, lda, b, beta, c, ldc, m, n) }
+    // SAFETY: compiled with avx512f; `m == R`, `n <= 16 · NV` and memory are the caller's.
+    unsafe { ukr_rowa::<V512, R, NV, AVX512_NR, TS, false>(k, a, lda, b, beta, c, ldc, m, n) }
 }
 
-/// Dispatch on the tile's `m` (1 ..= 12) to a `$f::<R, ...>` instance, `R = m`.
+/// Dispatch on the tile's `m` (1 ..= 8) to a `$f::<R, ...>` instance, `R = m`.
 macro_rules! by_rows {
     ($m:expr, $f:ident :: <_ $(, $p:tt)*> ($($arg:expr),*)) => {
         match $m {
@@ -488,19 +495,29 @@ macro_rules! by_rows {
             5 => $f::<5 $(, $p)*>($($arg),*),
             6 => $f::<6 $(, $p)*>($($arg),*),
             7 => $f::<7 $(, $p)*>($($arg),*),
-            8 => $f::<8 $(, $p)*>($($arg),*),
-            9 => $f::<9 $(, $p)*>($($arg),*),
-            10 => $f::<10 $(, $p)*>($($arg),*),
-            11 => $f::<11 $(, $p)*>($($arg),*),
-            _ => $f::<12 $(, $p)*>($($arg),*),
+            _ => $f::<8 $(, $p)*>($($arg),*),
+        }
+    };
+}
+
+/// Dispatch on the tile's `m` (1 ..= 8) and its vectors (`n` up to 16, 32 or 48) to a
+/// `$f::<R, NV, TS>` instance.
+macro_rules! by_rows_vectors {
+    ($m:expr, $n:expr, $f:ident :: <_, _, $ts:tt> ($($arg:expr),*)) => {
+        if $n <= 16 {
+            by_rows!($m, $f::<_, 1, $ts>($($arg),*))
+        } else if $n <= 32 {
+            by_rows!($m, $f::<_, 2, $ts>($($arg),*))
+        } else {
+            by_rows!($m, $f::<_, 3, $ts>($($arg),*))
         }
     };
 }
 
 impl Kernel for Avx512 {
     const MR: usize = AVX512_MR;
-    const NR: usize = AVX512_NV * 16;
-    const NAME: &'static str = "avx512-f32-12x32";
+    const NR: usize = AVX512_NR;
+    const NAME: &'static str = "avx512-f32-8x48";
 
     fn new() -> Option<Self> {
         (is_x86_feature_detected!("avx512f")
@@ -524,14 +541,19 @@ impl Kernel for Avx512 {
         n: usize,
     ) {
         // SAFETY: holding `Avx512` proves avx512f+avx2+fma; memory per contract (each edge
-        // kernel reads the first `R >= m` rows and `NV` vectors of the 12 × 32 panels).
+        // kernel reads the first `R >= m` rows and `NV` vectors of the 8 × 48 panels).
         unsafe {
-            if m == AVX512_MR && n > 16 {
+            if m == AVX512_MR && n > 32 {
                 if super::skx::UKR_VARIANT.load(std::sync::atomic::Ordering::Relaxed) == 1 {
                     avx512_ukr(k, alpha, a, b, beta, c, rs_c, cs_c, m, n);
                 } else {
                     super::skx::avx512_ukr_asm(k, alpha, a, b, beta, c, rs_c, cs_c, m, n);
                 }
+            } else if n > 32 {
+                by_rows!(
+                    m,
+                    avx512_edge::<_, 3>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n)
+                );
             } else if n > 16 {
                 by_rows!(
                     m,
@@ -559,8 +581,9 @@ impl Kernel for Avx512 {
         n: usize,
     ) {
         // SAFETY: holding `Avx512` proves avx512f+avx2+fma; each arm's `R` equals `m`
-        // (1 <= m <= 12 by contract) and reads the first `R` rows of the 12-wide panel.
-        unsafe { by_rows!(m, avx512_rowa::<_, 12>(k, a, 1, b, beta, c, ldc, m, n)) }
+        // (1 <= m <= 8 by contract) and reads the first `R` rows of the 8-wide panel and the
+        // first `NV` vectors (`16 · NV >= n`) of each 48-wide B row.
+        unsafe { by_rows_vectors!(m, n, avx512_rowa::<_, _, 8>(k, a, 1, b, beta, c, ldc, m, n)) }
     }
 
     #[inline]
@@ -577,8 +600,15 @@ impl Kernel for Avx512 {
         n: usize,
     ) {
         // SAFETY: holding `Avx512` proves avx512f+avx2+fma; each arm's `R` equals `m`
-        // (1 <= m <= 12 by contract); memory per contract.
-        unsafe { by_rows!(m, avx512_rowa::<_, 1>(k, a, lda, b, beta, c, ldc, m, n)) }
+        // (1 <= m <= 8 by contract) and reads the first `NV` vectors (`16 · NV >= n`) of each
+        // 48-wide B row; memory per contract.
+        unsafe {
+            by_rows_vectors!(
+                m,
+                n,
+                avx512_rowa::<_, _, 1>(k, a, lda, b, beta, c, ldc, m, n)
+            )
+        }
     }
 }
 
