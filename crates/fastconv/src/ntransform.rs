@@ -648,8 +648,10 @@ pub(crate) fn last_mode_rows<T: Real>(
                 let yr = &mut y[at + (o * rows + r) * ldy..];
                 let sr = &scratch[r * inner..][..inner];
                 match nr {
-                    // 32: core-blas's AVX-512 panels (without this arm every 128-byte piece
-                    // was a `memcpy` call: 11 % of the paper layer's forward on the Xeon).
+                    // 32 and 48: core-blas's AVX-512 panels (12 × 32 and 8 × 48 tiles; without
+                    // an arm every piece is a `memcpy` call: 11 % of the paper layer's forward
+                    // on the Xeon with 32).
+                    48 => copy_pieces::<T, 48>(sr, seg, len, yr, panel_stride),
                     32 => copy_pieces::<T, 32>(sr, seg, len, yr, panel_stride),
                     16 => copy_pieces::<T, 16>(sr, seg, len, yr, panel_stride),
                     8 => copy_pieces::<T, 8>(sr, seg, len, yr, panel_stride),
