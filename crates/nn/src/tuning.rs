@@ -9,9 +9,14 @@
 //!
 //! ```text
 //! # nn auto-tuning choices
-//! format=1 kernels=avx2-f32-6x16
-//! threads=1 batch=8 in=64 out=64 input=56x56 kernel=3x3 stride=1x1 dilation=1x1 pad=1x1/1x1 groups=1 algo=winograd data=flipped-direct
+//! format=2 kernels=avx2-f32-6x16
+//! threads=1 batch=8 in=64 out=64 input=56x56 kernel=3x3 stride=1x1 dilation=1x1 pad=1x1/1x1 groups=1 algo=winograd forward=direct data=flipped-direct filter=convgemm-trans
 //! ```
+//!
+//! `forward`, `data` and `filter` are the algorithms of the three passes when `algo` is
+//! convgemm (conv-ops' memory-lean forms; Winograd keeps them for the process's other uses of
+//! the geometry). Format 1 (before `forward` and `filter`) is still read: its passes other
+//! than `data` take conv-ops' rule ([`conv_ops::Preset::lean_for`]).
 //!
 //! ```
 //! # fn main() -> nn::Result<()> {
@@ -29,18 +34,21 @@
 use std::fs;
 use std::path::Path;
 
-use conv_ops::{BackwardDataAlgo, ConvGeometry};
+use conv_ops::{BackwardDataAlgo, BackwardFilterAlgo, ConvGeometry, ForwardAlgo, Preset};
 
 use crate::checkpoint::write_atomic;
 use crate::error::{NnError, Result};
 use crate::layers::ConvAlgo;
-use crate::layers::conv::{measured_choices, record_choice};
+use crate::layers::conv::{convgemm_preset, measured_choices, record_choice};
 
 /// The first line of a tuning file.
 const HEADER: &str = "# nn auto-tuning choices";
 
-/// The version of the line format.
-const FORMAT: u32 = 1;
+/// The version of the line format (2: `forward=` and `filter=`).
+const FORMAT: u32 = 2;
+
+/// The oldest format [`load`] reads.
+const OLDEST_FORMAT: u32 = 1;
 
 /// What [`load`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,7 +74,7 @@ pub enum Loaded {
 pub fn save(path: &Path) -> Result<usize> {
     let mut entries: Vec<String> = measured_choices()
         .into_iter()
-        .map(|(geom, threads, algo, data)| format_entry(&geom, threads, algo, data))
+        .map(|(geom, threads, algo, preset)| format_entry(&geom, threads, algo, &preset))
         .collect();
     entries.sort();
     let mut text = format!("{HEADER}\nformat={FORMAT} kernels={}\n", kernels()?);
@@ -105,10 +113,10 @@ pub fn load(path: &Path) -> Result<Loaded> {
         .ok_or_else(|| bad(2, "missing the `format=... kernels=...` line".into()))?;
     let fields = Fields::parse(meta).map_err(|d| bad(n, d))?;
     let format: u32 = fields.number("format").map_err(|d| bad(n, d))?;
-    if format != FORMAT {
+    if !(OLDEST_FORMAT..=FORMAT).contains(&format) {
         return Err(bad(
             n,
-            format!("format {format}, this version reads {FORMAT}"),
+            format!("format {format}, this version reads {OLDEST_FORMAT} to {FORMAT}"),
         ));
     }
     let file = fields.text("kernels").map_err(|d| bad(n, d))?.to_string();
@@ -124,8 +132,8 @@ pub fn load(path: &Path) -> Result<Loaded> {
         parsed.push(parse_entry(line).map_err(|d| bad(n, d))?);
     }
     let mut added = 0;
-    for (geom, threads, algo, data) in parsed {
-        added += usize::from(record_choice(geom, threads, algo, data));
+    for (geom, threads, algo, preset) in parsed {
+        added += usize::from(record_choice(geom, threads, algo, preset));
     }
     Ok(Loaded::Choices(added))
 }
@@ -153,6 +161,50 @@ fn data_name(a: BackwardDataAlgo) -> &'static str {
     }
 }
 
+/// The file's name of a forward algorithm (conv-ops' memory-lean ones).
+fn forward_name(a: ForwardAlgo) -> &'static str {
+    match a {
+        ForwardAlgo::Convgemm => "convgemm",
+        ForwardAlgo::Direct => "direct",
+        ForwardAlgo::Im2colGemm => "im2col",
+    }
+}
+
+/// The forward algorithms a file may name.
+const FORWARD_ALGOS: [ForwardAlgo; 2] = [ForwardAlgo::Convgemm, ForwardAlgo::Direct];
+
+/// The file's name of a weight-gradient algorithm.
+fn filter_name(a: BackwardFilterAlgo) -> &'static str {
+    match a {
+        BackwardFilterAlgo::ConvgemmTrans => "convgemm-trans",
+        BackwardFilterAlgo::Direct => "direct",
+        BackwardFilterAlgo::Im2colGemmT => "im2col",
+        BackwardFilterAlgo::ReindexConvgemm => "reindex",
+    }
+}
+
+/// The weight-gradient algorithms a file may name.
+const FILTER_ALGOS: [BackwardFilterAlgo; 2] = [
+    BackwardFilterAlgo::ConvgemmTrans,
+    BackwardFilterAlgo::Direct,
+];
+
+/// The algorithm of `all` that `name` names in the file, or an error listing the names.
+fn named<A: Copy>(
+    key: &str,
+    value: &str,
+    all: &[A],
+    name: impl Fn(A) -> &'static str,
+) -> Result<A, String> {
+    all.iter()
+        .copied()
+        .find(|&a| name(a) == value)
+        .ok_or_else(|| {
+            let names: Vec<_> = all.iter().map(|&a| name(a)).collect();
+            format!("`{key}={value}` is not one of {}", names.join(", "))
+        })
+}
+
 /// Every data-gradient algorithm, in the order the file format lists them.
 const DATA_ALGOS: [BackwardDataAlgo; 4] = [
     BackwardDataAlgo::GemmCol2im,
@@ -166,15 +218,10 @@ fn parse_sizes(v: &str) -> Option<Vec<usize>> {
     v.split('x').map(|d| d.parse().ok()).collect()
 }
 
-fn format_entry(
-    g: &ConvGeometry,
-    threads: usize,
-    algo: ConvAlgo,
-    data: BackwardDataAlgo,
-) -> String {
+fn format_entry(g: &ConvGeometry, threads: usize, algo: ConvAlgo, preset: &Preset) -> String {
     format!(
         "threads={threads} batch={} in={} out={} input={} kernel={} stride={} dilation={} \
-         pad={}/{} groups={} algo={algo} data={}",
+         pad={}/{} groups={} algo={algo} forward={} data={} filter={}",
         g.batch(),
         g.in_channels(),
         g.out_channels(),
@@ -185,7 +232,9 @@ fn format_entry(
         dims(g.pad_before()),
         dims(g.pad_after()),
         g.groups(),
-        data_name(data),
+        forward_name(preset.forward),
+        data_name(preset.backward_data),
+        filter_name(preset.backward_filter),
     )
 }
 
@@ -227,7 +276,8 @@ impl<'a> Fields<'a> {
     }
 }
 
-fn parse_entry(line: &str) -> Result<(ConvGeometry, usize, ConvAlgo, BackwardDataAlgo), String> {
+/// One line's choice; `forward=` and `filter=` may be missing (format 1): conv-ops' rule then.
+fn parse_entry(line: &str) -> Result<(ConvGeometry, usize, ConvAlgo, Preset), String> {
     let f = Fields::parse(line)?;
     let threads: usize = f.number("threads")?;
     if threads == 0 {
@@ -271,14 +321,22 @@ fn parse_entry(line: &str) -> Result<(ConvGeometry, usize, ConvAlgo, BackwardDat
     if let Some((k, _)) = f.0.iter().find(|(k, _)| {
         ![
             "threads", "batch", "in", "out", "input", "kernel", "stride", "dilation", "pad",
-            "groups", "algo", "data",
+            "groups", "algo", "forward", "data", "filter",
         ]
         .contains(k)
     }) {
         return Err(format!("unknown field `{k}`"));
     }
     crate::layers::conv::check_choice(&geom, algo, data)?;
-    Ok((geom, threads, algo, data))
+    let mut preset = convgemm_preset(&geom);
+    preset.backward_data = data;
+    if let Ok(v) = f.text("forward") {
+        preset.forward = named("forward", v, &FORWARD_ALGOS, forward_name)?;
+    }
+    if let Ok(v) = f.text("filter") {
+        preset.backward_filter = named("filter", v, &FILTER_ALGOS, filter_name)?;
+    }
+    Ok((geom, threads, algo, preset))
 }
 
 #[cfg(test)]
@@ -299,11 +357,12 @@ mod tests {
         format!("{HEADER}\nformat={FORMAT} kernels={kernels}\n")
     }
 
-    /// The entry of a 2D geometry no other test uses, `c → k` channels on `h × w`, 3×3, pad 1.
+    /// The entry of a 2D geometry no other test uses, `c → k` channels on `h × w`, 3×3, pad 1,
+    /// with the convgemm forward and the direct weight gradient.
     fn line(c: usize, k: usize, h: usize, w: usize, algo: &str, data: &str) -> String {
         format!(
             "threads={} batch=2 in={c} out={k} input={h}x{w} kernel=3x3 stride=1x1 dilation=1x1 \
-             pad=1x1/1x1 groups=1 algo={algo} data={data}\n",
+             pad=1x1/1x1 groups=1 algo={algo} forward=convgemm data={data} filter=direct\n",
             rayon::current_num_threads()
         )
     }
@@ -332,6 +391,13 @@ mod tests {
             conv.forward(x, false).unwrap();
             assert_eq!(conv.algorithm_in_use(), Some(algo));
             assert_eq!(conv.preset_in_use().map(|p| p.backward_data), data);
+            if data.is_some() {
+                let p = conv.preset_in_use().unwrap();
+                assert_eq!(
+                    (p.forward, p.backward_filter),
+                    (ForwardAlgo::Convgemm, BackwardFilterAlgo::Direct)
+                );
+            }
             let geom = measured_choices()
                 .into_iter()
                 .find(|(g, ..)| {
@@ -385,6 +451,32 @@ mod tests {
         fs::remove_file(&path).unwrap();
     }
 
+    /// A file of format 1 (no `forward=` or `filter=`) loads; those passes take conv-ops' rule.
+    #[test]
+    fn format_1_files_take_the_lean_rule_for_forward_and_filter() {
+        let path = temp("format1");
+        let k = kernels().unwrap();
+        let old = line(6, 10, 9, 5, "convgemm", "deconvgemm")
+            .replace(" forward=convgemm", "")
+            .replace(" filter=direct", "");
+        fs::write(&path, format!("{HEADER}\nformat=1 kernels={k}\n") + &old).unwrap();
+        assert_eq!(load(&path).unwrap(), Loaded::Choices(1));
+        let (geom, _, _, preset) = measured_choices()
+            .into_iter()
+            .find(|(g, ..)| g.in_channels() == 6 && g.out_channels() == 10)
+            .unwrap();
+        let lean = Preset::lean_for(&geom);
+        assert_eq!(
+            (preset.forward, preset.backward_data, preset.backward_filter),
+            (
+                lean.forward,
+                BackwardDataAlgo::Deconvgemm,
+                lean.backward_filter
+            )
+        );
+        fs::remove_file(&path).unwrap();
+    }
+
     /// Every malformed file is an error naming the file and the line, and loads nothing (a good
     /// line before the bad one included).
     #[test]
@@ -398,6 +490,16 @@ mod tests {
             (format!("{HEADER}\n"), 2, "missing the `format"),
             (format!("{HEADER}\nformat=9 kernels={k}\n"), 2, "format 9"),
             (format!("{HEADER}\nformat=1\n"), 2, "`kernels=` is missing"),
+            (
+                header(k) + &good + &good.replace("forward=convgemm", "forward=winograd"),
+                4,
+                "`forward=winograd` is not one of convgemm, direct",
+            ),
+            (
+                header(k) + &good + &good.replace("filter=direct", "filter=im2col"),
+                4,
+                "`filter=im2col` is not one of convgemm-trans, direct",
+            ),
             (
                 header(k) + &good + "threads=1 batch=2\n",
                 4,

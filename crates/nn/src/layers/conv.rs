@@ -8,7 +8,9 @@ use std::str::FromStr;
 use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::time::Instant;
 
-use conv_ops::{BackwardDataAlgo, ConvGeometry, Preset, Workspace};
+use conv_ops::{
+    BackwardDataAlgo, BackwardFilterAlgo, ConvGeometry, ForwardAlgo, Preset, Workspace,
+};
 use fastconv::WinogradPlan;
 use rand::rngs::SmallRng;
 
@@ -21,8 +23,10 @@ use crate::tensor::Tensor;
 pub enum ConvAlgo {
     /// Winograd where it applies and a one-time measurement finds it at least 10% faster over
     /// the three passes, convgemm elsewhere (see [`Conv::algorithm_in_use`]); with convgemm, the
-    /// same measurement picks the faster of the two memory-lean data-gradient algorithms
-    /// (flipped-kernel convgemm or deconvgemm) where both apply. The choice depends on timing, so
+    /// same measurement picks each pass's algorithm among the memory-lean ones that apply
+    /// (forward: convgemm or direct; data gradient: flipped-kernel direct, flipped-kernel
+    /// convgemm or deconvgemm; weight gradient: transposed convgemm or direct), starting from
+    /// conv-ops' rule ([`conv_ops::Preset::lean_for`]). The choice depends on timing, so
     /// two runs may round differently: pick an algorithm explicitly for bitwise reproducible
     /// training.
     #[default]
@@ -80,6 +84,10 @@ const MEASURE_ROUNDS: usize = 7;
 /// Seconds of timed rounds after which `Auto`'s measurement of a geometry stops (it always
 /// times at least one round).
 const MEASURE_BUDGET: f64 = 0.2;
+
+/// How much faster than conv-ops' own choice for a pass another algorithm must measure for
+/// `Auto` to take it.
+const MEASURE_MARGIN: f64 = 0.03;
 
 /// Images at most in `Auto`'s measurement.
 const MEASURE_IMAGES: usize = 64;
@@ -154,12 +162,73 @@ impl ConvConfig {
     }
 }
 
+/// `first` (conv-ops' choice), then the other algorithms of `all` in their order.
+fn candidates<A: Copy + PartialEq>(first: A, all: &[A]) -> Vec<A> {
+    let mut v = vec![first];
+    v.extend(all.iter().copied().filter(|&a| a != first));
+    v
+}
+
+/// The algorithm `Auto` takes for a pass and its time: the fastest of `algos` (whose first is
+/// conv-ops' choice), where another replaces the first only when at least
+/// [`MEASURE_MARGIN`] faster, so that near-ties keep the default instead of following the
+/// measurement's noise from run to run.
+fn fastest<A: Copy>(algos: &[A], time: impl Fn(A) -> f64) -> (f64, A) {
+    let first = (time(algos[0]), algos[0]);
+    algos[1..]
+        .iter()
+        .map(|&a| (time(a), a))
+        .fold(first, |best, c| {
+            if c.0 < (1.0 - MEASURE_MARGIN) * first.0 && c.0 < best.0 {
+                c
+            } else {
+                best
+            }
+        })
+}
+
+/// The clock of `Auto`'s measurement, in seconds. Inside a rayon pool of one thread it is that
+/// thread's CPU time: every pass then runs on it, and the time it spends descheduled or stolen
+/// by a hypervisor is not in it, so a busy machine's pauses cannot make a slower algorithm
+/// look faster (nor can the process's other threads, as its CPU time would let them). On the
+/// wall clock, on a busy shared VM, `Auto` took Winograd for ResNet-20's 3→16 stem convolution
+/// in one of seven runs, where it trains 5× slower than the direct convolution. On more
+/// threads, or called from outside the pool (the passes then run on its worker), it is the
+/// wall clock: the CPU time of several threads would not show how well a pass uses them.
+enum MeasureClock {
+    Cpu,
+    Wall(Instant),
+}
+
+impl MeasureClock {
+    fn new() -> Self {
+        if rayon::current_num_threads() == 1
+            && rayon::current_thread_index().is_some()
+            && cpu_time::ThreadTime::try_now().is_ok()
+        {
+            MeasureClock::Cpu
+        } else {
+            MeasureClock::Wall(Instant::now())
+        }
+    }
+
+    /// Seconds since an arbitrary start, on this clock.
+    fn now(&self) -> f64 {
+        match self {
+            MeasureClock::Cpu => {
+                cpu_time::ThreadTime::try_now().map_or(f64::NAN, |t| t.as_duration().as_secs_f64())
+            }
+            MeasureClock::Wall(start) => start.elapsed().as_secs_f64(),
+        }
+    }
+}
+
 /// A candidate pass in `Auto`'s measurement ([`Conv::measure`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Pass {
-    Forward,
+    Forward(ForwardAlgo),
     Data(BackwardDataAlgo),
-    Filter,
+    Filter(BackwardFilterAlgo),
     /// Winograd's forward, data and weight gradients.
     Winograd,
 }
@@ -247,14 +316,17 @@ impl Conv {
 
     /// The choice made without measuring: the user's algorithm, with `Winograd` falling back to
     /// `Convgemm` where `fastconv` refuses the geometry (stride, dilation, groups); `None` for
-    /// `Auto` when a measurement must tell, i.e. when Winograd applies or both data-gradient
-    /// algorithms of convgemm do ([`Conv::algorithm_in_use`]).
+    /// `Auto` when a measurement must tell, i.e. when Winograd applies or some pass has more
+    /// than one memory-lean algorithm (a kernel of more than one tap, or the flipped-kernel
+    /// data gradient; [`Conv::algorithm_in_use`]).
     fn static_choice(&self, geom: &ConvGeometry) -> Option<Choice> {
         let winograd_ok = winograd_applies(geom);
         let algo = match self.algo {
             ConvAlgo::Winograd if winograd_ok => ConvAlgo::Winograd,
             ConvAlgo::Winograd | ConvAlgo::Convgemm => ConvAlgo::Convgemm,
-            ConvAlgo::Auto if winograd_ok || flipped_applies(geom) => return None,
+            ConvAlgo::Auto if winograd_ok || flipped_applies(geom) || geom.kernel_len() > 1 => {
+                return None;
+            }
             ConvAlgo::Auto => ConvAlgo::Convgemm,
             ConvAlgo::Im2col => ConvAlgo::Im2col,
         };
@@ -323,14 +395,14 @@ impl Conv {
 
     /// `Auto`'s one-time measurement on the first (up to) [`MEASURE_IMAGES`] images of `x`.
     /// Every candidate pass runs once to allocate; then rounds that run every candidate once,
-    /// in turn, are timed until [`MEASURE_ROUNDS`] rounds or [`MEASURE_BUDGET`] seconds are
-    /// spent (a large layer gets one round), and each candidate counts its fastest run: taking
-    /// turns, the candidates share a busy machine's slow moments, and the minimum resists its
-    /// interruptions. The weights change between runs, so the flipped convgemm and Winograd pay
-    /// their kernel transforms, as they do every training step. The data gradient takes the
-    /// fastest of the fused algorithms that apply; Winograd is taken when it is at least 10%
-    /// faster over the three passes than that convgemm: it holds more memory (its transformed
-    /// kernels during the call).
+    /// in turn, are timed (on [`MeasureClock`]) until [`MEASURE_ROUNDS`] rounds or
+    /// [`MEASURE_BUDGET`] seconds are spent (a large layer gets one round), and each candidate
+    /// counts its fastest run: taking turns, the candidates share a busy machine's slow
+    /// moments, and the minimum resists its interruptions. The weights change between runs, so
+    /// the flipped forms and Winograd pay their kernel transforms, as they do every training
+    /// step. Each pass takes the fastest of its fused algorithms ([`fastest`]); Winograd is
+    /// taken when it is at least 10% faster over the three passes than those: it holds more
+    /// memory (its transformed kernels during the call).
     fn measure(&self, geom: &ConvGeometry, x: &[f32]) -> Result<Choice> {
         let g = geom.with_batch(geom.batch().min(MEASURE_IMAGES))?;
         let x = &x[..g.x_len()];
@@ -352,35 +424,51 @@ impl Conv {
         } else {
             None
         };
-        // The candidates: forward, each data-gradient algorithm (conv-ops' choice for this
-        // geometry first, then the other fused ones that apply), the weight gradient, and
-        // Winograd's three passes together.
-        let mut data_algos = vec![preset.backward_data];
-        let others: &[BackwardDataAlgo] = if flipped_applies(&g) {
+        // The candidates of each pass: conv-ops' choice for this geometry first, then the other
+        // fused algorithms that apply (the direct forms only for kernels of more than one tap:
+        // a 1×1 kernel has too few multiply-adds per input value to pay for their padded
+        // copy); and Winograd's three passes together.
+        let taps = g.kernel_len() > 1;
+        let forward_algos = candidates(
+            preset.forward,
+            &[ForwardAlgo::Convgemm, ForwardAlgo::Direct][..1 + usize::from(taps)],
+        );
+        let data_algos = candidates(
+            preset.backward_data,
+            if flipped_applies(&g) {
+                &[
+                    BackwardDataAlgo::FlippedDirect,
+                    BackwardDataAlgo::FlippedConvgemm,
+                    BackwardDataAlgo::Deconvgemm,
+                ][usize::from(!taps)..]
+            } else {
+                &[BackwardDataAlgo::Deconvgemm]
+            },
+        );
+        let filter_algos = candidates(
+            preset.backward_filter,
             &[
-                BackwardDataAlgo::FlippedConvgemm,
-                BackwardDataAlgo::Deconvgemm,
-            ]
-        } else {
-            &[BackwardDataAlgo::Deconvgemm]
-        };
-        data_algos.extend(others.iter().filter(|&&a| a != preset.backward_data));
-        let mut passes: Vec<Pass> = vec![Pass::Forward];
+                BackwardFilterAlgo::ConvgemmTrans,
+                BackwardFilterAlgo::Direct,
+            ][..1 + usize::from(taps)],
+        );
+        let mut passes: Vec<Pass> = forward_algos.iter().map(|&a| Pass::Forward(a)).collect();
         passes.extend(data_algos.iter().map(|&a| Pass::Data(a)));
-        passes.push(Pass::Filter);
+        passes.extend(filter_algos.iter().map(|&a| Pass::Filter(a)));
         if wino.is_some() {
             passes.push(Pass::Winograd);
         }
-        let forward = preset.forward;
-        let filter = preset.backward_filter;
+        let clock = MeasureClock::new();
         let mut run = |pass: Pass, w: &[f32]| -> Result<f64> {
-            let t = Instant::now();
+            let t = clock.now();
             match pass {
-                Pass::Forward => {
-                    conv_ops::forward(&g, x, w, None, false, &mut y, forward, &mut ws)?;
+                Pass::Forward(algo) => {
+                    conv_ops::forward(&g, x, w, None, false, &mut y, algo, &mut ws)?;
                 }
                 Pass::Data(algo) => conv_ops::backward_data(&g, &y, w, &mut dx, algo, &mut ws)?,
-                Pass::Filter => conv_ops::backward_filter(&g, x, &y, &mut dw, filter, &mut ws)?,
+                Pass::Filter(algo) => {
+                    conv_ops::backward_filter(&g, x, &y, &mut dw, algo, &mut ws)?;
+                }
                 Pass::Winograd => {
                     if let Some(plan) = wino.as_mut() {
                         plan.forward(x, w, &mut y)?;
@@ -389,7 +477,7 @@ impl Conv {
                     }
                 }
             }
-            Ok(t.elapsed().as_secs_f64())
+            Ok(clock.now() - t)
         };
         for &pass in &passes {
             run(pass, w)?;
@@ -414,14 +502,13 @@ impl Conv {
                 .find(|&(&q, _)| q == p)
                 .map_or(f64::INFINITY, |(_, &t)| t)
         };
-        let (t_data, data) = data_algos.iter().map(|&a| (time(Pass::Data(a)), a)).fold(
-            (f64::INFINITY, preset.backward_data),
-            |b, c| {
-                if c.0 < b.0 { c } else { b }
-            },
-        );
+        let (t_forward, forward) = fastest(&forward_algos, |a| time(Pass::Forward(a)));
+        let (t_data, data) = fastest(&data_algos, |a| time(Pass::Data(a)));
+        let (t_filter, filter) = fastest(&filter_algos, |a| time(Pass::Filter(a)));
+        preset.forward = forward;
         preset.backward_data = data;
-        let t_conv = time(Pass::Forward) + t_data + time(Pass::Filter);
+        preset.backward_filter = filter;
+        let t_conv = t_forward + t_data + t_filter;
         let algo = if time(Pass::Winograd) < 0.9 * t_conv {
             ConvAlgo::Winograd
         } else {
@@ -526,25 +613,26 @@ pub(crate) fn check_choice(
 }
 
 /// Every choice in the process's `Auto` cache: geometry, rayon thread count, algorithm and the
-/// data-gradient algorithm of its convgemm preset.
-pub(crate) fn measured_choices() -> Vec<(ConvGeometry, usize, ConvAlgo, BackwardDataAlgo)> {
+/// conv-ops preset (each pass's algorithm) it runs with convgemm.
+pub(crate) fn measured_choices() -> Vec<(ConvGeometry, usize, ConvAlgo, Preset)> {
     let m = measured();
     m.iter()
-        .map(|(&(geom, threads), &(c, _))| (geom, threads, c.algo, c.preset.backward_data))
+        .map(|(&(geom, threads), &(c, _))| (geom, threads, c.algo, c.preset))
         .collect()
 }
 
-/// Adds a choice to the process's `Auto` cache as if measured (checked by [`check_choice`]);
-/// `false` when the process already has one for that geometry and thread count (it is kept).
+/// Adds a choice to the process's `Auto` cache as if measured (checked by [`check_choice`]),
+/// with `preset`'s algorithms (its workspaces persistent, as `Auto`'s are); `false` when the
+/// process already has one for that geometry and thread count (it is kept).
 pub(crate) fn record_choice(
     geom: ConvGeometry,
     threads: usize,
     algo: ConvAlgo,
-    data: BackwardDataAlgo,
+    preset: Preset,
 ) -> bool {
     let preset = Preset {
-        backward_data: data,
-        ..convgemm_preset(&geom)
+        persistent: true,
+        ..preset
     };
     match measured().entry((geom, threads)) {
         Entry::Vacant(e) => {
@@ -582,7 +670,7 @@ fn flipped_applies(geom: &ConvGeometry) -> bool {
 /// deconvgemm otherwise. A shrinking ("valid") convolution's flipped convgemm pads dy by
 /// `k − 1 − p` and spends its work on those zeros: on LeNet's 6→16 5×5 layer (14² → 10²) it is
 /// 3.8× slower than deconvgemm.
-fn convgemm_preset(geom: &ConvGeometry) -> Preset {
+pub(crate) fn convgemm_preset(geom: &ConvGeometry) -> Preset {
     Preset {
         persistent: true,
         ..Preset::lean_for(geom)
@@ -775,6 +863,50 @@ fn add_bias(y: &mut [f32], b: &[f32], plane: usize) {
 mod tests {
     use super::*;
     use rand::SeedableRng;
+
+    /// On one rayon thread `Auto`'s clock leaves out the time the process does not run (a
+    /// sleep stands for a busy machine's pauses) and counts the time it computes; on two
+    /// threads it is the wall clock, pauses included.
+    #[test]
+    fn the_measurement_clock_skips_pauses_on_one_thread() {
+        let pause = std::time::Duration::from_millis(80);
+        let spin = |d: std::time::Duration| {
+            let t = Instant::now();
+            let mut x = 0u64;
+            while t.elapsed() < d {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+            }
+        };
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let (slept, spun) = one.install(|| {
+            let clock = MeasureClock::new();
+            assert!(matches!(clock, MeasureClock::Cpu));
+            let t0 = clock.now();
+            std::thread::sleep(pause);
+            let t1 = clock.now();
+            spin(pause);
+            (t1 - t0, clock.now() - t1)
+        });
+        assert!(slept < 0.02, "a pause of 80 ms counted {slept} s");
+        assert!(spun > 0.01, "80 ms of work counted {spun} s");
+        let two = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let slept = two.install(|| {
+            let clock = MeasureClock::new();
+            let t0 = clock.now();
+            std::thread::sleep(pause);
+            clock.now() - t0
+        });
+        assert!(
+            slept >= 0.079,
+            "two threads: a pause of 80 ms counted {slept} s"
+        );
+    }
 
     /// An empty batch (a data-parallel rank without samples) runs: an empty output of the
     /// right shape, zero parameter gradients (not the previous step's), an empty `dx`; a wrong
