@@ -53,7 +53,7 @@ struct Scratch {
 struct Lin {
     ok: bool,
     base: usize,
-    mask: u32,
+    mask: u64,
 }
 
 /// Where the tables of one panel position live in [`Scratch`]: `count` runs from `runs`, `count
@@ -68,9 +68,9 @@ struct Entry {
 }
 
 /// The panel widths whose full rows are copied as one fixed-size block: AVX2's NR (16) and
-/// AVX-512's (32); `mask` bits cover both.
+/// AVX-512's (32, or 48 for an 8×48 tile); `mask` bits cover all three.
 const fn fixed_width(nr: usize) -> bool {
-    nr == 16 || nr == 32
+    nr == 16 || nr == 32 || nr == 48
 }
 
 /// Copies `W` values of a straight stretch into a panel row: `from[0], from[1], ..` (stride
@@ -155,6 +155,7 @@ impl PackB for Im2colB<'_> {
             16 => self.pack_panels(pc, kc, jc, nc, 16, dst),
             8 => self.pack_panels(pc, kc, jc, nc, 8, dst),
             32 => self.pack_panels(pc, kc, jc, nc, 32, dst),
+            48 => self.pack_panels(pc, kc, jc, nc, 48, dst),
             _ => self.pack_panels(pc, kc, jc, nc, nr, dst),
         }
     }
@@ -267,7 +268,7 @@ impl Im2colB<'_> {
                         debug_assert!(at + (rows - 1) * ilen + stride * nr <= src.x.len());
                         for i in 0..rows {
                             // SAFETY: row `row0 + i·R < kc` of the panel (`kc · nr` values)
-                            // holds `nr` (16 or 32, `fixed_width`) values; `base + stride·nr`
+                            // holds `nr` (16, 32 or 48, `fixed_width`) values; `base + stride·nr`
                             // stays inside the plane of channel `c_lo + i` of the panel's image
                             // (`straight`), inside x; mask bits are below nr.
                             unsafe {
@@ -275,6 +276,8 @@ impl Im2colB<'_> {
                                 let from = src.x.as_ptr().add(at + i * ilen);
                                 if nr == 32 {
                                     copy_fixed::<32>(d, from, stride);
+                                } else if nr == 48 {
+                                    copy_fixed::<48>(d, from, stride);
                                 } else {
                                     copy_fixed::<16>(d, from, stride);
                                 }
@@ -318,7 +321,7 @@ impl Im2colB<'_> {
 /// (`at` relative to the panel's image) over the panel's runs `runs`, in a plane of `ilen`
 /// values: position `p` reads `base + stride·p`, and the copy reads `stride · nr` values.
 fn straight(t: &[Seg], runs: &[Run], ilen: usize, stride: usize, nr: usize) -> Lin {
-    let (mut base, mut mask) = (None, 0u32);
+    let (mut base, mut mask) = (None, 0u64);
     for (g, r) in t.iter().zip(runs) {
         for p in (r.start..r.start + g.lo).chain(r.start + g.hi..r.start + r.len) {
             mask |= 1 << p;

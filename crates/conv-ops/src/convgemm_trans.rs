@@ -32,8 +32,9 @@ pub struct Im2colTB<'a> {
 /// than it saves on them).
 const SHORT_RUN: usize = 12;
 
-/// The widest micro-panel the transposing path takes (wider ones are packed lane by lane).
-const MAX_LANES: usize = 32;
+/// The widest micro-panel the transposing path takes (wider ones are packed lane by lane):
+/// AVX-512's 32, or 48 for an 8×48 GEMM tile.
+const MAX_LANES: usize = 48;
 
 #[derive(Default)]
 struct Scratch {

@@ -110,7 +110,7 @@ proptest! {
     fn packers_match_im2col_block_by_block(
         g1 in common::geometry(3),
         g2 in common::geometry(2),
-        nr in prop::sample::select(vec![4usize, 6, 8, 16, 32]),
+        nr in prop::sample::select(vec![4usize, 6, 8, 16, 32, 48]),
         kc in 1usize..=40,
         panels in 1usize..=5,
         order in any::<u64>(),
@@ -147,6 +147,18 @@ fn wide_lines_pack_block_by_block() {
             .unwrap()
             .with_padding(&[1])
             .unwrap(),
+        // Lines wider than 48-wide panels (an 8×48 tile), stride 1 and 2 (every other value
+        // of 96).
+        ConvGeometry::new(2, 3, 2, &[4, 53], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+        ConvGeometry::new(1, 2, 3, &[3, 101], &[3, 3])
+            .unwrap()
+            .with_stride(&[2])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
         ConvGeometry::new(1, 2, 2, &[3, 4, 33], &[2, 3, 3])
             .unwrap()
             .with_padding(&[0, 1, 2])
@@ -162,6 +174,9 @@ fn wide_lines_pack_block_by_block() {
         (32, 27, 3),
         (16, 7, 40),
         (32, 7, 20),
+        (48, 27, 2),
+        (48, 40, 1),
+        (48, 7, 12),
     ] {
         check_geometries(&geoms, nr, kc, panels, (nr * kc * panels) as u64).unwrap();
     }
