@@ -83,22 +83,14 @@ impl PackB for MatRef<'_> {
         // B[p, j] as A'[j, p] with A' = Bᵀ: the same panel layout with the roles of the strides swapped.
         pack_panels(self.data, self.cs, self.rs, jc, nc, pc, kc, nr, dst);
     }
-    #[inline]
-    fn prefetch_b(&self, pc: usize, kc: usize, jc: usize, nc: usize) {
-        if self.cs != 1 || kc == 0 || nc == 0 {
-            return;
-        }
-        // One prefetch per 16 floats: every line of the slice once, except a line that the next
-        // slice starts in (the driver's slices are contiguous, so that one is its first).
-        for p in pc..pc + kc {
-            let row = p * self.rs;
-            let mut j = jc;
-            while j < jc + nc {
-                prefetch(self.data, row + j);
-                j += 16;
-            }
-        }
-    }
+    // No `prefetch_b`: the default (nothing). On the Cascade Lake guest (sessions 11-13) the
+    // dense B's `prefetcht1` of every line of the next block, issued in bursts between the
+    // micro-kernel calls, stalls the core (perf -e cpu-clock of 64×50176×576, quiet 21:40 UTC:
+    // `driver::serial` 13% of all samples, 86% of them at the prefetches; the kernel 32%, the
+    // packing 11%, the peak trials the rest). gemm_ratio 1 thread, 8 × 48, quiet 21:45 and
+    // 21:52 UTC, six pairs: 64×50176×576 34.9-37.8 → 38.2-43.8% of the peak with no prefetch
+    // (every other line 34.4-38.4, every fourth 37.7-39.5); 2048³ 57.0-62.1 vs 56.6-63.2 and
+    // 256×3136×2304 50.5-54.2 vs 50.8-55.5 (level).
 }
 
 /// Hint that `data[idx]` will be read soon: brings its cache line toward L2 (`prefetcht1` on
