@@ -307,17 +307,7 @@ fn parse_entry(line: &str) -> Result<(ConvGeometry, usize, ConvAlgo, Preset), St
     let algo: ConvAlgo = algo_name
         .parse()
         .map_err(|_| format!("`algo={algo_name}` is not an algorithm"))?;
-    let data_text = f.text("data")?;
-    let data = DATA_ALGOS
-        .into_iter()
-        .find(|&a| data_name(a) == data_text)
-        .ok_or_else(|| {
-            let names: Vec<_> = DATA_ALGOS.into_iter().map(data_name).collect();
-            format!(
-                "`data={data_text}` is not a data-gradient algorithm ({})",
-                names.join(", ")
-            )
-        })?;
+    let data = named("data", f.text("data")?, &DATA_ALGOS, data_name)?;
     if let Some((k, _)) = f.0.iter().find(|(k, _)| {
         ![
             "threads", "batch", "in", "out", "input", "kernel", "stride", "dilation", "pad",
