@@ -2,7 +2,8 @@
 //! `UKRS=0,1 cargo run --release -p core-blas --example ukr_ab -- M N K [reps]` prints, per
 //! variant, the median of (GEMM rate on the thread's CPU clock) / (FMA peak measured right after
 //! it), 1 thread. Variant 0: the assembly k-loop (`kernel/skx.rs`, the default); 1: the
-//! intrinsics body; 2: the assembly k-loop with rows 1, 3, 5, 7 as embedded broadcasts; +32: the
+//! intrinsics body (under `CORE_BLAS_ISA=avx2`: 0 the assembly k-loop of `avx2_ukr_asm`, 1 the
+//! compiled bodies); 2: the assembly k-loop with rows 1, 3, 5, 7 as embedded broadcasts; +32: the
 //! same with the block sizes `BS32=mc,kc,nc`. `M = 0`: the micro-kernel alone
 //! (`micro_kernel_gflops`, panels in L1/L2, one short trial against one ~5 ms peak trial per
 //! repetition) at depth `K` instead of a GEMM.

@@ -269,8 +269,9 @@ pub(crate) unsafe fn avx512_ukr_asm(
 }
 
 /// Probes only ([`crate::__set_ukr_variant`]): 0 (default) the assembly k-loop with rows 2, 5, 7
-/// embedded, 1 the intrinsics body instead of [`avx512_ukr_asm`], 2 the assembly k-loop with rows
-/// 1, 3, 5, 7 embedded.
+/// embedded, 1 the intrinsics body instead of [`avx512_ukr_asm`] (and for `avx2-f32-6x16` the
+/// compiled bodies instead of its assembly k-loop), 2 the assembly k-loop with rows 1, 3, 5, 7
+/// embedded.
 pub(crate) static UKR_VARIANT: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
 
 #[cfg(test)]
