@@ -8,11 +8,15 @@
 //! where some run overhangs the padding. The tables depend only on the panel's position inside
 //! an image, so they are cached per thread across calls (core-blas's small-m schedule packs one
 //! or two micro-panels per call; every KC block of an NC block packs the same panel positions)
-//! and reused for every image, up to [`CACHE_MAX_SEGS`] segments.
+//! and reused for every image, up to [`CACHE_MAX_SEGS`] segments. Full panels of 16-value
+//! chunks (AVX2's 16, AVX-512's 32 and 48) are packed by core-blas's [`ConvPack`] from a
+//! [`Chunk`] per (tap, 16 columns), built from the segments with the tables: one or two masked
+//! vector loads per chunk and channel (the padding never read), a gather where the columns
+//! cross more than two stretches (planes smaller than a chunk, strided lines).
 
 use std::cell::RefCell;
 
-use core_blas::PackB;
+use core_blas::{CHUNK_LANES, Chunk, ConvPack, PackB};
 
 use crate::geometry::{ConvGeometry, Dims3};
 use crate::source::{Run, Seg, Source, copy_run, micro_panels};
@@ -41,6 +45,10 @@ struct Scratch {
     segs: Vec<Seg>,
     full: Vec<bool>,
     lin: Vec<Lin>,
+    /// Per tap of an entry, `nr / 16` [`Chunk`]s (when the panel width is a multiple of 16 and
+    /// core-blas's [`ConvPack`] is there), and the gathers' index rows.
+    chunks: Vec<Chunk>,
+    gidx: Vec<[i32; CHUNK_LANES]>,
     planes: Vec<usize>,
 }
 
@@ -65,7 +73,12 @@ struct Entry {
     segs: usize,
     full: usize,
     lin: usize,
+    /// First of the entry's `R · nr / 16` chunks, [`NO_CHUNKS`] without.
+    chunks: usize,
 }
+
+/// An [`Entry`] without chunks.
+const NO_CHUNKS: usize = usize::MAX;
 
 /// The panel widths whose full rows are copied as one fixed-size block: AVX2's NR (16) and
 /// AVX-512's (32, or 48 for an 8×48 tile); `mask` bits cover all three.
@@ -119,6 +132,8 @@ impl Scratch {
         self.segs.clear();
         self.full.clear();
         self.lin.clear();
+        self.chunks.clear();
+        self.gidx.clear();
     }
 }
 
@@ -183,6 +198,11 @@ impl Im2colB<'_> {
         let src = &self.src;
         let stride = src.d.stride[2];
         let (image, olen, rlen) = (src.image_len(), src.olen(), src.rlen);
+        // Masked vector copies for full panels of 16-value chunks.
+        let cp = ConvPack::global()
+            .ok()
+            .filter(|_| nr.is_multiple_of(CHUNK_LANES) && nr <= 64);
+        let nch = nr / CHUNK_LANES;
         SCRATCH.with_borrow_mut(|s| {
             let key = (src.d, [src.plane(0), image, rlen, nr]);
             if s.key != Some(key) {
@@ -214,6 +234,7 @@ impl Im2colB<'_> {
                         segs: s.segs.len(),
                         full: s.full.len(),
                         lin: s.lin.len(),
+                        chunks: NO_CHUNKS,
                     };
                     src.push_segments(&s.runs[e.runs..], &mut s.segs);
                     let (rr, ss) = (&s.runs[e.runs..], &mut s.segs[e.segs..]);
@@ -225,7 +246,19 @@ impl Im2colB<'_> {
                     s.full.extend(ss.chunks_exact(e.count).map(|t| {
                         w == nr && t.iter().zip(rr).all(|(g, r)| g.lo == 0 && g.hi == r.len)
                     }));
-                    let fixed = w == nr && fixed_width(nr) && (stride == 1 || stride == 2);
+                    let mut e = e;
+                    if cached && cp.is_some() {
+                        let at = s.chunks.len();
+                        if push_chunks(ss, rr, e.count, stride, nr, &mut s.chunks, &mut s.gidx) {
+                            e.chunks = at;
+                        } else {
+                            s.chunks.truncate(at);
+                        }
+                    }
+                    let fixed = w == nr
+                        && e.chunks == NO_CHUNKS
+                        && fixed_width(nr)
+                        && (stride == 1 || stride == 2);
                     s.lin.extend(ss.chunks_exact(e.count).map(|t| {
                         if fixed {
                             straight(t, rr, src.plane(1) - src.plane(0), stride, nr)
@@ -260,6 +293,26 @@ impl Im2colB<'_> {
                     let row0 = c_lo * rlen + tap - pc;
                     debug_assert!((row0 + (rows - 1) * rlen) < kc);
                     let from0 = src.plane(c_lo) + shift;
+                    if let (Some(cp), true) = (cp, e.chunks != NO_CHUNKS) {
+                        let chunks = &s.chunks[e.chunks + tap * nch..][..nch];
+                        // SAFETY: rows `row0 + i·R < kc` of the panel (`kc · nr` values) hold
+                        // `nr = 16 · nch` values each; the lanes a chunk reads are the
+                        // segments' positions `at + t·stride` of the plane of channel `c_lo +
+                        // i` of the panel's image (`push_chunks`), inside x like the segment
+                        // copies below (checked in debug builds); gathers index `gidx`.
+                        unsafe {
+                            cp.pack_rows(
+                                panel.as_mut_ptr().add(row0 * nr),
+                                rlen * nr,
+                                rows,
+                                src.x.as_ptr().add(from0),
+                                ilen,
+                                chunks,
+                                &s.gidx,
+                            );
+                        }
+                        continue;
+                    }
                     let lin = plin[tap];
                     if lin.ok {
                         // One straight stretch of the plane: a fixed-size copy per channel,
@@ -315,6 +368,38 @@ impl Im2colB<'_> {
             }
         });
     }
+}
+
+/// Appends the [`Chunk`]s of every tap of a full `nr`-wide panel (`nr / 16` per tap) from its
+/// segments `ss` (`count` per tap, tap-major, `at` relative to the panel's image) over the
+/// panel's runs: lane `p` of a tap reads `at + t·stride` of its segment (`p = start + lo + t`),
+/// the lanes of no segment are zero. `false` if a gather's offset does not fit an `i32`.
+fn push_chunks(
+    ss: &[Seg],
+    runs: &[Run],
+    count: usize,
+    stride: usize,
+    nr: usize,
+    chunks: &mut Vec<Chunk>,
+    gidx: &mut Vec<[i32; CHUNK_LANES]>,
+) -> bool {
+    let mut offs = [None::<isize>; 64];
+    let offs = &mut offs[..nr];
+    for t in ss.chunks_exact(count) {
+        offs.fill(None);
+        for (g, r) in t.iter().zip(runs) {
+            for k in 0..g.hi.saturating_sub(g.lo) {
+                offs[r.start + g.lo + k] = Some((g.at + k * stride) as isize);
+            }
+        }
+        for lanes in offs.chunks_exact(CHUNK_LANES) {
+            match Chunk::from_offsets(lanes, stride, gidx) {
+                Some(c) => chunks.push(c),
+                None => return false,
+            }
+        }
+    }
+    true
 }
 
 /// The [`Lin`] of one tap of a full `nr`-wide panel (stride 1 or 2) from its segments `t`

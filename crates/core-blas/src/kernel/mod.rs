@@ -12,6 +12,7 @@
 //! arbitrary strides `rs_c`, `cs_c`. When `beta == 0`, `C` is never read, so NaN or
 //! uninitialised-looking garbage in the output cannot leak into the result.
 
+pub(crate) mod convpack;
 pub(crate) mod offset;
 pub(crate) mod portable;
 #[cfg(all(test, target_arch = "x86_64"))]

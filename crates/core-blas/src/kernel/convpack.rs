@@ -1,0 +1,1040 @@
+//! Masked row copies for conv-ops' im2col B packing: one call packs the rows of one kernel tap
+//! (one row per input channel) of a micro-panel `16 · chunks` values wide, each 16-lane chunk
+//! described once for all rows by a [`Chunk`]: one or two straight pieces read with masked
+//! vector loads (stride 1 or 2 along the source; the lanes outside the masks, the padding, are
+//! zero and never read), or a masked gather. conv-ops is built for baseline x86-64 (its copies
+//! compile to SSE and its zero fills are per lane); these are runtime-dispatched like the
+//! GEMM kernels: AVX-512 (masked `vmovups`, `vpermt2ps` for stride 2, `vgatherdps`), AVX2
+//! (`vmaskmovps`, `vgatherdps`) and a portable loop.
+
+use std::sync::OnceLock;
+
+use crate::isa::Family;
+use crate::{Error, Gemm, Isa};
+
+/// Lanes of one [`Chunk`].
+pub const CHUNK_LANES: usize = 16;
+
+/// How the 16 lanes of one chunk of a panel row are read, relative to the row's source `s`
+/// (a pointer; offsets may be negative).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Chunk {
+    /// Lane `l` in `m1` reads `s[off1 + step · l]`, lane `l` in `m2` reads `s[off2 + step ·
+    /// l]` (`m1 & m2 == 0`), every other lane is 0. `step` is 1 or 2.
+    Lines {
+        /// 1 or 2.
+        step: u8,
+        /// Lanes of the first piece (bit `l` = lane `l`).
+        m1: u16,
+        /// Lanes of the second piece.
+        m2: u16,
+        /// Offset of the first piece's lane 0 (read or not).
+        off1: isize,
+        /// Offset of the second piece's lane 0.
+        off2: isize,
+    },
+    /// Lane `l` in `mask` reads `s[idx[at][l]]` (`idx` the table passed with the chunks), every
+    /// other lane is 0.
+    Gather {
+        /// Lanes read.
+        mask: u16,
+        /// Row of the index table.
+        at: u32,
+    },
+}
+
+impl Chunk {
+    /// Every lane zero.
+    pub const ZERO: Chunk = Chunk::Lines {
+        step: 1,
+        m1: 0,
+        m2: 0,
+        off1: 0,
+        off2: 0,
+    };
+
+    /// The chunk reading `offs[l]` for the lanes with `Some` (at most 16 lanes), as one or two
+    /// pieces of `step` (1 or 2) if they are, else as a gather whose indices are appended to
+    /// `idx`. `None` if a gather's offset does not fit an `i32`.
+    pub fn from_offsets(
+        offs: &[Option<isize>],
+        step: usize,
+        idx: &mut Vec<[i32; CHUNK_LANES]>,
+    ) -> Option<Chunk> {
+        debug_assert!(offs.len() <= CHUNK_LANES);
+        if step == 1 || step == 2 {
+            let s = step as isize;
+            let (mut p1, mut p2) = (None::<isize>, None::<isize>);
+            let (mut m1, mut m2) = (0u16, 0u16);
+            let mut ok = true;
+            for (l, o) in offs.iter().enumerate() {
+                let Some(o) = *o else { continue };
+                let base = o - s * l as isize;
+                if *p1.get_or_insert(base) == base {
+                    m1 |= 1 << l;
+                } else if *p2.get_or_insert(base) == base {
+                    m2 |= 1 << l;
+                } else {
+                    ok = false;
+                    break;
+                }
+            }
+            if ok {
+                return Some(Chunk::Lines {
+                    step: step as u8,
+                    m1,
+                    m2,
+                    off1: p1.unwrap_or(0),
+                    off2: p2.unwrap_or(0),
+                });
+            }
+        }
+        let mut row = [0i32; CHUNK_LANES];
+        let mut mask = 0u16;
+        for (l, o) in offs.iter().enumerate() {
+            if let Some(o) = *o {
+                row[l] = i32::try_from(o).ok()?;
+                mask |= 1 << l;
+            }
+        }
+        let at = u32::try_from(idx.len()).ok()?;
+        idx.push(row);
+        Some(Chunk::Gather { mask, at })
+    }
+
+    /// The offset lane `l` reads, `None` for a zero lane.
+    fn lane(&self, l: usize, idx: &[[i32; CHUNK_LANES]]) -> Option<isize> {
+        let bit = 1u16 << l;
+        match *self {
+            Chunk::Lines {
+                step,
+                m1,
+                m2,
+                off1,
+                off2,
+            } => {
+                let t = step as isize * l as isize;
+                if m1 & bit != 0 {
+                    Some(off1 + t)
+                } else if m2 & bit != 0 {
+                    Some(off2 + t)
+                } else {
+                    None
+                }
+            }
+            Chunk::Gather { mask, at } => (mask & bit != 0).then(|| idx[at as usize][l] as isize),
+        }
+    }
+}
+
+/// `(dst, dst_step, rows, src, src_step, chunks, idx)`: the contract of [`ConvPack::pack_rows`].
+type PackRows = unsafe fn(*mut f32, usize, usize, *const f32, usize, &[Chunk], &[[i32; 16]]);
+
+/// `(dst, ld, rows, src, lanes, chunks, per_block, idx)`: the contract of
+/// [`ConvPack::pack_transposed`].
+type PackTransposed = unsafe fn(
+    *mut f32,
+    usize,
+    usize,
+    *const f32,
+    &[(isize, u32)],
+    &[Chunk],
+    usize,
+    &[[i32; CHUNK_LANES]],
+);
+
+/// The masked row copies of one kernel family.
+#[derive(Clone, Copy)]
+pub struct ConvPack {
+    isa: Isa,
+    f: PackRows,
+    t: PackTransposed,
+}
+
+impl std::fmt::Debug for ConvPack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConvPack").field("isa", &self.isa).finish()
+    }
+}
+
+static SCALAR: ConvPack = ConvPack {
+    isa: Isa::Scalar,
+    f: scalar_rows,
+    t: scalar_transposed,
+};
+#[cfg(target_arch = "x86_64")]
+static AVX2: ConvPack = ConvPack {
+    isa: Isa::Avx2,
+    f: avx2_rows,
+    t: avx2_transposed,
+};
+#[cfg(target_arch = "x86_64")]
+static AVX512: ConvPack = ConvPack {
+    isa: Isa::Avx512,
+    f: avx512_rows,
+    t: avx512_transposed,
+};
+
+impl ConvPack {
+    /// The copies of `isa`; errors if the CPU lacks the family.
+    pub fn new(isa: Isa) -> Result<&'static ConvPack, Error> {
+        Ok(match Family::require(isa)? {
+            Family::Scalar(_) => &SCALAR,
+            #[cfg(target_arch = "x86_64")]
+            Family::Avx2(_) => &AVX2,
+            #[cfg(target_arch = "x86_64")]
+            Family::Avx512(_) => &AVX512,
+        })
+    }
+
+    /// The copies of the process-wide GEMM's family (`CORE_BLAS_ISA` or the best available).
+    pub fn global() -> Result<&'static ConvPack, Error> {
+        static GLOBAL: OnceLock<Result<&'static ConvPack, Error>> = OnceLock::new();
+        GLOBAL
+            .get_or_init(|| ConvPack::new(Gemm::global()?.isa()))
+            .clone()
+    }
+
+    /// The family.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// For each row `i < rows` and chunk `q`: `dst[i·dst_step + 16q + l]` = the value lane `l`
+    /// of `chunks[q]` reads from the row's source `src + i·src_step` (0 for a lane outside its
+    /// masks).
+    ///
+    /// # Safety
+    /// For every row `i < rows`: `dst + i·dst_step` is valid for `16 · chunks.len()` writes
+    /// and does not overlap any source value read; for every lane `l` a chunk reads (in its
+    /// masks), `src + i·src_step + offset(l)` is valid for one read. Lanes outside the masks are
+    /// never read, so their addresses (computed with wrapping arithmetic) may lie anywhere.
+    /// Every `Gather`'s `at < idx.len()`.
+    #[inline]
+    pub unsafe fn pack_rows(
+        &self,
+        dst: *mut f32,
+        dst_step: usize,
+        rows: usize,
+        src: *const f32,
+        src_step: usize,
+        chunks: &[Chunk],
+        idx: &[[i32; CHUNK_LANES]],
+    ) {
+        // SAFETY: the caller's contract; the table is only handed out when the CPU has the
+        // family's features.
+        unsafe { (self.f)(dst, dst_step, rows, src, src_step, chunks, idx) }
+    }
+
+    /// The transposed packing (a B operand whose rows are the chunks' lanes): for every row
+    /// `p < rows` and column `j < ld`, `dst[p·ld + j]` = the value lane `p % 16` of chunk
+    /// `chunks[(p / 16)·per_block + lanes[j].1]` reads from `src + lanes[j].0`, or 0 for `j >=
+    /// lanes.len()`. Blocks of 16 rows × 16 columns are loaded as 16 chunks and transposed in
+    /// registers (AVX-512; 8 × 8 on AVX2).
+    ///
+    /// # Safety
+    /// `ld` is a multiple of 16 with `lanes.len() <= ld`; `dst` is valid for `rows · ld`
+    /// writes not overlapping the source; every chunk index above is inside `chunks` for `p <
+    /// 16·⌈rows / 16⌉` (whole blocks are loaded); for every lane a chunk reads (in its masks),
+    /// `src + lanes[j].0 + offset(l)` is valid for one read (lanes outside the masks are never
+    /// read); every `Gather`'s `at < idx.len()`.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn pack_transposed(
+        &self,
+        dst: *mut f32,
+        ld: usize,
+        rows: usize,
+        src: *const f32,
+        lanes: &[(isize, u32)],
+        chunks: &[Chunk],
+        per_block: usize,
+        idx: &[[i32; CHUNK_LANES]],
+    ) {
+        debug_assert!(ld.is_multiple_of(CHUNK_LANES) && lanes.len() <= ld);
+        // SAFETY: the caller's contract; the table is only handed out when the CPU has the
+        // family's features.
+        unsafe { (self.t)(dst, ld, rows, src, lanes, chunks, per_block, idx) }
+    }
+}
+
+/// The portable transposed body.
+#[allow(clippy::too_many_arguments)]
+unsafe fn scalar_transposed(
+    dst: *mut f32,
+    ld: usize,
+    rows: usize,
+    src: *const f32,
+    lanes: &[(isize, u32)],
+    chunks: &[Chunk],
+    per_block: usize,
+    idx: &[[i32; CHUNK_LANES]],
+) {
+    for p in 0..rows {
+        for j in 0..ld {
+            let v = lanes.get(j).and_then(|&(off, tap)| {
+                let c = chunks[(p / CHUNK_LANES) * per_block + tap as usize];
+                c.lane(p % CHUNK_LANES, idx).map(|o| {
+                    // SAFETY: the caller's contract: the lanes read are valid.
+                    unsafe { *src.wrapping_offset(off).wrapping_offset(o) }
+                })
+            });
+            // SAFETY: `p < rows`, `j < ld`: inside dst.
+            unsafe { *dst.add(p * ld + j) = v.unwrap_or(0.0) };
+        }
+    }
+}
+
+/// The portable body.
+unsafe fn scalar_rows(
+    dst: *mut f32,
+    dst_step: usize,
+    rows: usize,
+    src: *const f32,
+    src_step: usize,
+    chunks: &[Chunk],
+    idx: &[[i32; CHUNK_LANES]],
+) {
+    for (q, c) in chunks.iter().enumerate() {
+        for i in 0..rows {
+            for l in 0..CHUNK_LANES {
+                // SAFETY: the caller's contract: the lanes read are valid, the row's writes too.
+                unsafe {
+                    let v = match c.lane(l, idx) {
+                        Some(o) => *src.wrapping_add(i * src_step).wrapping_offset(o),
+                        None => 0.0,
+                    };
+                    *dst.add(i * dst_step + q * CHUNK_LANES + l) = v;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+use core::arch::x86_64::*;
+
+/// Bits `l` of `m` (8 bits) moved to bits `2l`.
+#[inline(always)]
+fn spread(m: u16) -> u16 {
+    let mut x = m & 0xff;
+    x = (x | (x << 4)) & 0x0f0f;
+    x = (x | (x << 2)) & 0x3333;
+    (x | (x << 1)) & 0x5555
+}
+
+/// The AVX-512 body: chunk by chunk (its masks and permutation set up once), row by row.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn avx512_rows(
+    dst: *mut f32,
+    dst_step: usize,
+    rows: usize,
+    src: *const f32,
+    src_step: usize,
+    chunks: &[Chunk],
+    idx: &[[i32; CHUNK_LANES]],
+) {
+    let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    for (q, c) in chunks.iter().enumerate() {
+        let d0 = dst.wrapping_add(q * CHUNK_LANES);
+        match *c {
+            Chunk::Lines {
+                step: 1,
+                m1,
+                m2,
+                off1,
+                off2,
+            } => {
+                let (mut s1, mut s2) = (src.wrapping_offset(off1), src.wrapping_offset(off2));
+                for i in 0..rows {
+                    // SAFETY: masked loads read only the lanes of `m1` / `m2` (valid by the
+                    // contract; masked lanes do not fault); the store is the row's chunk.
+                    unsafe {
+                        let mut v = _mm512_maskz_loadu_ps(m1, s1);
+                        if m2 != 0 {
+                            v = _mm512_mask_loadu_ps(v, m2, s2);
+                        }
+                        _mm512_storeu_ps(d0.add(i * dst_step), v);
+                    }
+                    s1 = s1.wrapping_add(src_step);
+                    s2 = s2.wrapping_add(src_step);
+                }
+            }
+            Chunk::Lines {
+                step: 2,
+                m1,
+                m2,
+                off1,
+                off2,
+            } => {
+                // Step 2: lane l reads off + 2l, i.e. the even lanes of two 16-value loads.
+                let (l1, h1, l2, h2) = (spread(m1), spread(m1 >> 8), spread(m2), spread(m2 >> 8));
+                let (mut s1, mut s2) = (src.wrapping_offset(off1), src.wrapping_offset(off2));
+                for i in 0..rows {
+                    // SAFETY: as above; the spread masks select exactly the values lanes of
+                    // `m1` / `m2` read (`off + 2l`).
+                    unsafe {
+                        let lo = _mm512_maskz_loadu_ps(l1, s1);
+                        let hi = _mm512_maskz_loadu_ps(h1, s1.wrapping_add(16));
+                        let mut v = _mm512_permutex2var_ps(lo, even, hi);
+                        if m2 != 0 {
+                            let lo = _mm512_maskz_loadu_ps(l2, s2);
+                            let hi = _mm512_maskz_loadu_ps(h2, s2.wrapping_add(16));
+                            v = _mm512_mask_mov_ps(v, m2, _mm512_permutex2var_ps(lo, even, hi));
+                        }
+                        _mm512_storeu_ps(d0.add(i * dst_step), v);
+                    }
+                    s1 = s1.wrapping_add(src_step);
+                    s2 = s2.wrapping_add(src_step);
+                }
+            }
+            Chunk::Gather { mask, at } => {
+                // SAFETY: `idx` holds 16 i32 values per row (bounds-checked index).
+                let vi = unsafe { _mm512_loadu_si512(idx[at as usize].as_ptr().cast()) };
+                let mut s = src;
+                for i in 0..rows {
+                    // SAFETY: the gather reads only the lanes of `mask` (valid by the
+                    // contract); the store is the row's chunk.
+                    unsafe {
+                        let v =
+                            _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), mask, vi, s.cast());
+                        _mm512_storeu_ps(d0.add(i * dst_step), v);
+                    }
+                    s = s.wrapping_add(src_step);
+                }
+            }
+            Chunk::Lines { .. } => {
+                // Another step (outside the contract's 1 and 2): lane by lane.
+                // SAFETY: the caller's contract, passed on.
+                unsafe {
+                    scalar_rows(
+                        d0,
+                        dst_step,
+                        rows,
+                        src,
+                        src_step,
+                        std::slice::from_ref(c),
+                        idx,
+                    )
+                };
+            }
+        }
+    }
+}
+
+/// One chunk's 16 lanes read from `s` (the body of [`avx512_rows`] for one row).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn avx512_chunk(c: &Chunk, s: *const f32, idx: &[[i32; CHUNK_LANES]]) -> __m512 {
+    // SAFETY: the caller's contract: the lanes in the masks are valid reads, the others are
+    // not read (masked loads and gathers do not fault on them).
+    unsafe {
+        match *c {
+            Chunk::Lines {
+                step: 1,
+                m1,
+                m2,
+                off1,
+                off2,
+            } => {
+                let mut v = _mm512_maskz_loadu_ps(m1, s.wrapping_offset(off1));
+                if m2 != 0 {
+                    v = _mm512_mask_loadu_ps(v, m2, s.wrapping_offset(off2));
+                }
+                v
+            }
+            Chunk::Lines {
+                step: 2,
+                m1,
+                m2,
+                off1,
+                off2,
+            } => {
+                let even =
+                    _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+                let piece = |m: u16, p: *const f32| {
+                    let lo = _mm512_maskz_loadu_ps(spread(m), p);
+                    let hi = _mm512_maskz_loadu_ps(spread(m >> 8), p.wrapping_add(16));
+                    _mm512_permutex2var_ps(lo, even, hi)
+                };
+                let mut v = piece(m1, s.wrapping_offset(off1));
+                if m2 != 0 {
+                    v = _mm512_mask_mov_ps(v, m2, piece(m2, s.wrapping_offset(off2)));
+                }
+                v
+            }
+            Chunk::Gather { mask, at } => {
+                let vi = _mm512_loadu_si512(idx[at as usize].as_ptr().cast());
+                _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), mask, vi, s.cast())
+            }
+            Chunk::Lines { .. } => {
+                let mut v = [0f32; CHUNK_LANES];
+                for (l, x) in v.iter_mut().enumerate() {
+                    if let Some(o) = c.lane(l, idx) {
+                        *x = *s.wrapping_offset(o);
+                    }
+                }
+                _mm512_loadu_ps(v.as_ptr())
+            }
+        }
+    }
+}
+
+/// 16 × 16 in registers: `r[p]` lane `l` becomes `r[l]` lane `p`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn transpose16(r: &mut [__m512; 16]) {
+    let mut t = [_mm512_setzero_ps(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    let (lo, hi) = (
+        |a: __m512, b: __m512| {
+            _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)))
+        },
+        |a: __m512, b: __m512| {
+            _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)))
+        },
+    );
+    for i in 0..4 {
+        r[4 * i] = lo(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = hi(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = lo(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = hi(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for i in 0..4 {
+        t[i] = _mm512_shuffle_f32x4::<0x88>(r[i], r[i + 4]);
+        t[i + 4] = _mm512_shuffle_f32x4::<0xdd>(r[i], r[i + 4]);
+        t[8 + i] = _mm512_shuffle_f32x4::<0x88>(r[8 + i], r[12 + i]);
+        t[12 + i] = _mm512_shuffle_f32x4::<0xdd>(r[8 + i], r[12 + i]);
+    }
+    for i in 0..8 {
+        r[i] = _mm512_shuffle_f32x4::<0x88>(t[i], t[i + 8]);
+        r[i + 8] = _mm512_shuffle_f32x4::<0xdd>(t[i], t[i + 8]);
+    }
+}
+
+/// The AVX-512 transposed body: per block of 16 rows and 16 columns, 16 chunk loads (one per
+/// column), a transpose, and the block's rows stored.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn avx512_transposed(
+    dst: *mut f32,
+    ld: usize,
+    rows: usize,
+    src: *const f32,
+    lanes: &[(isize, u32)],
+    chunks: &[Chunk],
+    per_block: usize,
+    idx: &[[i32; CHUNK_LANES]],
+) {
+    for q in 0..rows.div_ceil(CHUNK_LANES) {
+        let prow = CHUNK_LANES.min(rows - q * CHUNK_LANES);
+        let block = &chunks[q * per_block..];
+        for g in 0..ld / CHUNK_LANES {
+            let mut r = [_mm512_setzero_ps(); 16];
+            let cols = lanes.get(g * CHUNK_LANES..).unwrap_or(&[]);
+            for (v, &(off, tap)) in r.iter_mut().zip(cols) {
+                // SAFETY: the caller's contract for column `j` and the block's chunk.
+                *v = unsafe { avx512_chunk(&block[tap as usize], src.wrapping_offset(off), idx) };
+            }
+            transpose16(&mut r);
+            for (p, v) in r.iter().enumerate().take(prow) {
+                // SAFETY: row `16q + p < rows`, columns `16g .. 16g + 16 <= ld`: inside dst.
+                unsafe {
+                    _mm512_storeu_ps(dst.add((q * CHUNK_LANES + p) * ld + g * CHUNK_LANES), *v)
+                };
+            }
+        }
+    }
+}
+
+/// Half `h` (lanes `8h .. 8h + 8`) of one chunk read from `s`: `vmaskmovps` for straight
+/// stride-1 pieces, lane by lane otherwise.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn avx2_half(c: &Chunk, s: *const f32, h: usize, idx: &[[i32; CHUNK_LANES]]) -> __m256 {
+    // SAFETY: the caller's contract: the lanes in the masks are valid reads, the others are
+    // not read (`vmaskmovps` does not fault on them).
+    unsafe {
+        match *c {
+            Chunk::Lines {
+                step: 1,
+                m1,
+                m2,
+                off1,
+                off2,
+            } => {
+                let sh = 8 * h as u32;
+                let mut v = _mm256_maskload_ps(
+                    s.wrapping_offset(off1).wrapping_add(8 * h),
+                    lane_mask(m1, sh),
+                );
+                if m2 != 0 {
+                    let w = _mm256_maskload_ps(
+                        s.wrapping_offset(off2).wrapping_add(8 * h),
+                        lane_mask(m2, sh),
+                    );
+                    v = _mm256_or_ps(v, w);
+                }
+                v
+            }
+            _ => {
+                let mut v = [0f32; 8];
+                for (l, x) in v.iter_mut().enumerate() {
+                    if let Some(o) = c.lane(8 * h + l, idx) {
+                        *x = *s.wrapping_offset(o);
+                    }
+                }
+                _mm256_loadu_ps(v.as_ptr())
+            }
+        }
+    }
+}
+
+/// 8 × 8 in registers: `r[p]` lane `l` becomes `r[l]` lane `p`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn transpose8(r: &mut [__m256; 8]) {
+    let mut t = [_mm256_setzero_ps(); 8];
+    for i in 0..4 {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    let mut u = [_mm256_setzero_ps(); 8];
+    for i in 0..2 {
+        u[4 * i] = _mm256_shuffle_ps::<0x44>(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm256_shuffle_ps::<0xee>(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm256_shuffle_ps::<0x44>(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm256_shuffle_ps::<0xee>(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for i in 0..4 {
+        r[i] = _mm256_permute2f128_ps::<0x20>(u[i], u[i + 4]);
+        r[i + 4] = _mm256_permute2f128_ps::<0x31>(u[i], u[i + 4]);
+    }
+}
+
+/// The AVX2 transposed body: blocks of 8 rows × 8 columns.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn avx2_transposed(
+    dst: *mut f32,
+    ld: usize,
+    rows: usize,
+    src: *const f32,
+    lanes: &[(isize, u32)],
+    chunks: &[Chunk],
+    per_block: usize,
+    idx: &[[i32; CHUNK_LANES]],
+) {
+    for q in 0..rows.div_ceil(8) {
+        let prow = 8.min(rows - q * 8);
+        let block = &chunks[(q / 2) * per_block..];
+        for g in 0..ld / 8 {
+            let mut r = [_mm256_setzero_ps(); 8];
+            let cols = lanes.get(g * 8..).unwrap_or(&[]);
+            for (v, &(off, tap)) in r.iter_mut().zip(cols) {
+                // SAFETY: the caller's contract for the column and the block's chunk.
+                *v = unsafe {
+                    avx2_half(&block[tap as usize], src.wrapping_offset(off), q % 2, idx)
+                };
+            }
+            transpose8(&mut r);
+            for (p, v) in r.iter().enumerate().take(prow) {
+                // SAFETY: row `8q + p < rows`, columns `8g .. 8g + 8 <= ld`: inside dst.
+                unsafe { _mm256_storeu_ps(dst.add((q * 8 + p) * ld + g * 8), *v) };
+            }
+        }
+    }
+}
+
+/// The 8 lanes of `m >> shift` as an AVX2 lane mask (all ones where the bit is set).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn lane_mask(m: u16, shift: u32) -> __m256i {
+    let bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    let v = _mm256_set1_epi32(i32::from((m >> shift) & 0xff));
+    _mm256_cmpeq_epi32(_mm256_and_si256(v, bits), bits)
+}
+
+/// The AVX2 body: each chunk as two 8-lane halves; straight stride-1 pieces with `vmaskmovps`,
+/// the rest (stride 2, gathers) with `vgatherdps` on indices set up once per chunk.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2_rows(
+    dst: *mut f32,
+    dst_step: usize,
+    rows: usize,
+    src: *const f32,
+    src_step: usize,
+    chunks: &[Chunk],
+    idx: &[[i32; CHUNK_LANES]],
+) {
+    for (q, c) in chunks.iter().enumerate() {
+        let d0 = dst.wrapping_add(q * CHUNK_LANES);
+        match *c {
+            Chunk::Lines {
+                step: 1,
+                m1,
+                m2,
+                off1,
+                off2,
+            } => {
+                let (a1, b1) = (lane_mask(m1, 0), lane_mask(m1, 8));
+                let (a2, b2) = (lane_mask(m2, 0), lane_mask(m2, 8));
+                let (mut s1, mut s2) = (src.wrapping_offset(off1), src.wrapping_offset(off2));
+                for i in 0..rows {
+                    // SAFETY: `vmaskmovps` reads only the lanes of its mask (valid by the
+                    // contract; masked lanes do not fault); the stores are the row's chunk.
+                    unsafe {
+                        let mut lo = _mm256_maskload_ps(s1, a1);
+                        let mut hi = _mm256_maskload_ps(s1.wrapping_add(8), b1);
+                        if m2 != 0 {
+                            let lo2 = _mm256_maskload_ps(s2, a2);
+                            let hi2 = _mm256_maskload_ps(s2.wrapping_add(8), b2);
+                            lo = _mm256_or_ps(lo, lo2);
+                            hi = _mm256_or_ps(hi, hi2);
+                        }
+                        let d = d0.add(i * dst_step);
+                        _mm256_storeu_ps(d, lo);
+                        _mm256_storeu_ps(d.add(8), hi);
+                    }
+                    s1 = s1.wrapping_add(src_step);
+                    s2 = s2.wrapping_add(src_step);
+                }
+            }
+            _ => {
+                // Per-lane offsets relative to `src` (a gather chunk's table row, or the
+                // pieces' `off + 2l`), i32 by construction for gathers; pieces of a step-2 chunk
+                // whose lanes do not fit an i32 read lane by lane.
+                let mut offs = [0i32; CHUNK_LANES];
+                let mut mask = 0u16;
+                let mut fits = true;
+                for (l, o) in offs.iter_mut().enumerate() {
+                    if let Some(v) = c.lane(l, idx) {
+                        mask |= 1 << l;
+                        match i32::try_from(v) {
+                            Ok(v) => *o = v,
+                            Err(_) => fits = false,
+                        }
+                    }
+                }
+                if !fits {
+                    // SAFETY: the caller's contract, passed on.
+                    unsafe {
+                        scalar_rows(
+                            d0,
+                            dst_step,
+                            rows,
+                            src,
+                            src_step,
+                            std::slice::from_ref(c),
+                            idx,
+                        )
+                    };
+                    continue;
+                }
+                // SAFETY: 16 i32 values in `offs`.
+                let (ilo, ihi) = unsafe {
+                    (
+                        _mm256_loadu_si256(offs.as_ptr().cast()),
+                        _mm256_loadu_si256(offs.as_ptr().add(8).cast()),
+                    )
+                };
+                let (mlo, mhi) = (
+                    _mm256_castsi256_ps(lane_mask(mask, 0)),
+                    _mm256_castsi256_ps(lane_mask(mask, 8)),
+                );
+                let mut s = src;
+                for i in 0..rows {
+                    // SAFETY: the gathers read only the lanes of their masks (valid by the
+                    // contract); the stores are the row's chunk.
+                    unsafe {
+                        let z = _mm256_setzero_ps();
+                        let lo = _mm256_mask_i32gather_ps::<4>(z, s, ilo, mlo);
+                        let hi = _mm256_mask_i32gather_ps::<4>(z, s, ihi, mhi);
+                        let d = d0.add(i * dst_step);
+                        _mm256_storeu_ps(d, lo);
+                        _mm256_storeu_ps(d.add(8), hi);
+                    }
+                    s = s.wrapping_add(src_step);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small deterministic generator (xorshift).
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    /// The naive meaning of one packed row set, from the lane offsets the chunks were built
+    /// from.
+    fn naive(
+        offs: &[Vec<Option<isize>>],
+        rows: usize,
+        src: &[f32],
+        base: usize,
+        src_step: usize,
+    ) -> Vec<f32> {
+        let w = offs.len() * CHUNK_LANES;
+        let mut out = vec![f32::NAN; rows * w];
+        for i in 0..rows {
+            for (q, o) in offs.iter().enumerate() {
+                for l in 0..CHUNK_LANES {
+                    out[i * w + q * CHUNK_LANES + l] = match o.get(l).copied().flatten() {
+                        Some(v) => src[((base + i * src_step) as isize + v) as usize],
+                        None => 0.0,
+                    };
+                }
+            }
+        }
+        out
+    }
+
+    /// Random chunk shapes (straight runs with gaps and a second piece, stride 1 and 2,
+    /// scattered lanes, empty chunks, offsets before the row's base) on every family the CPU
+    /// has, against the naive copy; the lanes read lie inside `src`, which ends right after
+    /// the last value read by a masked load that would reach past it.
+    #[test]
+    fn every_family_matches_the_naive_copy() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let families: Vec<_> = Isa::available()
+            .into_iter()
+            .filter_map(|isa| ConvPack::new(isa).ok())
+            .collect();
+        assert!(!families.is_empty());
+        for case in 0..400 {
+            let nchunks = 1 + rng.below(3);
+            let rows = 1 + rng.below(5);
+            let src_step = 40 + rng.below(60);
+            let margin = 40usize;
+            let step = 1 + rng.below(2);
+            let mut offs = Vec::new();
+            for _ in 0..nchunks {
+                let kind = rng.below(5);
+                let mut o = vec![None; CHUNK_LANES];
+                let b1 = rng.below(2 * margin) as isize - margin as isize;
+                let b2 = rng.below(2 * margin) as isize - margin as isize;
+                let cut = rng.below(17);
+                for (l, slot) in o.iter_mut().enumerate() {
+                    let s = (step * l) as isize;
+                    let keep = rng.below(6) != 0;
+                    *slot = match kind {
+                        0 => None,
+                        1 => keep.then_some(b1 + s),
+                        2 if l < cut => keep.then_some(b1 + s),
+                        2 => keep.then_some(b2 + s),
+                        3 => keep.then(|| rng.below(2 * margin) as isize - margin as isize),
+                        _ => Some(b1 + s),
+                    };
+                }
+                // Keep every read inside [-margin, margin + 2·16).
+                for v in o.iter_mut().flatten() {
+                    *v = (*v).clamp(-(margin as isize), (margin + 2 * CHUNK_LANES) as isize);
+                }
+                offs.push(o);
+            }
+            let span = margin + (rows - 1) * src_step + margin + 2 * CHUNK_LANES + 1;
+            let src: Vec<f32> = (0..span).map(|v| v as f32 + 0.5).collect();
+            let mut idx = Vec::new();
+            let chunks: Vec<Chunk> = offs
+                .iter()
+                .map(|o| Chunk::from_offsets(o, step, &mut idx).unwrap())
+                .collect();
+            let want = naive(&offs, rows, &src, margin, src_step);
+            for f in &families {
+                let w = nchunks * CHUNK_LANES;
+                let dst_step = w + rng.below(3) * CHUNK_LANES;
+                let mut dst = vec![f32::NAN; rows * dst_step];
+                // SAFETY: rows of `w` values `dst_step` apart inside dst; every lane read lies
+                // in src (offsets clamped to [-margin, margin + 32] around `margin + i·step`).
+                unsafe {
+                    f.pack_rows(
+                        dst.as_mut_ptr(),
+                        dst_step,
+                        rows,
+                        src.as_ptr().add(margin),
+                        src_step,
+                        &chunks,
+                        &idx,
+                    );
+                }
+                for i in 0..rows {
+                    assert_eq!(
+                        &dst[i * dst_step..][..w],
+                        &want[i * w..][..w],
+                        "case {case}, {:?}, row {i}, chunks {chunks:?}",
+                        f.isa()
+                    );
+                }
+            }
+        }
+    }
+
+    /// The classification: straight lanes are one piece, two runs two pieces, a third run or
+    /// a scatter a gather; step 2 only when asked for.
+    #[test]
+    fn offsets_are_classified() {
+        let mut idx = Vec::new();
+        let lanes = |f: &dyn Fn(usize) -> Option<isize>| (0..16).map(f).collect::<Vec<_>>();
+        let one = lanes(&|l| (l > 0).then_some(l as isize - 9));
+        assert_eq!(
+            Chunk::from_offsets(&one, 1, &mut idx),
+            Some(Chunk::Lines {
+                step: 1,
+                m1: 0xfffe,
+                m2: 0,
+                off1: -9,
+                off2: 0
+            })
+        );
+        let two = lanes(&|l| Some(if l < 8 { l as isize } else { l as isize + 8 }));
+        assert!(matches!(
+            Chunk::from_offsets(&two, 1, &mut idx),
+            Some(Chunk::Lines {
+                step: 1,
+                m1: 0x00ff,
+                m2: 0xff00,
+                ..
+            })
+        ));
+        let strided = lanes(&|l| Some(2 * l as isize + 3));
+        assert!(matches!(
+            Chunk::from_offsets(&strided, 2, &mut idx),
+            Some(Chunk::Lines {
+                step: 2,
+                m1: 0xffff,
+                off1: 3,
+                ..
+            })
+        ));
+        assert!(idx.is_empty());
+        assert!(matches!(
+            Chunk::from_offsets(&strided, 1, &mut idx),
+            Some(Chunk::Gather {
+                mask: 0xffff,
+                at: 0
+            })
+        ));
+        let three = lanes(&|l| Some((l / 5 * 100 + l) as isize));
+        assert!(matches!(
+            Chunk::from_offsets(&three, 1, &mut idx),
+            Some(Chunk::Gather { at: 1, .. })
+        ));
+        let far = lanes(&|l| Some(if l == 3 { 1 << 40 } else { 7 * l as isize }));
+        assert_eq!(Chunk::from_offsets(&far, 1, &mut idx), None);
+        assert_eq!(
+            Chunk::from_offsets(&[None; 16], 1, &mut idx),
+            Some(Chunk::ZERO)
+        );
+    }
+
+    /// The transposed packing on every family against the scalar body (itself checked
+    /// against the lane meaning): random chunk blocks, columns reading from different bases,
+    /// row counts that end inside a block, columns that leave the last 16 partly empty.
+    #[test]
+    fn transposed_matches_the_lane_meaning() {
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let families: Vec<_> = Isa::available()
+            .into_iter()
+            .filter_map(|isa| ConvPack::new(isa).ok())
+            .collect();
+        for case in 0..200 {
+            let taps = 1 + rng.below(4);
+            let rows = 1 + rng.below(40);
+            let blocks = rows.div_ceil(CHUNK_LANES);
+            let step = 1 + rng.below(2);
+            let margin = 40isize;
+            let mut idx = Vec::new();
+            let mut offs = Vec::new();
+            let mut chunks = Vec::new();
+            for _ in 0..blocks * taps {
+                let kind = rng.below(4);
+                let b1 = rng.below(80) as isize - margin;
+                let b2 = rng.below(80) as isize - margin;
+                let cut = rng.below(17);
+                let o: Vec<Option<isize>> = (0..CHUNK_LANES)
+                    .map(|l| {
+                        let s = (step * l) as isize;
+                        let keep = rng.below(5) != 0;
+                        let v = match kind {
+                            0 => None,
+                            1 => keep.then_some(b1 + s),
+                            2 => Some(if l < cut { b1 + s } else { b2 + s }),
+                            _ => keep.then(|| rng.below(80) as isize - margin),
+                        };
+                        v.map(|v| v.clamp(-margin, margin + 32))
+                    })
+                    .collect();
+                chunks.push(Chunk::from_offsets(&o, step, &mut idx).unwrap());
+                offs.push(o);
+            }
+            let ncols = 1 + rng.below(48);
+            let ld = ncols.div_ceil(16) * 16 + 16 * rng.below(2);
+            let span = 2000usize;
+            let src: Vec<f32> = (0..span).map(|v| v as f32 + 0.25).collect();
+            let lanes: Vec<(isize, u32)> = (0..ncols)
+                .map(|_| (100 + rng.below(1800) as isize, rng.below(taps) as u32))
+                .collect();
+            let mut want = vec![0f32; rows * ld];
+            for p in 0..rows {
+                for (j, &(off, tap)) in lanes.iter().enumerate() {
+                    if let Some(o) = offs[(p / 16) * taps + tap as usize][p % 16] {
+                        want[p * ld + j] = src[(off + o) as usize];
+                    }
+                }
+            }
+            for f in &families {
+                let mut dst = vec![f32::NAN; rows * ld];
+                // SAFETY: `rows · ld` values in dst; every lane read is `off + o` with `off` in
+                // 100..1900 and `o` in -40..=72: inside src; chunks cover every block.
+                unsafe {
+                    f.pack_transposed(
+                        dst.as_mut_ptr(),
+                        ld,
+                        rows,
+                        src.as_ptr(),
+                        &lanes,
+                        &chunks,
+                        taps,
+                        &idx,
+                    )
+                };
+                assert_eq!(dst, want, "case {case}, {:?}", f.isa());
+            }
+        }
+    }
+
+    #[test]
+    fn spread_moves_bit_l_to_2l() {
+        for m in 0..256u16 {
+            let want = (0..8)
+                .filter(|l| m >> l & 1 == 1)
+                .fold(0u16, |a, l| a | 1 << (2 * l));
+            assert_eq!(spread(m), want);
+        }
+    }
+}
