@@ -36,8 +36,17 @@ struct KernelCache {
 }
 
 impl KernelCache {
+    /// Whether `w` has the bits the cache was computed from: chunks of 64 values, each folded
+    /// without a branch per value (so the compiler vectorises it), an exit per chunk. (A
+    /// short-circuit per value ran one scalar compare per weight: 15 % of the 512@7² forward,
+    /// perf 00:52 UTC session 14.)
     fn matches(&self, w: &[f32]) -> bool {
-        self.w_bits.len() == w.len() && self.w_bits.iter().zip(w).all(|(b, v)| *b == v.to_bits())
+        self.w_bits.len() == w.len()
+            && self
+                .w_bits
+                .chunks(64)
+                .zip(w.chunks(64))
+                .all(|(b, v)| b.iter().zip(v).fold(0, |d, (b, v)| d | (b ^ v.to_bits())) == 0)
     }
 }
 
