@@ -598,29 +598,6 @@ unsafe fn avx2_half(c: &Chunk, s: *const f32, h: usize, idx: &[[i32; CHUNK_LANES
     }
 }
 
-/// 8 × 8 in registers: `r[p]` lane `l` becomes `r[l]` lane `p`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-fn transpose8(r: &mut [__m256; 8]) {
-    let mut t = [_mm256_setzero_ps(); 8];
-    for i in 0..4 {
-        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    let mut u = [_mm256_setzero_ps(); 8];
-    for i in 0..2 {
-        u[4 * i] = _mm256_shuffle_ps::<0x44>(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 1] = _mm256_shuffle_ps::<0xee>(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 2] = _mm256_shuffle_ps::<0x44>(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm256_shuffle_ps::<0xee>(t[4 * i + 1], t[4 * i + 3]);
-    }
-    for i in 0..4 {
-        r[i] = _mm256_permute2f128_ps::<0x20>(u[i], u[i + 4]);
-        r[i + 4] = _mm256_permute2f128_ps::<0x31>(u[i], u[i + 4]);
-    }
-}
-
 /// The AVX2 transposed body: blocks of 8 rows × 8 columns.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
@@ -647,7 +624,8 @@ unsafe fn avx2_transposed(
                     avx2_half(&block[tap as usize], src.wrapping_offset(off), q % 2, idx)
                 };
             }
-            transpose8(&mut r);
+            // SAFETY: avx2 (this function's features).
+            let r = unsafe { super::x86::transpose8x8(r) };
             for (p, v) in r.iter().enumerate().take(prow) {
                 // SAFETY: row `8q + p < rows`, columns `8g .. 8g + 8 <= ld`: inside dst.
                 unsafe { _mm256_storeu_ps(dst.add((q * 8 + p) * ld + g * 8), *v) };

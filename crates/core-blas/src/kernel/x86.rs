@@ -803,32 +803,7 @@ pub(crate) unsafe fn transpose8_avx2(
         let mut t = 0;
         while t + 8 <= len {
             let r: [__m256; 8] = std::array::from_fn(|l| _mm256_loadu_ps(src[l].add(t)));
-            let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-            let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-            let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-            let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-            let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-            let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-            let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-            let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-            let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-            let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-            let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-            let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-            let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-            let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-            let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-            let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-            let o = [
-                _mm256_permute2f128_ps::<0x20>(s0, s4),
-                _mm256_permute2f128_ps::<0x20>(s1, s5),
-                _mm256_permute2f128_ps::<0x20>(s2, s6),
-                _mm256_permute2f128_ps::<0x20>(s3, s7),
-                _mm256_permute2f128_ps::<0x31>(s0, s4),
-                _mm256_permute2f128_ps::<0x31>(s1, s5),
-                _mm256_permute2f128_ps::<0x31>(s2, s6),
-                _mm256_permute2f128_ps::<0x31>(s3, s7),
-            ];
+            let o = transpose8x8(r);
             for (i, v) in o.into_iter().enumerate() {
                 let d = dst.add((t + i) * ld);
                 if nl == 8 || t + i < spill_rows {
@@ -849,7 +824,7 @@ pub(crate) unsafe fn transpose8_avx2(
 
 /// The 8 × 8 transpose of eight vectors: `o[i][g] = r[g][i]`.
 #[inline(always)]
-unsafe fn transpose8x8(r: [__m256; 8]) -> [__m256; 8] {
+pub(crate) unsafe fn transpose8x8(r: [__m256; 8]) -> [__m256; 8] {
     // SAFETY: only inlined into functions compiled with `avx`.
     unsafe {
         let t0 = _mm256_unpacklo_ps(r[0], r[1]);
