@@ -478,3 +478,55 @@ pub(crate) unsafe fn step<S: Simd, const MR: usize, const NV: usize>(
         }
     }
 }
+
+/// Test support for the asm micro-kernels: runs `run(a, b, alpha, beta, c, rs_c, cs_c)` on an
+/// `mr × n` tile of depth `k` (panels of `mr` and `nr` values per step, starting one value past
+/// the allocation so they sit off any vector boundary) for several alpha / beta cases (beta = 0
+/// over NaN) and column strides 1 and 2 of C (rows `rs_per_cs · cs` apart), and asserts each
+/// value equal to the naive product (small integers: exact in any order). `label` leads each
+/// failure message.
+#[cfg(test)]
+pub(crate) fn assert_tile_matches_naive(
+    (mr, nr): (usize, usize),
+    k: usize,
+    n: usize,
+    rs_per_cs: usize,
+    label: &str,
+    run: impl Fn(&[f32], &[f32], f32, f32, &mut [f32], usize, usize),
+) {
+    let a: Vec<f32> = (0..k * mr + 1)
+        .map(|i| ((i * 7) % 19) as f32 - 9.0)
+        .collect();
+    let b: Vec<f32> = (0..k * nr + 1)
+        .map(|i| ((i * 5) % 17) as f32 - 8.0)
+        .collect();
+    let (ap, bp) = (&a[1..], &b[1..]);
+    for (alpha, beta) in [(1.0f32, 0.0f32), (2.0, 0.0), (1.0, 1.0), (0.5, -1.5)] {
+        for cs in [1usize, 2] {
+            let rs = rs_per_cs * cs;
+            let c0: Vec<f32> = (0..mr * rs).map(|i| (i % 11) as f32).collect();
+            let mut c = if beta == 0.0 {
+                vec![f32::NAN; mr * rs]
+            } else {
+                c0.clone()
+            };
+            run(ap, bp, alpha, beta, &mut c, rs, cs);
+            for i in 0..mr {
+                for j in 0..n {
+                    let dot: f64 = (0..k)
+                        .map(|t| ap[t * mr + i] as f64 * bp[t * nr + j] as f64)
+                        .sum();
+                    let mut want = alpha as f64 * dot;
+                    if beta != 0.0 {
+                        want += beta as f64 * c0[i * rs + j * cs] as f64;
+                    }
+                    assert_eq!(
+                        c[i * rs + j * cs] as f64,
+                        want,
+                        "{label}k {k} n {n} alpha {alpha} beta {beta} cs {cs} at ({i}, {j})"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -290,13 +290,6 @@ mod tests {
         for k in [
             0usize, 1, 3, 4, 5, 7, 8, 31, 32, 33, 35, 36, 37, 40, 64, 385,
         ] {
-            let a: Vec<f32> = (0..k * 8 + 1)
-                .map(|i| ((i * 7) % 19) as f32 - 9.0)
-                .collect();
-            let b: Vec<f32> = (0..k * 48 + 1)
-                .map(|i| ((i * 5) % 17) as f32 - 8.0)
-                .collect();
-            let (ap, bp) = (&a[1..], &b[1..]);
             for (n, v) in [
                 (1usize, 0u8),
                 (16, 2),
@@ -307,15 +300,14 @@ mod tests {
                 (48, 2),
             ] {
                 UKR_VARIANT.store(v, core::sync::atomic::Ordering::Relaxed);
-                for (alpha, beta) in [(1.0f32, 0.0f32), (2.0, 0.0), (1.0, 1.0), (0.5, -1.5)] {
-                    for cs in [1usize, 2] {
-                        let rs = 50 * cs;
-                        let c0: Vec<f32> = (0..8 * rs).map(|i| (i % 11) as f32).collect();
-                        let mut c = if beta == 0.0 {
-                            vec![f32::NAN; 8 * rs]
-                        } else {
-                            c0.clone()
-                        };
+                let label = format!("v {v} ");
+                super::super::assert_tile_matches_naive(
+                    (8, 48),
+                    k,
+                    n,
+                    50,
+                    &label,
+                    |ap, bp, alpha, beta, c, rs, cs| {
                         // SAFETY: avx512f checked above; k steps of 8 / 48 values behind ap /
                         // bp; the 8 × n window with strides (rs, cs) lies inside `c`.
                         unsafe {
@@ -332,24 +324,8 @@ mod tests {
                                 n,
                             )
                         };
-                        for i in 0..8 {
-                            for j in 0..n {
-                                let dot: f64 = (0..k)
-                                    .map(|t| ap[t * 8 + i] as f64 * bp[t * 48 + j] as f64)
-                                    .sum();
-                                let mut want = alpha as f64 * dot;
-                                if beta != 0.0 {
-                                    want += beta as f64 * c0[i * rs + j * cs] as f64;
-                                }
-                                assert_eq!(
-                                    c[i * rs + j * cs] as f64,
-                                    want,
-                                    "k {k} n {n} v {v} alpha {alpha} beta {beta} cs {cs} at ({i}, {j})"
-                                );
-                            }
-                        }
-                    }
-                }
+                    },
+                );
             }
         }
         UKR_VARIANT.store(0, core::sync::atomic::Ordering::Relaxed);

@@ -993,23 +993,14 @@ mod tests {
             return;
         }
         for k in [0usize, 1, 3, 4, 5, 7, 8, 9, 33, 64, 385] {
-            let a: Vec<f32> = (0..k * 6 + 1)
-                .map(|i| ((i * 7) % 19) as f32 - 9.0)
-                .collect();
-            let b: Vec<f32> = (0..k * 16 + 1)
-                .map(|i| ((i * 5) % 17) as f32 - 8.0)
-                .collect();
-            let (ap, bp) = (&a[1..], &b[1..]);
             for n in [9usize, 13, 16] {
-                for (alpha, beta) in [(1.0f32, 0.0f32), (2.0, 0.0), (1.0, 1.0), (0.5, -1.5)] {
-                    for cs in [1usize, 2] {
-                        let rs = 20 * cs;
-                        let c0: Vec<f32> = (0..6 * rs).map(|i| (i % 11) as f32).collect();
-                        let mut c = if beta == 0.0 {
-                            vec![f32::NAN; 6 * rs]
-                        } else {
-                            c0.clone()
-                        };
+                super::super::assert_tile_matches_naive(
+                    (6, 16),
+                    k,
+                    n,
+                    20,
+                    "",
+                    |ap, bp, alpha, beta, c, rs, cs| {
                         // SAFETY: avx2+fma checked above; k steps of 6 / 16 values behind ap /
                         // bp; the 6 × n window with strides (rs, cs) lies inside `c`.
                         unsafe {
@@ -1026,24 +1017,8 @@ mod tests {
                                 n,
                             )
                         };
-                        for i in 0..6 {
-                            for j in 0..n {
-                                let dot: f64 = (0..k)
-                                    .map(|t| ap[t * 6 + i] as f64 * bp[t * 16 + j] as f64)
-                                    .sum();
-                                let mut want = alpha as f64 * dot;
-                                if beta != 0.0 {
-                                    want += beta as f64 * c0[i * rs + j * cs] as f64;
-                                }
-                                assert_eq!(
-                                    c[i * rs + j * cs] as f64,
-                                    want,
-                                    "k {k} n {n} alpha {alpha} beta {beta} cs {cs} at ({i}, {j})"
-                                );
-                            }
-                        }
-                    }
-                }
+                    },
+                );
             }
         }
     }
