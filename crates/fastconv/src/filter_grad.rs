@@ -31,6 +31,32 @@ pub(crate) struct FilterWorkspace {
     out: AlignedVec,
 }
 
+impl FilterWorkspace {
+    /// Bytes of storage held (capacities, the per-thread states' included).
+    pub(crate) fn bytes(&self) -> usize {
+        let states: usize = self.states.iter().map(ThreadState::bytes).sum();
+        states
+            + size_of::<ThreadState>() * self.states.capacity()
+            + 4 * (self.scratch.capacity() + self.tmp.capacity() + self.out.capacity())
+    }
+}
+
+impl ThreadState {
+    fn bytes(&self) -> usize {
+        let b = &self.bufs;
+        4 * (self.acc.capacity()
+            + b.d.capacity()
+            + b.v.capacity()
+            + b.scratch.capacity()
+            + b.tmp.capacity()
+            + b.u.capacity()
+            + b.ex.capacity()
+            + b.pt.capacity())
+            + size_of::<Segment>() * b.segs.capacity()
+            + size_of::<usize>() * b.ends.capacity()
+    }
+}
+
 /// Accumulator bytes per thread above which the threads of backward-filter share one
 /// accumulator ([`backward_filter`]'s `shared_acc_above`).
 pub(crate) const SHARED_ACC_BYTES: usize = 16 << 20;

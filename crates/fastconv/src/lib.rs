@@ -55,7 +55,7 @@ pub use accuracy::{ErrorStats, correlate_nd_f64, measure_error};
 pub use cost::{CostModel, choose_tile};
 pub use error::{FastconvError, Result};
 pub use ntransform::{SparseTransform, TileTransforms, mode_n_product, multi_mode_product};
-pub use plan::WinogradPlan;
+pub use plan::{WinogradPlan, release_workspaces, workspace_bytes};
 pub use rational::Point;
 pub use synthesis::{DenseMatrix, WinogradTransform};
 pub use tiled::GemmPath;

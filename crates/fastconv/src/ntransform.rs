@@ -853,6 +853,14 @@ pub(crate) struct KernelWork {
     pub out: Vec<f64>,
 }
 
+impl KernelWork {
+    /// Bytes of storage held (capacities).
+    pub(crate) fn bytes(&self) -> usize {
+        4 * self.g.capacity()
+            + 8 * (self.g64.capacity() + self.scratch.capacity() + self.out.capacity())
+    }
+}
+
 /// The transforms of an N-d tile: one F(m_n, r_n) per spatial dimension, as sparse `f32` Aᵀ and
 /// Bᵀ for execution and sparse `f64` G for the kernel transform (computed once per weight update,
 /// in double precision, then rounded: it costs nothing per tile and removes one source of error).

@@ -121,6 +121,67 @@ thread_local! {
     static FILTER_WORK: RefCell<FilterWorkspace> = RefCell::new(FilterWorkspace::default());
 }
 
+/// Bytes held by fastconv's per-thread workspaces on the calling thread and on every thread
+/// of the current rayon pool (the pool of [`rayon::ThreadPool::install`] when called inside
+/// one, else the global pool): the kernel transform's buffers, the shared transformed kernels
+/// of plans that do not keep theirs, backward-filter's accumulators and the block buffers.
+///
+/// They grow to the largest layer run on each thread and stay at that size (so that the next
+/// call allocates nothing); a plan's own kept kernels are not counted
+/// ([`WinogradPlan::kept_bytes`]). A workspace in use by a pass running at the time counts 0.
+pub fn workspace_bytes() -> usize {
+    on_every_thread(thread_workspace_bytes)
+}
+
+/// Frees fastconv's per-thread workspaces (see [`workspace_bytes`]) on the calling thread and
+/// on every thread of the current rayon pool; returns the bytes freed.
+///
+/// For a caller that measured large layers once (`nn`'s `auto` algorithm choice tries Winograd
+/// on every layer) and then runs only smaller ones: the workspaces would otherwise stay at the
+/// largest measured layer's size for the life of the threads. The next call of any plan grows
+/// them again to what it needs; results do not change. A workspace in use by a pass running at
+/// the time (on another thread of the pool) is left as it is.
+pub fn release_workspaces() -> usize {
+    on_every_thread(release_thread_workspaces)
+}
+
+/// Sums `f` over the calling thread and every thread of the current rayon pool (the calling
+/// thread once if it is one of them).
+fn on_every_thread(f: fn() -> usize) -> usize {
+    let pool: usize = rayon::broadcast(|_| f()).into_iter().sum();
+    if rayon::current_thread_index().is_some() {
+        pool
+    } else {
+        pool + f()
+    }
+}
+
+/// Bytes held by the calling thread's workspaces (0 for one in use).
+fn thread_workspace_bytes() -> usize {
+    let kw = KERNEL_WORK.with(|c| c.try_borrow().map_or(0, |w| w.bytes()));
+    let u = SHARED_U.with(|c| c.try_borrow().map_or(0, |u| 4 * u.capacity()));
+    let fw = FILTER_WORK.with(|c| c.try_borrow().map_or(0, |w| w.bytes()));
+    kw + u + fw + crate::tiled::pool_bytes()
+}
+
+/// Frees the calling thread's workspaces (not one in use); returns the bytes freed.
+fn release_thread_workspaces() -> usize {
+    let kw = KERNEL_WORK.with(|c| {
+        c.try_borrow_mut()
+            .map_or(0, |mut w| std::mem::take(&mut *w).bytes())
+    });
+    let u = SHARED_U.with(|c| {
+        c.try_borrow_mut().map_or(0, |mut u| {
+            4 * std::mem::replace(&mut *u, PackedKernels::empty()).capacity()
+        })
+    });
+    let fw = FILTER_WORK.with(|c| {
+        c.try_borrow_mut()
+            .map_or(0, |mut w| std::mem::take(&mut *w).bytes())
+    });
+    kw + u + fw + crate::tiled::release_pool()
+}
+
 /// The Winograd algorithm for one geometry: tile choice, transforms, cached kernel transforms.
 #[derive(Debug, Clone)]
 pub struct WinogradPlan {

@@ -421,6 +421,23 @@ struct Buffers {
     runs: Vec<usize>,
 }
 
+impl Buffers {
+    /// Bytes of storage held (capacities).
+    fn bytes(&self) -> usize {
+        let l = &self.local;
+        4 * (self.v.capacity()
+            + self.mm.capacity()
+            + l.d.capacity()
+            + l.scratch.capacity()
+            + l.tmp.capacity()
+            + l.out.capacity()
+            + l.ex.capacity()
+            + l.pt.capacity())
+            + size_of::<Segment>() * self.segs.capacity()
+            + size_of::<usize>() * self.runs.capacity()
+    }
+}
+
 /// The input side by phases of the last dimension (forward and backward-data, 2 or more
 /// dimensions): along the last dimension a tile of α values at step m overlaps the next tiles,
 /// input position w = q·m + r of tile j being position r of tile j + q. So the gather reads only
@@ -644,6 +661,29 @@ pub(crate) fn input_side_phased(
 thread_local! {
     /// Block buffers kept by each thread between calls (see [`Pooled`]).
     static POOL: RefCell<Vec<Buffers>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Bytes held by the calling thread's pool of block buffers ([`Pooled`]); 0 while it is in use
+/// by a pass on this thread.
+pub(crate) fn pool_bytes() -> usize {
+    POOL.try_with(|p| {
+        p.try_borrow()
+            .map_or(0, |p| p.iter().map(Buffers::bytes).sum())
+    })
+    .unwrap_or(0)
+}
+
+/// Frees the calling thread's pool of block buffers ([`Pooled`]); returns the bytes freed.
+/// Buffers lent out to a running pass come back to the pool when it ends.
+pub(crate) fn release_pool() -> usize {
+    POOL.try_with(|p| {
+        p.try_borrow_mut().map_or(0, |mut p| {
+            let bytes = p.iter().map(Buffers::bytes).sum();
+            *p = Vec::new();
+            bytes
+        })
+    })
+    .unwrap_or(0)
 }
 
 /// Most block-buffer sets a thread keeps (one per concurrent block it has lent out: the waves

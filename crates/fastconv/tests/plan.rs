@@ -434,6 +434,87 @@ fn kept_and_shared_kernels_agree() {
     assert_eq!(kept[0].kept_bytes(), 0);
 }
 
+/// `release_workspaces`: after a large layer the per-thread workspaces hold at least its shared
+/// transformed kernels; the release frees exactly what `workspace_bytes` counted (a private pool
+/// of 2 threads, nothing else running in it), leaves 0, and the passes after it (the same layer
+/// and a smaller one) give the same bits as before and match the reference; a smaller layer
+/// then grows them to less than the large one held. Called outside any pool it frees at least
+/// the calling thread's shared kernels.
+#[test]
+fn release_workspaces_frees_and_passes_stay_correct() {
+    let big = ConvGeometry::new(2, 24, 32, &[21, 19], &[3, 3])
+        .unwrap()
+        .with_padding(&[1])
+        .unwrap();
+    let small = ConvGeometry::new(1, 3, 4, &[9, 8], &[3, 3])
+        .unwrap()
+        .with_padding(&[1])
+        .unwrap();
+    let run = |g: &ConvGeometry, seed: u64| {
+        let mut plan = WinogradPlan::new(g, None).unwrap();
+        plan.set_keep_kernels(false);
+        let (x, w, dy) = (
+            uniform(seed, g.x_len()),
+            uniform(seed + 1, g.w_len()),
+            uniform(seed + 2, g.y_len()),
+        );
+        let mut y = vec![f32::NAN; g.y_len()];
+        let mut dx = vec![f32::NAN; g.x_len()];
+        let mut dw = vec![f32::NAN; g.w_len()];
+        plan.forward(&x, &w, &mut y).unwrap();
+        plan.backward_data(&dy, &w, &mut dx).unwrap();
+        plan.backward_filter(&x, &dy, &mut dw).unwrap();
+        let mut y_ref = vec![0.0; g.y_len()];
+        let mut dx_ref = vec![0.0; g.x_len()];
+        let mut dw_ref = vec![0.0; g.w_len()];
+        reference::forward(g, &x, &w, None, &mut y_ref).unwrap();
+        reference::backward_data(g, &dy, &w, &mut dx_ref).unwrap();
+        reference::backward_filter(g, &x, &dy, &mut dw_ref).unwrap();
+        assert!(max_rel_error(&y, &f64s(&y_ref)) <= TOL, "forward {g:?}");
+        assert!(
+            max_rel_error(&dx, &f64s(&dx_ref)) <= TOL,
+            "backward-data {g:?}"
+        );
+        assert!(
+            max_rel_error(&dw, &f64s(&dw_ref)) <= TOL,
+            "backward-filter {g:?}"
+        );
+        [y, dx, dw].map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>())
+    };
+    // The shared transformed kernels alone: α² ≥ 3² values per weight.
+    let big_u = 4 * 9 * big.w_len();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        let before = run(&big, 1);
+        let held = fastconv::workspace_bytes();
+        assert!(held >= big_u, "held {held} < {big_u}");
+        assert_eq!(fastconv::release_workspaces(), held);
+        assert_eq!(fastconv::workspace_bytes(), 0);
+        assert_eq!(fastconv::release_workspaces(), 0);
+        assert_eq!(run(&big, 1), before, "the same layer after the release");
+        assert!(fastconv::release_workspaces() >= big_u);
+        let small_bits = run(&small, 5);
+        let small_held = fastconv::workspace_bytes();
+        assert!(
+            small_held > 0 && small_held < held,
+            "small layer {small_held}, big {held}"
+        );
+        fastconv::release_workspaces();
+        assert_eq!(
+            run(&small, 5),
+            small_bits,
+            "the small layer after the release"
+        );
+    });
+    // Outside any pool: the calling thread's shared kernels are among what is freed (the
+    // global pool's threads may be growing theirs for other tests meanwhile).
+    run(&big, 1);
+    assert!(fastconv::release_workspaces() >= big_u);
+}
+
 /// More kernels (C·K) than one piece of the kernel transform (1024, at least 32 columns): the
 /// transform runs in pieces of whole columns, 32 + 8 of 40 input channels for the forward,
 /// 32 + 16 of 48 output channels for backward-data; with 1-D and 3-D tiles too.
