@@ -680,13 +680,18 @@ fn copy_pieces<T: Real, const N: usize>(
 ) {
     for (c, sc) in sr.chunks_exact(seg).enumerate() {
         for (p, piece) in sc[..len].chunks_exact(N).enumerate() {
-            let dst: &mut [T; N] = (&mut yr[c * N + p * panel_stride..][..N])
-                .try_into()
-                .unwrap_or_else(|_| unreachable!("a slice of N values"));
-            let src: &[T; N] = piece
-                .try_into()
-                .unwrap_or_else(|_| unreachable!("chunks_exact(N)"));
-            *dst = *src;
+            let dst = &mut yr[c * N + p * panel_stride..][..N];
+            // In pieces of 8 values: a whole `[T; 48]` move (192 bytes) compiled to a `memcpy`
+            // call (5.7 % of the paper layer's forward, perf 03:33 UTC session 15).
+            for (d, s) in dst.chunks_exact_mut(8).zip(piece.chunks_exact(8)) {
+                let d: &mut [T; 8] = d
+                    .try_into()
+                    .unwrap_or_else(|_| unreachable!("chunks_exact_mut(8)"));
+                let s: &[T; 8] = s
+                    .try_into()
+                    .unwrap_or_else(|_| unreachable!("chunks_exact(8)"));
+                *d = *s;
+            }
         }
     }
 }
