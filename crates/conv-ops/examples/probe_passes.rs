@@ -71,9 +71,20 @@ fn run() -> Result<(), Error> {
     }
     let n: usize = a[0].parse()?;
     let (c, k): (usize, usize) = (a[1].parse()?, a[2].parse()?);
-    let g = ConvGeometry::new(n, c, k, &dims(&a[3])?, &dims(&a[4])?)?
-        .with_stride(&[a[5].parse()?])?
-        .with_padding(&[a[6].parse()?])?;
+    // At once (not by the builder): a kernel wider than the plane fits only with the padding.
+    let pad = [a[6].parse()?];
+    let g = ConvGeometry::from_parts(
+        n,
+        c,
+        k,
+        &dims(&a[3])?,
+        &dims(&a[4])?,
+        &[a[5].parse()?],
+        &[1],
+        &pad,
+        &pad,
+        1,
+    )?;
     let rounds: usize = a.get(7).map_or(Ok(9), |s| s.parse())?;
     let x = uniform(1, g.x_len());
     // 1×1 strided layers: the same layer as a pointwise one on x subsampled beforehand.

@@ -298,7 +298,12 @@ impl fmt::Display for Preset {
 /// for 1×1 strided layers (ResNet's downsampling shortcuts) under the fused algorithms, the
 /// subsampled input of a block of images (per thread, kept across calls: about 64 Ki floats, or
 /// 512 output columns' worth of input channels, or one image's, whichever is largest; the
-/// backward-data's result block lives in the C panel above) and one dw partial per extra thread.
+/// backward-data's result block lives in the C panel above) and one dw partial per extra thread,
+/// and, for tiny planes (one group, input plane at most as large as the kernel, e.g. 2×2 under
+/// 3×3: `tapwise`), under the fused algorithms, per-thread copies kept across calls of w tap
+/// by tap (the size of w, rows padded to 16) and of the pass's input and output side position by
+/// position (these grow with the batch, by C·P and K·P floats per image for planes of P ≤ taps
+/// positions: at most the size of x and y, e.g. 512 KiB each for VGG-16's 512@2² at batch 64).
 pub fn workspace_bytes(g: &ConvGeometry, pass: Pass) -> usize {
     let (rows, cols) = crate::im2col::im2col_shape(g);
     let buffer = rows * cols * size_of::<f32>();

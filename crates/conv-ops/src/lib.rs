@@ -53,6 +53,7 @@ pub mod reference;
 mod reindex;
 mod source;
 mod subsample;
+mod tapwise;
 pub mod testing;
 
 pub use algo::{

@@ -125,6 +125,10 @@ pub fn forward(
     if algo == ForwardAlgo::Direct {
         return crate::direct::forward(g, x, crate::direct::Weights::Plain(w), bias, relu, y);
     }
+    if algo == ForwardAlgo::Convgemm && crate::tapwise::applies(g) {
+        // Tiny planes: only the pairs of positions a tap joins (no padding products).
+        return crate::tapwise::forward(g, x, w, bias, relu, y);
+    }
     if algo == ForwardAlgo::Convgemm && crate::subsample::applies(g) {
         // 1×1 strided: the pointwise product on a subsampled block of images.
         return crate::subsample::forward(g, x, w, epi, y);
@@ -219,6 +223,16 @@ pub fn backward_data(
     g.check_len("w", w.len(), g.w_len())?;
     g.check_len("dx", dx.len(), g.x_len())?;
     let result = match algo {
+        // Tiny planes: only the pairs of positions a tap joins (the flipped form keeps its
+        // stride-1 domain: outside it, it is an error).
+        BackwardDataAlgo::Deconvgemm if crate::tapwise::applies(g) => {
+            crate::tapwise::backward_data(g, dy, w, dx)
+        }
+        BackwardDataAlgo::FlippedConvgemm
+            if crate::tapwise::applies(g) && crate::flipped::transposed_geometry(g).is_ok() =>
+        {
+            crate::tapwise::backward_data(g, dy, w, dx)
+        }
         BackwardDataAlgo::Deconvgemm if crate::subsample::applies(g) => {
             crate::subsample::backward_data(g, dy, w, dx)
         }
@@ -266,6 +280,9 @@ pub fn backward_filter(
     );
     if algo == BackwardFilterAlgo::Direct {
         return crate::direct::backward_filter(g, x, dy, dw);
+    }
+    if algo == BackwardFilterAlgo::ConvgemmTrans && crate::tapwise::applies(g) {
+        return crate::tapwise::backward_filter(g, x, dy, dw);
     }
     if algo == BackwardFilterAlgo::ConvgemmTrans && crate::subsample::applies(g) {
         return crate::subsample::backward_filter(g, x, dy, dw);
