@@ -1,6 +1,6 @@
 //! Level-1 kernels for element-wise layers: reductions (sum, squared deviations, shifted sums,
-//! dot) returning
-//! f64, batch normalisation's forward and backward, ReLU with a bit mask, and an in-place sum.
+//! dot) returning f64, over one slice or over strided [`Planes`] (one channel of a batch in one
+//! call), batch normalisation's forward and backward, ReLU with a bit mask, and an in-place sum.
 //!
 //! A [`Vector`] is a table of function pointers for one kernel family, built once
 //! ([`Vector::global`] follows `CORE_BLAS_ISA` like the GEMM; [`Vector::new`] picks a family).
@@ -50,6 +50,12 @@ pub(crate) const RED_LANES: usize = 32;
 /// Terms per flush of the f32 lanes into the f64 lanes (32 per lane).
 pub(crate) const RED_BLOCK: usize = 1024;
 
+/// `(x, len, stride, count, k)` of [`Vector::shifted_sums_planes`]: `(count − 1) · stride + len
+/// <= x.len()` when `count > 0`.
+pub(crate) type ShiftedPlanesFn = unsafe fn(&[f32], usize, usize, usize, f32) -> (f64, f64);
+/// `(a, b, len, stride, count)` of [`Vector::sum_dot_planes`]: both slices hold the planes.
+pub(crate) type SumDotPlanesFn = unsafe fn(&[f32], &[f32], usize, usize, usize) -> (f64, f64);
+
 /// The kernels of one family, as plain function pointers (the unsafe ones require the family's
 /// CPU features; a table is only handed out when the CPU has them).
 #[derive(Clone, Copy)]
@@ -61,6 +67,8 @@ pub(crate) struct Fns {
     pub(crate) dot: unsafe fn(&[f32], &[f32]) -> f64,
     /// `a`, `b` of one length.
     pub(crate) sum_dot: unsafe fn(&[f32], &[f32]) -> (f64, f64),
+    pub(crate) shifted_sums_planes: ShiftedPlanesFn,
+    pub(crate) sum_dot_planes: SumDotPlanesFn,
     /// `x`, `xhat` of one length.
     pub(crate) bn_train: unsafe fn(&mut [f32], &mut [f32], f32, f32, f32, f32),
     pub(crate) scale_shift: unsafe fn(&mut [f32], f32, f32),
@@ -126,6 +134,53 @@ fn mask_len(len: usize, mask: usize) -> Result<(), Error> {
             len: mask,
             needed,
         })
+    }
+}
+
+/// Equal-length planes at a fixed stride in one slice: plane `j` is `x[j · stride..][..len]`
+/// for `j < count`. One channel of an `N × C × spatial` tensor is `len` = the spatial size,
+/// `stride` = `C · len`, `count` = `N`, in the slice starting at the channel's first value.
+/// Planes may overlap (`stride < len`); they are only read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Planes {
+    /// Values per plane.
+    pub len: usize,
+    /// Values from the start of one plane to the start of the next.
+    pub stride: usize,
+    /// Number of planes.
+    pub count: usize,
+}
+
+impl Planes {
+    /// Values a slice needs to hold the planes: `(count − 1) · stride + len` (0 without
+    /// planes); `None` if that overflows.
+    pub fn span(&self) -> Option<usize> {
+        match self.count {
+            0 => Some(0),
+            n => (n - 1).checked_mul(self.stride)?.checked_add(self.len),
+        }
+    }
+
+    /// The planes' total number of values, `len · count`; `None` if that overflows.
+    pub fn values(&self) -> Option<usize> {
+        self.len.checked_mul(self.count)
+    }
+
+    /// `Ok` if a slice of `got` values named `arg` holds the planes.
+    fn fit(&self, arg: &'static str, got: usize) -> Result<(), Error> {
+        let needed = self.span().ok_or_else(|| Error::Stride {
+            arg,
+            reason: format!("{self:?} spans more than usize::MAX values"),
+        })?;
+        if got >= needed {
+            Ok(())
+        } else {
+            Err(Error::SliceTooShort {
+                arg,
+                len: got,
+                needed,
+            })
+        }
     }
 }
 
@@ -195,6 +250,45 @@ impl Vector {
         same_len("b", a.len(), b.len())?;
         // SAFETY: as in `sum`; lengths checked.
         Ok(unsafe { (self.f.sum_dot)(a, b) })
+    }
+
+    /// [`shifted_sums`](Vector::shifted_sums) over several planes of `x` (one channel's planes of
+    /// a batch) in one call: `(Σ (x − k), Σ (x − k)²)` over every value of every plane. Each
+    /// plane's terms go into the 32 f32 lanes from lane 0, and the lanes are flushed into f64
+    /// after every 32 chunks (a chunk: 32 terms of a plane or its last partial chunk), so the
+    /// error bound of the module documentation holds and, when `planes.len` is a multiple of 32,
+    /// the result equals `shifted_sums` of the planes laid end to end, bit for bit. One call per
+    /// channel instead of one per plane: on 8 × 8 planes the per-call reduction tree cost more
+    /// than the values. Errors if `x` is too short for the planes.
+    #[inline]
+    pub fn shifted_sums_planes(
+        &self,
+        x: &[f32],
+        planes: Planes,
+        k: f32,
+    ) -> Result<(f64, f64), Error> {
+        planes.fit("x", x.len())?;
+        let Planes { len, stride, count } = planes;
+        // SAFETY: as in `sum`; the planes are in range (checked).
+        Ok(unsafe { (self.f.shifted_sums_planes)(x, len, stride, count, k) })
+    }
+
+    /// [`sum_dot`](Vector::sum_dot) over the same planes of `a` and `b` in one call (batch norm
+    /// backward's per-channel `Σ dy`, `Σ dy · x̂`), in the order of
+    /// [`shifted_sums_planes`](Vector::shifted_sums_planes). Errors if `a` or `b` is too short
+    /// for the planes.
+    #[inline]
+    pub fn sum_dot_planes(
+        &self,
+        a: &[f32],
+        b: &[f32],
+        planes: Planes,
+    ) -> Result<(f64, f64), Error> {
+        planes.fit("a", a.len())?;
+        planes.fit("b", b.len())?;
+        let Planes { len, stride, count } = planes;
+        // SAFETY: as in `sum`; the planes are in range of both slices (checked).
+        Ok(unsafe { (self.f.sum_dot_planes)(a, b, len, stride, count) })
     }
 
     /// Batch-norm forward in training: `xhat[i] = (x[i] − m) · s`, then `x[i] = xhat[i] · g + b`
@@ -302,6 +396,16 @@ pub fn sum_dot(a: &[f32], b: &[f32]) -> Result<(f64, f64), Error> {
     Vector::global()?.sum_dot(a, b)
 }
 
+/// [`Vector::shifted_sums_planes`] with the process-wide family.
+pub fn shifted_sums_planes(x: &[f32], planes: Planes, k: f32) -> Result<(f64, f64), Error> {
+    Vector::global()?.shifted_sums_planes(x, planes, k)
+}
+
+/// [`Vector::sum_dot_planes`] with the process-wide family.
+pub fn sum_dot_planes(a: &[f32], b: &[f32], planes: Planes) -> Result<(f64, f64), Error> {
+    Vector::global()?.sum_dot_planes(a, b, planes)
+}
+
 /// [`Vector::bn_train`] with the process-wide family.
 pub fn bn_train(
     x: &mut [f32],
@@ -371,21 +475,44 @@ fn reduce<const K: usize>(
     n: usize,
     chunk: impl Fn(usize, usize, &mut [[f32; RED_LANES]; K]),
 ) -> [f64; K] {
+    reduce_planes(n, 1, |_, i, len, acc| chunk(i, len, acc))
+}
+
+/// [`reduce`] over `count` planes of `len` terms, `chunk(j, i, len, acc)` adding terms
+/// `i..i + len` of plane `j`: each plane from lane 0, the f32 lanes flushed into the f64 lanes
+/// after every 32 chunks and at the end (the order of [`Vector::shifted_sums_planes`]).
+#[inline(always)]
+fn reduce_planes<const K: usize>(
+    len: usize,
+    count: usize,
+    chunk: impl Fn(usize, usize, usize, &mut [[f32; RED_LANES]; K]),
+) -> [f64; K] {
     let mut d = [[0f64; RED_LANES]; K];
-    let mut i = 0;
-    while i < n {
-        let end = (i + RED_BLOCK).min(n);
-        let mut a = [[0f32; RED_LANES]; K];
-        while i < end {
-            let len = RED_LANES.min(end - i);
-            chunk(i, len, &mut a);
-            i += len;
-        }
+    let mut a = [[0f32; RED_LANES]; K];
+    let mut chunks = 0;
+    let flush = |a: &mut [[f32; RED_LANES]; K], d: &mut [[f64; RED_LANES]; K]| {
         for k in 0..K {
             for l in 0..RED_LANES {
                 d[k][l] += a[k][l] as f64;
+                a[k][l] = 0.0;
             }
         }
+    };
+    for j in 0..count {
+        let mut i = 0;
+        while i < len {
+            let n = RED_LANES.min(len - i);
+            chunk(j, i, n, &mut a);
+            i += n;
+            chunks += 1;
+            if chunks == RED_BLOCK / RED_LANES {
+                flush(&mut a, &mut d);
+                chunks = 0;
+            }
+        }
+    }
+    if chunks > 0 {
+        flush(&mut a, &mut d);
     }
     std::array::from_fn(|k| combine(&d[k]))
 }
@@ -411,6 +538,8 @@ const PORTABLE: Fns = Fns {
     shifted_sums: p_shifted_sums,
     dot: p_dot,
     sum_dot: p_sum_dot,
+    shifted_sums_planes: p_shifted_sums_planes,
+    sum_dot_planes: p_sum_dot_planes,
     bn_train: p_bn_train,
     scale_shift: p_scale_shift,
     bn_backward: p_bn_backward,
@@ -431,23 +560,7 @@ fn p_sum_sq_dev(x: &[f32], m: f32) -> f64 {
 }
 
 fn p_shifted_sums(x: &[f32], k: f32) -> (f64, f64) {
-    let [s, q] = reduce(x.len(), |i, len, [s, q]| {
-        let x = &x[i..i + len];
-        if let Ok(x) = <&[f32; RED_LANES]>::try_from(x) {
-            for l in 0..RED_LANES {
-                let d = x[l] - k;
-                s[l] += d;
-                q[l] += d * d;
-            }
-        } else {
-            for (l, &v) in x.iter().enumerate() {
-                let d = v - k;
-                s[l] += d;
-                q[l] += d * d;
-            }
-        }
-    });
-    (s, q)
+    p_shifted_sums_planes(x, x.len(), 0, 1, k)
 }
 
 /// `(Σ a, Σ a · b)` lanes over one chunk, as [`lanes1`].
@@ -489,9 +602,33 @@ fn p_dot(a: &[f32], b: &[f32]) -> f64 {
 }
 
 fn p_sum_dot(a: &[f32], b: &[f32]) -> (f64, f64) {
-    let b = &b[..a.len()];
-    let [s, sx] = reduce(a.len(), |i, len, [s, sx]| {
-        lanes2(&a[i..i + len], &b[i..i + len], s, sx)
+    p_sum_dot_planes(a, b, a.len(), 0, 1)
+}
+
+fn p_shifted_sums_planes(x: &[f32], len: usize, stride: usize, count: usize, k: f32) -> (f64, f64) {
+    let [s, q] = reduce_planes(len, count, |j, i, n, [s, q]| {
+        let x = &x[j * stride + i..][..n];
+        if let Ok(x) = <&[f32; RED_LANES]>::try_from(x) {
+            for l in 0..RED_LANES {
+                let d = x[l] - k;
+                s[l] += d;
+                q[l] += d * d;
+            }
+        } else {
+            for (l, &v) in x.iter().enumerate() {
+                let d = v - k;
+                s[l] += d;
+                q[l] += d * d;
+            }
+        }
+    });
+    (s, q)
+}
+
+fn p_sum_dot_planes(a: &[f32], b: &[f32], len: usize, stride: usize, count: usize) -> (f64, f64) {
+    let [s, sx] = reduce_planes(len, count, |j, i, n, [s, sx]| {
+        let at = j * stride + i;
+        lanes2(&a[at..at + n], &b[at..at + n], s, sx)
     });
     (s, sx)
 }

@@ -8,7 +8,7 @@
 mod common;
 
 use common::random;
-use core_blas::vector::{self, Vector, mask_bytes};
+use core_blas::vector::{self, Planes, Vector, mask_bytes};
 use core_blas::{Error, Isa};
 
 const SENTINEL: f32 = -7.25;
@@ -165,6 +165,141 @@ fn reductions_of_known_values() {
         let (s1, s2) = v.shifted_sums(&[1.0, 3.0, 5.0], 2.0);
         assert_eq!((s1, s2), (3.0, 11.0));
         assert_eq!(s2 - s1 * s1 / 3.0, 8.0);
+    }
+}
+
+/// The planes' values laid end to end.
+fn gather(x: &[f32], p: Planes) -> Vec<f32> {
+    (0..p.count)
+        .flat_map(|j| x[j * p.stride..][..p.len].iter().copied())
+        .collect()
+}
+
+/// The plane reductions against f64 sums of their terms, bit for bit against the portable
+/// family, against one call per plane's input when there is one plane, and against the
+/// end-to-end concatenation when the plane length is a multiple of 32 (batch norm's channels:
+/// 8 × 8 planes 64 apart in NCHW, odd spatial sizes, overlapping and touching planes).
+#[test]
+fn plane_reductions_match_f64_sums_and_the_portable_order() {
+    let portable = Vector::new(Isa::Scalar).unwrap();
+    let mut cases = Vec::new();
+    for len in [
+        0usize, 1, 4, 7, 8, 9, 31, 32, 33, 49, 64, 95, 196, 1024, 1056,
+    ] {
+        for count in [0usize, 1, 2, 3, 17, 33, 64] {
+            for extra in [0usize, 1, 5, 64] {
+                cases.push(Planes {
+                    len,
+                    stride: len + extra,
+                    count,
+                });
+            }
+        }
+    }
+    cases.push(Planes {
+        len: 40,
+        stride: 24,
+        count: 9,
+    });
+    cases.push(Planes {
+        len: 64,
+        stride: 64 * 16,
+        count: 64,
+    });
+    for v in families() {
+        for (n, &p) in cases.iter().enumerate() {
+            let total = p.span().unwrap();
+            for specials in [false, true] {
+                let seed = (n * 2 + specials as usize) as u64;
+                let a = data(total + 3, seed, specials);
+                let b = data(total + 3, seed + 77, false);
+                for off in [0usize, 3] {
+                    let (sa, sb) = (&a[off..off + total], &b[off..off + total]);
+                    let what = |f: &str| format!("{} {f} {p:?} off {off}", v.isa());
+                    let (ga, gb) = (gather(sa, p), gather(sb, p));
+                    let k = 0.375f32;
+                    let (s1, s2) = v.shifted_sums_planes(sa, p, k).unwrap();
+                    let dev: Vec<f32> = ga.iter().map(|&x| x - k).collect();
+                    let sq: Vec<f32> = dev.iter().map(|&d| d * d).collect();
+                    check_sum(s1, &dev, &what("shifted S1"));
+                    check_sum(s2, &sq, &what("shifted S2"));
+                    let (p1, p2) = portable.shifted_sums_planes(sa, p, k).unwrap();
+                    assert!(
+                        same64(s1, p1) && same64(s2, p2),
+                        "{}",
+                        what("shifted order")
+                    );
+                    let (s, sx) = v.sum_dot_planes(sa, sb, p).unwrap();
+                    let ab: Vec<f32> = ga.iter().zip(&gb).map(|(x, y)| x * y).collect();
+                    check_sum(s, &ga, &what("sum_dot_planes S"));
+                    check_sum(sx, &ab, &what("sum_dot_planes S·x"));
+                    let (q, qx) = portable.sum_dot_planes(sa, sb, p).unwrap();
+                    assert!(same64(s, q) && same64(sx, qx), "{}", what("sum_dot order"));
+                    if p.count == 1 || p.len % 32 == 0 {
+                        let (c1, c2) = v.shifted_sums(&ga, k);
+                        assert!(
+                            same64(s1, c1) && same64(s2, c2),
+                            "{}",
+                            what("= shifted_sums")
+                        );
+                        let (c, cx) = v.sum_dot(&ga, &gb).unwrap();
+                        assert!(same64(s, c) && same64(sx, cx), "{}", what("= sum_dot"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn plane_reductions_reject_short_slices() {
+    for v in families() {
+        let x = vec![1.0f32; 100];
+        let p = Planes {
+            len: 10,
+            stride: 30,
+            count: 4,
+        };
+        assert_eq!(p.span(), Some(100));
+        assert_eq!(v.shifted_sums_planes(&x, p, 0.0).unwrap(), (40.0, 40.0));
+        assert_eq!(v.sum_dot_planes(&x, &x, p).unwrap(), (40.0, 40.0));
+        let short = &x[..99];
+        let err = Error::SliceTooShort {
+            arg: "x",
+            len: 99,
+            needed: 100,
+        };
+        assert_eq!(v.shifted_sums_planes(short, p, 0.0), Err(err));
+        assert!(matches!(
+            v.sum_dot_planes(&x, short, p),
+            Err(Error::SliceTooShort {
+                arg: "b",
+                len: 99,
+                needed: 100
+            })
+        ));
+        assert!(matches!(
+            v.sum_dot_planes(short, &x, p),
+            Err(Error::SliceTooShort { arg: "a", .. })
+        ));
+        let huge = Planes {
+            len: 1,
+            stride: usize::MAX,
+            count: 3,
+        };
+        assert!(matches!(
+            v.shifted_sums_planes(&x, huge, 0.0),
+            Err(Error::Stride { arg: "x", .. })
+        ));
+        let none = Planes {
+            len: 5,
+            stride: 5,
+            count: 0,
+        };
+        assert_eq!(v.shifted_sums_planes(&[], none, 1.0).unwrap(), (0.0, 0.0));
+        let free = vector::shifted_sums_planes(&x, p, 0.0).unwrap();
+        assert_eq!(free, (40.0, 40.0));
+        assert_eq!(vector::sum_dot_planes(&x, &x, p).unwrap(), (40.0, 40.0));
     }
 }
 

@@ -13,6 +13,8 @@ pub(crate) const AVX2: Fns = Fns {
     shifted_sums,
     dot,
     sum_dot,
+    shifted_sums_planes,
+    sum_dot_planes,
     bn_train,
     scale_shift,
     bn_backward,
@@ -41,49 +43,72 @@ trait Terms<const K: usize> {
     unsafe fn part(&self, i: usize, m: __m256i) -> [__m256; K];
 }
 
-/// The reduction of the module documentation over `n` terms.
+/// The reduction of the module documentation over `n` terms: one plane of `n`.
 #[inline(always)]
-unsafe fn reduce<const K: usize, T: Terms<K>>(t: &T, n: usize) -> [f64; K] {
-    // SAFETY: (whole body) the caller runs with avx2; `t` reads only terms `< n`.
+unsafe fn reduce<const K: usize, T: Terms<K> + Copy>(t: &T, n: usize) -> [f64; K] {
+    // SAFETY: the caller's range and features.
+    unsafe { reduce_planes(|_| *t, n, 1) }
+}
+
+/// The reduction of the module documentation over `count` planes of `len` terms, plane `j`'s
+/// terms from `plane(j)`: each plane's term `i` into f32 lane `i mod 32` (a plane starts at lane
+/// 0), the f32 lanes flushed into the f64 lanes after every 32 chunks (a chunk: 32 terms of a
+/// plane, or its last partial chunk) and at the end.
+#[inline(always)]
+unsafe fn reduce_planes<const K: usize, T: Terms<K>>(
+    plane: impl Fn(usize) -> T,
+    len: usize,
+    count: usize,
+) -> [f64; K] {
+    // SAFETY: (whole body) the caller runs with avx2; `plane(j)` reads only terms `< len`.
     unsafe {
         let mut d = [[_mm256_setzero_pd(); 8]; K];
-        let mut i = 0;
-        while i < n {
-            let end = (i + RED_BLOCK).min(n);
-            let mut a = [[_mm256_setzero_ps(); 4]; K];
-            while i + RED_LANES <= end {
-                for v in 0..4 {
-                    let x = t.at(i + 8 * v);
-                    for k in 0..K {
-                        a[k][v] = _mm256_add_ps(a[k][v], x[k]);
+        // Chunks left before the next flush.
+        let mut room = RED_BLOCK / RED_LANES;
+        let mut a = [[_mm256_setzero_ps(); 4]; K];
+        for j in 0..count {
+            let t = plane(j);
+            let mut i = 0;
+            while i < len {
+                // The terms up to the next flush, or the plane's end: whole chunks, then the
+                // plane's partial last chunk.
+                let end = len.min(i + room * RED_LANES);
+                while i + RED_LANES <= end {
+                    for v in 0..4 {
+                        let x = t.at(i + 8 * v);
+                        for k in 0..K {
+                            a[k][v] = _mm256_add_ps(a[k][v], x[k]);
+                        }
                     }
+                    i += RED_LANES;
+                    room -= 1;
                 }
-                i += RED_LANES;
-            }
-            if i < end {
-                for v in 0..4 {
-                    let j = i + 8 * v;
-                    let x = if j + 8 <= end {
-                        t.at(j)
-                    } else if j < end {
-                        t.part(j, lanes(end - j))
-                    } else {
-                        [_mm256_setzero_ps(); K]
-                    };
-                    for k in 0..K {
-                        a[k][v] = _mm256_add_ps(a[k][v], x[k]);
+                if i < end {
+                    for v in 0..4 {
+                        let j = i + 8 * v;
+                        let x = if j + 8 <= end {
+                            t.at(j)
+                        } else if j < end {
+                            t.part(j, lanes(end - j))
+                        } else {
+                            [_mm256_setzero_ps(); K]
+                        };
+                        for k in 0..K {
+                            a[k][v] = _mm256_add_ps(a[k][v], x[k]);
+                        }
                     }
+                    i = end;
+                    room -= 1;
                 }
-                i = end;
-            }
-            for k in 0..K {
-                for v in 0..4 {
-                    let lo = _mm256_cvtps_pd(_mm256_castps256_ps128(a[k][v]));
-                    let hi = _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(a[k][v]));
-                    d[k][2 * v] = _mm256_add_pd(d[k][2 * v], lo);
-                    d[k][2 * v + 1] = _mm256_add_pd(d[k][2 * v + 1], hi);
+                if room == 0 {
+                    flush(&a, &mut d);
+                    a = [[_mm256_setzero_ps(); 4]; K];
+                    room = RED_BLOCK / RED_LANES;
                 }
             }
+        }
+        if room < RED_BLOCK / RED_LANES {
+            flush(&a, &mut d);
         }
         let mut out = [0f64; K];
         for k in 0..K {
@@ -100,6 +125,24 @@ unsafe fn reduce<const K: usize, T: Terms<K>>(t: &T, n: usize) -> [f64; K] {
     }
 }
 
+/// Adds the f32 lanes `a` into the f64 lanes `d` (lane `8v + l` of `a[k]`: f64 lane of vector
+/// `2v + l / 4`, position `l mod 4`).
+#[inline(always)]
+unsafe fn flush<const K: usize>(a: &[[__m256; 4]; K], d: &mut [[__m256d; 8]; K]) {
+    // SAFETY: (whole body) the caller runs with avx2.
+    unsafe {
+        for k in 0..K {
+            for v in 0..4 {
+                let lo = _mm256_cvtps_pd(_mm256_castps256_ps128(a[k][v]));
+                let hi = _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(a[k][v]));
+                d[k][2 * v] = _mm256_add_pd(d[k][2 * v], lo);
+                d[k][2 * v + 1] = _mm256_add_pd(d[k][2 * v + 1], hi);
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
 struct Plain(*const f32);
 impl Terms<1> for Plain {
     #[inline(always)]
@@ -114,6 +157,7 @@ impl Terms<1> for Plain {
     }
 }
 
+#[derive(Clone, Copy)]
 struct SqDev(*const f32, __m256);
 impl Terms<1> for SqDev {
     #[inline(always)]
@@ -134,6 +178,7 @@ impl Terms<1> for SqDev {
     }
 }
 
+#[derive(Clone, Copy)]
 struct Shifted(*const f32, __m256);
 impl Terms<2> for Shifted {
     #[inline(always)]
@@ -155,6 +200,7 @@ impl Terms<2> for Shifted {
     }
 }
 
+#[derive(Clone, Copy)]
 struct Dot(*const f32, *const f32);
 impl Terms<1> for Dot {
     #[inline(always)]
@@ -179,6 +225,7 @@ impl Terms<1> for Dot {
     }
 }
 
+#[derive(Clone, Copy)]
 struct SumDot(*const f32, *const f32);
 impl Terms<2> for SumDot {
     #[inline(always)]
@@ -219,9 +266,8 @@ unsafe fn sum_sq_dev(x: &[f32], m: f32) -> f64 {
 /// As [`sum`].
 #[target_feature(enable = "avx2,fma")]
 unsafe fn shifted_sums(x: &[f32], k: f32) -> (f64, f64) {
-    // SAFETY: the terms read `x[..len]`.
-    let [s, q] = unsafe { reduce(&Shifted(x.as_ptr(), _mm256_set1_ps(k)), x.len()) };
-    (s, q)
+    // SAFETY: one plane, `x[..len]`.
+    unsafe { shifted_sums_planes(x, x.len(), 0, 1, k) }
 }
 
 /// # Safety
@@ -238,8 +284,41 @@ unsafe fn dot(a: &[f32], b: &[f32]) -> f64 {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn sum_dot(a: &[f32], b: &[f32]) -> (f64, f64) {
     debug_assert!(b.len() >= a.len());
-    // SAFETY: the terms read `a[..len]`, `b[..len]`.
-    let [s, sx] = unsafe { reduce(&SumDot(a.as_ptr(), b.as_ptr()), a.len()) };
+    // SAFETY: one plane, `a[..len]` and `b[..len]`.
+    unsafe { sum_dot_planes(a, b, a.len(), 0, 1) }
+}
+
+/// # Safety
+/// As [`sum`]; `(count − 1) · stride + len <= x.len()` when `count > 0`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn shifted_sums_planes(
+    x: &[f32],
+    len: usize,
+    stride: usize,
+    count: usize,
+    k: f32,
+) -> (f64, f64) {
+    let (p, k) = (x.as_ptr(), _mm256_set1_ps(k));
+    // SAFETY: plane `j` reads `x[j · stride..][..len]`, in range by the caller's bound.
+    let [s, q] = unsafe { reduce_planes(|j| Shifted(p.add(j * stride), k), len, count) };
+    (s, q)
+}
+
+/// # Safety
+/// As [`sum`]; `(count − 1) · stride + len` values readable in `a` and `b` when `count > 0`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn sum_dot_planes(
+    a: &[f32],
+    b: &[f32],
+    len: usize,
+    stride: usize,
+    count: usize,
+) -> (f64, f64) {
+    let (p, q) = (a.as_ptr(), b.as_ptr());
+    // SAFETY: plane `j` reads `a[j · stride..][..len]` and `b[..]` alike, in range by the
+    // caller's bound.
+    let [s, sx] =
+        unsafe { reduce_planes(|j| SumDot(p.add(j * stride), q.add(j * stride)), len, count) };
     (s, sx)
 }
 

@@ -1,6 +1,6 @@
 //! [`BatchNorm`]: batch normalisation over the batch and spatial axes, per channel.
 
-use core_blas::vector::Vector;
+use core_blas::vector::{Planes, Vector};
 use rayon::prelude::*;
 
 use crate::error::{NnError, Result};
@@ -21,6 +21,16 @@ pub enum BnGrads {
     /// This part's own sums: a data-parallel trainer sums the gradients over the processes
     /// itself, as it does every other layer's.
     Local,
+}
+
+/// One channel's planes of an `n × c × plane` tensor, in the slice from the channel's first
+/// value: `n` planes of `plane` values, `c · plane` apart.
+fn channel_planes(n: usize, c: usize, plane: usize) -> Planes {
+    Planes {
+        len: plane,
+        stride: c * plane,
+        count: n,
+    }
 }
 
 /// What backward needs: the normalised input and 1/σ per channel.
@@ -96,25 +106,24 @@ impl BatchNorm {
         let v = Vector::global()?;
         let (mean, var, count): (Vec<f64>, Vec<f64>, usize) = if train {
             let data = x.data();
-            let planes = |ch: usize| (0..n).map(move |i| &data[(i * c + ch) * plane..][..plane]);
+            let planes = channel_planes(n, c, plane);
             // One read of x per channel: Σ (x − k) and Σ (x − k)² around k, the mean of the
-            // channel's first plane (read twice, the second time from cache). With k near the
-            // mean, M2 = Σ (x − k)² − (Σ (x − k))² / n in f64 keeps f32 accuracy where Σx² − (Σx)²/n
-            // would cancel (a mean far from 0 against the spread).
+            // channel's first plane (read twice, the second time from cache), all N planes in one
+            // call. With k near the mean, M2 = Σ (x − k)² − (Σ (x − k))² / n in f64 keeps f32
+            // accuracy where Σx² − (Σx)²/n would cancel (a mean far from 0 against the spread).
             let shifted: Vec<[f64; 3]> = (0..c)
                 .into_par_iter()
                 .map(|ch| {
-                    let k = planes(ch)
-                        .next()
-                        .filter(|p| !p.is_empty())
-                        .map_or(0.0, |p| (v.sum(p) / p.len() as f64) as f32);
-                    let (s1, s2) = planes(ch).fold((0.0, 0.0), |(a, b), p| {
-                        let (da, db) = v.shifted_sums(p, k);
-                        (a + da, b + db)
-                    });
-                    [f64::from(k), s1, s2]
+                    // Empty when the batch is (n = 0: no planes to read).
+                    let at = data.get(ch * plane..).unwrap_or_default();
+                    let k = match (n, plane) {
+                        (0, _) | (_, 0) => 0.0,
+                        _ => (v.sum(&at[..plane]) / plane as f64) as f32,
+                    };
+                    let (s1, s2) = v.shifted_sums_planes(at, planes, k)?;
+                    Ok([f64::from(k), s1, s2])
                 })
-                .collect();
+                .collect::<Result<_>>()?;
             // Σ x per channel, and the number of values, summed over the parts.
             let mut sums: Vec<f64> = shifted
                 .iter()
@@ -233,16 +242,14 @@ impl BatchNorm {
         let xhat = xhat.data();
         // Per channel: Σ dy and Σ dy·x̂, then the value count, summed over the parts.
         let v = Vector::global()?;
+        let planes = channel_planes(n, c, plane);
         let sums: Vec<[f64; 2]> = (0..c)
             .into_par_iter()
             .map(|ch| {
-                let (mut s, mut sx) = (0f64, 0f64);
-                for i in 0..n {
-                    let at = (i * c + ch) * plane;
-                    let (d, h) = (&dy.data()[at..at + plane], &xhat[at..at + plane]);
-                    let (a, b) = v.sum_dot(d, h)?;
-                    (s, sx) = (s + a, sx + b);
-                }
+                let at = ch * plane;
+                let (d, h) = (dy.data().get(at..), xhat.get(at..));
+                let (d, h) = (d.unwrap_or_default(), h.unwrap_or_default());
+                let (s, sx) = v.sum_dot_planes(d, h, planes)?;
                 Ok([s, sx])
             })
             .collect::<Result<_>>()?;
