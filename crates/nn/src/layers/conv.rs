@@ -514,6 +514,12 @@ impl Conv {
         } else {
             ConvAlgo::Convgemm
         };
+        if wino.is_some() {
+            // Winograd's per-thread workspaces now have this layer's size; a layer that takes
+            // another algorithm must not keep them for the run (C3D's 512→512 3×3×3 layers:
+            // +235 MiB), and one that takes Winograd regrows them to what its passes need.
+            fastconv::release_workspaces();
+        }
         Ok(Choice { algo, preset })
     }
 
