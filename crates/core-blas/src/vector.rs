@@ -161,11 +161,6 @@ impl Planes {
         }
     }
 
-    /// The planes' total number of values, `len · count`; `None` if that overflows.
-    pub fn values(&self) -> Option<usize> {
-        self.len.checked_mul(self.count)
-    }
-
     /// `Ok` if a slice of `got` values named `arg` holds the planes.
     fn fit(&self, arg: &'static str, got: usize) -> Result<(), Error> {
         let needed = self.span().ok_or_else(|| Error::Stride {

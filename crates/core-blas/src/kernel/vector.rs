@@ -85,11 +85,11 @@ unsafe fn reduce_planes<const K: usize, T: Terms<K>>(
                 }
                 if i < end {
                     for v in 0..4 {
-                        let j = i + 8 * v;
-                        let x = if j + 8 <= end {
-                            t.at(j)
-                        } else if j < end {
-                            t.part(j, lanes(end - j))
+                        let at = i + 8 * v;
+                        let x = if at + 8 <= end {
+                            t.at(at)
+                        } else if at < end {
+                            t.part(at, lanes(end - at))
                         } else {
                             [_mm256_setzero_ps(); K]
                         };
