@@ -12,6 +12,10 @@
 //! after it on T threads (both wall time), and prints the median of the paired speed-ups
 //! `t(1) / t(T)`, which minute-to-minute drift of the machine affects far less than two separate
 //! runs do.
+//!
+//! `--aligned`: A, B and C are `AlignedVec`s (64-byte aligned; from 2 MiB on, huge-page storage
+//! unless `CORE_BLAS_HUGEPAGES=0`) instead of `Vec`s. The last line printed is the process's
+//! `AnonHugePages` (Linux), i.e. how much of its memory the kernel gave 2 MiB pages.
 
 use std::time::{Duration, Instant};
 
@@ -31,6 +35,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let raw: Vec<String> = std::env::args().skip(1).collect();
     let with_mm = raw.iter().any(|a| a == "--mm");
     let scale = raw.iter().any(|a| a == "--scale");
+    let aligned = raw.iter().any(|a| a == "--aligned");
     let args: Vec<usize> = raw.iter().filter_map(|a| a.parse().ok()).collect();
     let (m, n, k) = match args.as_slice() {
         [m, n, k, ..] => (*m, *n, *k),
@@ -46,13 +51,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .num_threads(threads)
         .build()?;
     let g = core_blas::Gemm::global()?;
-    let a: Vec<f32> = (0..m * k)
+    let a_v: Vec<f32> = (0..m * k)
         .map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6)
         .collect();
-    let b: Vec<f32> = (0..k * n)
+    let b_v: Vec<f32> = (0..k * n)
         .map(|i| ((i * 5) % 11) as f32 * 0.1 - 0.5)
         .collect();
-    let mut c = vec![0.0f32; m * n];
+    let (a_al, b_al, mut c_al, mut c_v);
+    let (a, b, c): (&[f32], &[f32], &mut [f32]) = if aligned {
+        a_al = core_blas::AlignedVec::from(&a_v[..]);
+        b_al = core_blas::AlignedVec::from(&b_v[..]);
+        c_al = core_blas::AlignedVec::zeroed(m * n);
+        (&a_al, &b_al, &mut c_al)
+    } else {
+        c_v = vec![0.0f32; m * n];
+        (&a_v, &b_v, &mut c_v)
+    };
     let peak = || core_blas::peak::fma_peak_gflops(g.isa(), threads, Duration::from_millis(40));
     let clock = |f: &mut dyn FnMut()| {
         if threads == 1 {
@@ -70,7 +84,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ours = |c: &mut [f32]| {
         pool.install(|| {
             clock(&mut || {
-                g.sgemm(false, false, m, n, k, 1.0, &a, k, &b, n, 0.0, c, n)
+                g.sgemm(false, false, m, n, k, 1.0, a, k, b, n, 0.0, c, n)
                     .expect("valid sgemm")
             })
         })
@@ -101,17 +115,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let wall = |p: &rayon::ThreadPool, c: &mut [f32]| {
             p.install(|| {
                 let t = Instant::now();
-                g.sgemm(false, false, m, n, k, 1.0, &a, k, &b, n, 0.0, c, n)
+                g.sgemm(false, false, m, n, k, 1.0, a, k, b, n, 0.0, c, n)
                     .expect("valid sgemm");
                 t.elapsed().as_secs_f64()
             })
         };
-        wall(&one, &mut c);
-        wall(&pool, &mut c);
+        wall(&one, c);
+        wall(&pool, c);
         let (mut ups, mut g1, mut gt) = (vec![], vec![], vec![]);
         for _ in 0..reps {
-            let t1 = wall(&one, &mut c);
-            let tt = wall(&pool, &mut c);
+            let t1 = wall(&one, c);
+            let tt = wall(&pool, c);
             ups.push(t1 / tt);
             g1.push(flops / t1 / 1e9);
             gt.push(flops / tt / 1e9);
@@ -127,21 +141,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             median(g1),
             median(gt),
         );
+        huge_report();
         return Ok(());
     }
-    ours(&mut c);
+    ours(c);
     if with_mm {
-        mm(&mut c);
+        mm(c);
     }
     let (mut r_ours, mut r_mm, mut g_ours, mut peaks) = (vec![], vec![], vec![], vec![]);
     for _ in 0..reps {
-        let t = ours(&mut c);
+        let t = ours(c);
         let p = peak()?;
         g_ours.push(flops / t / 1e9);
         r_ours.push(flops / t / 1e9 / p);
         peaks.push(p);
         if with_mm {
-            let t = clock(&mut || mm(&mut c));
+            let t = clock(&mut || mm(c));
             let p = peak()?;
             r_mm.push(flops / t / 1e9 / p);
         }
@@ -158,5 +173,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         median(g_ours),
         median(peaks),
     );
+    huge_report();
     Ok(())
+}
+
+/// The process's `AnonHugePages` and whether `AlignedVec` takes huge pages.
+fn huge_report() {
+    let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
+    let anon = rollup
+        .lines()
+        .find(|l| l.starts_with("AnonHugePages:"))
+        .unwrap_or("AnonHugePages: n/a");
+    println!(
+        "huge pages {}: {}",
+        match core_blas::AlignedVec::huge_pages() {
+            Some(min) => format!("on from {} KiB", min / 1024),
+            None => "off".into(),
+        },
+        anon.split_whitespace()
+            .skip(1)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
 }

@@ -6,6 +6,17 @@
 //! multiple of 16 floats apart and the buffer on a line boundary, every vector of every row is on
 //! one line (measured on `SmallA::apply_strided`, 02:51 UTC: 15-25% faster than the same rows 16
 //! bytes past a line, which is where a large `Vec<f32>` from the system allocator usually starts).
+//!
+//! **Huge pages (Linux).** A buffer whose storage reaches 2 MiB ([`AlignedVec::huge_pages`]) gets its own anonymous
+//! mapping, 2 MiB-aligned and a whole number of 2 MiB pages long, advised `MADV_HUGEPAGE` before
+//! anything touches it, so that with transparent huge pages in `madvise` (or `always`) mode its
+//! pages are 2 MiB and one TLB entry covers what 512 did. On a virtual machine a TLB miss walks
+//! two page tables (guest and host), which the packing's strided reads and the micro-kernels' C
+//! tiles pay. Costs: up to 2 MiB - 64 bytes of rounding per buffer (a 2 MiB page is filled by the
+//! kernel as soon as any byte of it is touched), and the first touch of each page zeroes 2 MiB at
+//! once; buffers reused across calls (the packing workspaces, fastconv's and conv-ops' per-thread
+//! buffers) pay both once. `CORE_BLAS_HUGEPAGES=0` turns this off (plain 64-byte-aligned heap
+//! storage, as before); elsewhere than Linux the storage is always the heap's.
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
@@ -15,9 +26,142 @@ use std::ops::{Deref, DerefMut};
 #[repr(C, align(64))]
 struct Line([f32; 16]);
 
+/// Bytes in one line.
+const LINE: usize = size_of::<Line>();
+
+/// Default storage size (bytes) from which an [`AlignedVec`] takes 2 MiB-aligned,
+/// huge-page-advised storage on Linux.
+const HUGE_MIN_BYTES: usize = 2 << 20;
+
+/// The huge-page size (x86_64 and aarch64 with 4 KiB base pages).
+const HUGE_PAGE: usize = 2 << 20;
+
+/// The storage size in bytes from which buffers take huge-page storage, or `None` when they
+/// never do: elsewhere than Linux, or `CORE_BLAS_HUGEPAGES=0`. `CORE_BLAS_HUGEPAGES_MIN_KB`
+/// overrides the default 2048 (KiB). Both read once per process.
+pub(crate) fn huge_min_bytes() -> Option<usize> {
+    static MIN: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        let off = std::env::var("CORE_BLAS_HUGEPAGES").is_ok_and(|v| v.trim() == "0");
+        if !cfg!(target_os = "linux") || off {
+            return None;
+        }
+        let kb = std::env::var("CORE_BLAS_HUGEPAGES_MIN_KB")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok());
+        Some(kb.map_or(HUGE_MIN_BYTES, |kb| kb.saturating_mul(1024).max(LINE)))
+    })
+}
+
+#[cfg(target_os = "linux")]
+mod huge {
+    use super::{HUGE_PAGE, LINE, Line};
+    use std::ptr::NonNull;
+
+    /// `lines` lines of an anonymous private mapping that starts on a 2 MiB boundary and is a
+    /// multiple of 2 MiB long, advised `MADV_HUGEPAGE`; unmapped on drop. Owned like a `Box`.
+    pub(super) struct Map {
+        ptr: NonNull<Line>,
+        lines: usize,
+    }
+
+    // SAFETY: `Map` owns its mapping exclusively (as `Box<[Line]>` owns its allocation) and hands
+    // it out only through `&self` / `&mut self`, so moving or sharing it across threads is as safe
+    // as for a `Vec<Line>`.
+    unsafe impl Send for Map {}
+    // SAFETY: as above; `&Map` gives read-only access.
+    unsafe impl Sync for Map {}
+
+    impl Map {
+        /// A zero-filled mapping of at least `lines` lines (rounded up to whole 2 MiB pages), or
+        /// `None` if the kernel refuses it.
+        pub(super) fn new(lines: usize) -> Option<Self> {
+            let bytes = lines
+                .checked_mul(LINE)?
+                .checked_next_multiple_of(HUGE_PAGE)?;
+            let span = bytes.checked_add(HUGE_PAGE)?;
+            // SAFETY: a new anonymous private mapping (no file, no fixed address): it overlaps no
+            // memory the program uses; the kernel fills it with zeros on first touch.
+            let base = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    span,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if base == libc::MAP_FAILED {
+                return None;
+            }
+            let head = base.addr().next_multiple_of(HUGE_PAGE) - base.addr();
+            let start = base.cast::<u8>().wrapping_add(head);
+            let tail = span - head - bytes;
+            // SAFETY: `[base, base + head)` and `[start + bytes, base + span)` are page-aligned
+            // (mmap returns whole pages; head and bytes are multiples of 2 MiB apart from the
+            // page-aligned base) parts of the mapping just made, which nothing has used; unmapping
+            // them leaves `[start, start + bytes)` mapped.
+            unsafe {
+                if head > 0 {
+                    libc::munmap(base, head);
+                }
+                if tail > 0 {
+                    libc::munmap(start.wrapping_add(bytes).cast(), tail);
+                }
+            }
+            // SAFETY: advice on the mapping just made (its contents are not changed); a kernel
+            // without transparent huge pages fails it with EINVAL and the pages stay 4 KiB.
+            unsafe { libc::madvise(start.cast(), bytes, libc::MADV_HUGEPAGE) };
+            Some(Self {
+                ptr: NonNull::new(start.cast::<Line>())?,
+                lines: bytes / LINE,
+            })
+        }
+
+        /// Lines the mapping holds.
+        pub(super) fn lines(&self) -> usize {
+            self.lines
+        }
+
+        pub(super) fn as_ptr(&self) -> *const Line {
+            self.ptr.as_ptr()
+        }
+
+        pub(super) fn as_mut_ptr(&mut self) -> *mut Line {
+            self.ptr.as_ptr()
+        }
+    }
+
+    impl Drop for Map {
+        fn drop(&mut self) {
+            // SAFETY: `[ptr, ptr + lines * LINE)` is exactly the mapping `new` kept, owned by
+            // `self` and no longer borrowed.
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.lines * LINE) };
+        }
+    }
+}
+
+/// Where the lines live.
+enum Storage {
+    /// `Vec<Line>` from the global allocator; every line initialised.
+    Heap(Vec<Line>),
+    /// A huge-page mapping (zero-filled by the kernel, so every line is initialised).
+    #[cfg(target_os = "linux")]
+    Huge(huge::Map),
+}
+
+impl Default for Storage {
+    fn default() -> Self {
+        Storage::Heap(Vec::new())
+    }
+}
+
 /// A growable f32 buffer aligned to 64 bytes, used like a `Vec<f32>` (`resize`, then as a slice
 /// through `Deref`). Shrinking keeps the storage, so a buffer reused across calls allocates only
-/// while it grows.
+/// while it grows. From 2 MiB of storage on ([`Self::huge_pages`]), on Linux, the storage is 2 MiB-aligned
+/// and advised to the kernel's transparent huge pages (module documentation; `CORE_BLAS_HUGEPAGES=0`
+/// turns that off).
 ///
 /// ```
 /// let mut v = core_blas::AlignedVec::new();
@@ -27,10 +171,16 @@ struct Line([f32; 16]);
 /// v[3] = 2.0;
 /// assert_eq!(v.iter().sum::<f32>(), 99.0 * 1.5 + 2.0);
 /// ```
-#[derive(Clone, Default)]
+#[derive(Default)]
 pub struct AlignedVec {
-    lines: Vec<Line>,
+    storage: Storage,
     len: usize,
+}
+
+impl Clone for AlignedVec {
+    fn clone(&self) -> Self {
+        Self::from(self.as_slice())
+    }
 }
 
 impl AlignedVec {
@@ -58,7 +208,24 @@ impl AlignedVec {
 
     /// Values the buffer holds without reallocating.
     pub fn capacity(&self) -> usize {
-        self.lines.len() * 16
+        self.lines() * 16
+    }
+
+    /// Whether the storage is a 2 MiB-aligned mapping advised `MADV_HUGEPAGE` (whether the kernel
+    /// then backs it with huge pages is its decision: `/proc/self/smaps`' `AnonHugePages`).
+    pub fn is_huge(&self) -> bool {
+        match &self.storage {
+            Storage::Heap(_) => false,
+            #[cfg(target_os = "linux")]
+            Storage::Huge(_) => true,
+        }
+    }
+
+    /// The storage size in bytes from which buffers take 2 MiB-aligned storage advised to
+    /// transparent huge pages in this process: 2 MiB (`CORE_BLAS_HUGEPAGES_MIN_KB` overrides), or
+    /// `None` when they never do (not Linux, or `CORE_BLAS_HUGEPAGES=0`).
+    pub fn huge_pages() -> Option<usize> {
+        huge_min_bytes()
     }
 
     /// As `Vec::resize`: grows to `len` values, the new ones set to `value`, or truncates to `len`
@@ -81,25 +248,85 @@ impl AlignedVec {
         self.as_mut_slice()
     }
 
-    /// Storage for at least `len` values (new lines zeroed).
+    /// Lines of storage.
+    fn lines(&self) -> usize {
+        match &self.storage {
+            Storage::Heap(v) => v.len(),
+            #[cfg(target_os = "linux")]
+            Storage::Huge(m) => m.lines(),
+        }
+    }
+
+    fn line_ptr(&self) -> *const Line {
+        match &self.storage {
+            Storage::Heap(v) => v.as_ptr(),
+            #[cfg(target_os = "linux")]
+            Storage::Huge(m) => m.as_ptr(),
+        }
+    }
+
+    fn line_mut_ptr(&mut self) -> *mut Line {
+        match &mut self.storage {
+            Storage::Heap(v) => v.as_mut_ptr(),
+            #[cfg(target_os = "linux")]
+            Storage::Huge(m) => m.as_mut_ptr(),
+        }
+    }
+
+    /// Storage for at least `len` values (new lines zeroed; the first `self.len` values kept).
     fn grow(&mut self, len: usize) {
         let need = len.div_ceil(16);
-        if self.lines.len() < need {
-            self.lines.resize(need, Line([0.0; 16]));
+        if self.lines() >= need {
+            return;
         }
+        #[cfg(target_os = "linux")]
+        if huge_min_bytes().is_some_and(|min| need.saturating_mul(LINE) >= min)
+            && let Some(mut map) = huge::Map::new(need)
+        {
+            let keep = self.len.div_ceil(16);
+            // SAFETY: both regions hold at least `keep` initialised lines (`keep <= lines()`
+            // since `len <= capacity`, and the map holds `need > lines()`); the map is a new
+            // mapping, so they do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(self.line_ptr(), map.as_mut_ptr(), keep);
+            }
+            self.storage = Storage::Huge(map);
+            return;
+        }
+        // The mapping was refused (or is not wanted): continue on the heap.
+        #[cfg(target_os = "linux")]
+        if let Storage::Huge(_) = self.storage {
+            let mut v = Vec::with_capacity(need);
+            v.extend_from_slice(&self.lines_slice()[..self.len.div_ceil(16)]);
+            v.resize(need, Line([0.0; 16]));
+            self.storage = Storage::Heap(v);
+            return;
+        }
+        if let Storage::Heap(v) = &mut self.storage {
+            v.resize(need, Line([0.0; 16]));
+        }
+    }
+
+    /// Every line of the storage.
+    #[cfg(target_os = "linux")]
+    fn lines_slice(&self) -> &[Line] {
+        // SAFETY: the storage holds `lines()` initialised lines (heap lines are initialised by
+        // `resize`, mapped ones are the kernel's zeros or values written since); shared borrow.
+        unsafe { std::slice::from_raw_parts(self.line_ptr(), self.lines()) }
     }
 
     /// The values as a slice.
     pub fn as_slice(&self) -> &[f32] {
         // SAFETY: `Line` is `repr(C)` around `[f32; 16]` with no padding (size 64 = 16 × 4), so the
-        // `lines.len() * 16 >= len` f32 values are initialised and aligned; shared borrow of self.
-        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<f32>(), self.len) }
+        // `lines() * 16 >= len` f32 values are initialised and aligned; shared borrow of self.
+        unsafe { std::slice::from_raw_parts(self.line_ptr().cast::<f32>(), self.len) }
     }
 
     /// The values as a mutable slice.
     pub fn as_mut_slice(&mut self) -> &mut [f32] {
+        let len = self.len;
         // SAFETY: as in `as_slice`, exclusively borrowed.
-        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<f32>(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.line_mut_ptr().cast::<f32>(), len) }
     }
 }
 
@@ -170,5 +397,66 @@ mod tests {
         let c = AlignedVec::from(&[1.0f32, 2.0, 3.0][..]);
         assert_eq!(c.clone(), c);
         assert_eq!(format!("{c:?}"), "[1.0, 2.0, 3.0]");
+    }
+
+    /// From the threshold on (if huge pages are on in this process) the storage is a 2 MiB-aligned
+    /// whole number of 2 MiB pages; growing into and within it keeps the values, shrinking keeps
+    /// the storage, and below the threshold nothing changes.
+    #[test]
+    fn huge_storage_alignment_growth_and_shrink() {
+        let huge = AlignedVec::huge_pages().is_some();
+        let off = std::env::var("CORE_BLAS_HUGEPAGES").is_ok_and(|v| v.trim() == "0");
+        assert_eq!(huge, cfg!(target_os = "linux") && !off);
+        // The threshold in bytes, at least two lines (the test needs a buffer below it).
+        let min = AlignedVec::huge_pages()
+            .unwrap_or(HUGE_MIN_BYTES)
+            .max(2 * LINE);
+        let below = min / 4 - 16;
+        let mut v = AlignedVec::new();
+        v.resize(below, 0.0);
+        assert!(!v.is_huge());
+        for (i, x) in v.iter_mut().enumerate() {
+            *x = i as f32;
+        }
+        // Crossing the threshold: new storage, old values kept, the new ones set.
+        let n1 = min / 4 + 5;
+        v.resize(n1, -2.0);
+        assert_eq!(v.is_huge(), huge);
+        assert_eq!(v.as_ptr() as usize % 64, 0);
+        if huge {
+            assert_eq!(v.as_ptr() as usize % HUGE_PAGE, 0);
+            assert_eq!((v.capacity() * 4) % HUGE_PAGE, 0);
+            assert_eq!(v.capacity(), (min + LINE).next_multiple_of(HUGE_PAGE) / 4);
+        }
+        assert!((0..below).all(|i| v[i] == i as f32));
+        assert!(v[below..].iter().all(|&x| x == -2.0));
+        // Growing within the rounded storage does not move it.
+        let (p, cap) = (v.as_ptr(), v.capacity());
+        v.resize(cap, 3.0);
+        assert_eq!((v.as_ptr(), v.capacity()), (p, cap));
+        assert!(v[n1..].iter().all(|&x| x == 3.0));
+        // Growing past it moves to a larger mapping with the values.
+        v[cap - 1] = 9.0;
+        v.resize(cap + 1, 4.0);
+        assert!(v.capacity() > cap);
+        assert_eq!(v.is_huge(), huge);
+        assert!((0..below).all(|i| v[i] == i as f32));
+        assert_eq!((v[cap - 1], v[cap]), (9.0, 4.0));
+        // Shrinking keeps the storage; the packing path's `get` sees the earlier contents.
+        let (p, cap) = (v.as_ptr(), v.capacity());
+        v.resize(7, 0.0);
+        assert_eq!((v.as_ptr(), v.capacity(), v.len()), (p, cap, 7));
+        assert_eq!(v.get(below)[below - 1], (below - 1) as f32);
+        // Clones and conversions of large buffers compare equal and are aligned likewise.
+        v.resize(n1, 1.0);
+        let c = v.clone();
+        assert_eq!(c, v);
+        assert_eq!(c.is_huge(), huge);
+        let z = AlignedVec::zeroed(3 * min / 4);
+        assert_eq!(z.is_huge(), huge);
+        assert!(z.iter().all(|&x| x == 0.0));
+        // A fresh mapping reads as zeros where `get` exposes storage that was never written.
+        let mut g = AlignedVec::new();
+        assert!(g.get(min / 4).iter().all(|&x| x == 0.0));
     }
 }

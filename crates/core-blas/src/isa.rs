@@ -6,6 +6,10 @@
 //!   returns [`Error::IsaUnavailable`] if the CPU lacks it (`neon` always does: no NEON family is
 //!   built, the portable `scalar` family serves aarch64).
 //! - `CORE_BLAS_MC`, `CORE_BLAS_KC`, `CORE_BLAS_NC`: override the derived block sizes.
+//! - `CORE_BLAS_HUGEPAGES=0`: [`crate::AlignedVec`]s of 2 MiB and more (the packing buffers,
+//!   conv-ops' and fastconv's workspaces) stay on the heap instead of taking 2 MiB-aligned storage
+//!   advised to transparent huge pages (Linux; read at the first such buffer).
+//!   `CORE_BLAS_HUGEPAGES_MIN_KB` moves that threshold (default 2048).
 //! - `RAYON_NUM_THREADS`: the size of rayon's global pool (rayon's own variable).
 
 use std::sync::OnceLock;
