@@ -79,13 +79,31 @@ fn main() {
                     };
                     row += &format!(" w{w}: {:?}", choose_tile(&g, &m).unwrap());
                 }
+                // `GW=0,25,100`: the tiles under other gather weights (vector width 16).
+                for gw in std::env::var("GW").unwrap_or_default().split(',') {
+                    let Ok(gw) = gw.parse::<f64>() else { continue };
+                    let m = CostModel {
+                        gather_weight: gw,
+                        ..CostModel::default()
+                    };
+                    row += &format!(" gw{gw}: {:?}", choose_tile(&g, &m).unwrap());
+                }
                 println!("{row}");
+            }
+        }
+        Some("cost") => {
+            // The cost model's estimate for each tile given: `cost LAYER 6x6 3x6 ...`.
+            let g = layers().into_iter().find(|(n, _)| n == &args[2]).unwrap().1;
+            for t in &args[3..] {
+                let m: Vec<usize> = t.split('x').map(|v| v.parse().unwrap()).collect();
+                let c = fastconv::cost::tile_cost(&g, &m, &CostModel::default()).unwrap();
+                println!("{t:8} {c:.4e}");
             }
         }
         Some("blocks") => {
             let name = &args[2];
             let rounds: usize = args[3].parse().unwrap();
-            // Each variant: BLOCK (0 = default) or BLOCK:TILE (e.g. 0:4x4).
+            // Each variant: BLOCK (0 = default) or BLOCK:TILE (e.g. 0:4x4; `0:-`: the model's).
             let specs: Vec<(usize, Option<Vec<usize>>)> = args[4..]
                 .iter()
                 .map(|s| {
@@ -93,6 +111,7 @@ fn main() {
                     let b = it.next().unwrap().parse().unwrap();
                     let t = it
                         .next()
+                        .filter(|t| *t != "-")
                         .map(|t| t.split('x').map(|v| v.parse().unwrap()).collect());
                     (b, t)
                 })

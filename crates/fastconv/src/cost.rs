@@ -41,6 +41,10 @@ pub struct CostModel {
     pub max_error: f64,
     /// Largest m considered per dimension.
     pub max_m: usize,
+    /// Cost of one source value read by the tile gathers (forward's x, backward-data's dy,
+    /// backward-filter's x) in GEMM flops, on top of `byte_weight`'s block traffic: the gather's
+    /// scalar loads wait on the source lines from L3.
+    pub gather_weight: f64,
 }
 
 impl Default for CostModel {
@@ -51,6 +55,11 @@ impl Default for CostModel {
     /// F(6, 4) (tabulated 2-D error 2.5e-5), F(7, 3), F(4, 6), F(3, 7), F(5, 5). With these the
     /// model picks the measured best of the tiles tried on the paper's 4×4 layer (6×6, 16 %
     /// faster than 5×5), the ResNet-50 3×3 layers (4×4, 4×4, 7×7, 4×4) and C3D (4×4×4).
+    /// A gathered source value costs 80 GEMM flops (Cascade Lake, session 16: `gather_apply`
+    /// takes 24 % of the paper benchmark's batch-1 training step, ~1 ns per read). Without that
+    /// term the paper's second layer (221² → 218²) took 3×6 (model 0.9 % below 6×6), measured
+    /// 13-17 % slower than 6×6 in all three passes; every weight from 40 to 150 picks 6×6 there
+    /// and leaves the other choices above unchanged.
     fn default() -> Self {
         CostModel {
             transform_weight: 20.0,
@@ -58,6 +67,7 @@ impl Default for CostModel {
             vector_width: 16,
             max_error: 3e-5,
             max_m: 8,
+            gather_weight: 80.0,
         }
     }
 }
@@ -152,7 +162,18 @@ fn cost_of(geom: &ConvGeometry, dims: &[OneDim], model: &CostModel) -> f64 {
     // DRAM traffic at 4× the weight of the cache-resident block buffers.
     let acc_bytes = 64.0 * a_n * c * k * (tiles / block).ceil();
     let bytes = 3.0 * 4.0 * tiles * a_n * (3.0 * c + 2.0 * k) + acc_bytes;
-    gemm + model.transform_weight * transforms + model.byte_weight * bytes
+    // The gathers' source reads: per tile and channel α^(N−1)·m with phases along the last
+    // dimension (`tiled::Phased`: 2 or more dimensions and α > m there), else α^N.
+    let last = dims.len() - 1;
+    let per_tile = if last > 0 && dims[last].alpha > dims[last].m {
+        a_n / dims[last].alpha as f64 * dims[last].m as f64
+    } else {
+        a_n
+    };
+    let reads = tiles * per_tile * (2.0 * c + k);
+    gemm + model.transform_weight * transforms
+        + model.byte_weight * bytes
+        + model.gather_weight * reads
 }
 
 /// Whether F(m, r) is admissible under the model's accuracy budget.
