@@ -301,9 +301,9 @@ impl fmt::Display for Preset {
 /// backward-data's result block lives in the C panel above) and one dw partial per extra thread,
 /// and, for tiny planes (one group, input plane at most as large as the kernel, e.g. 2×2 under
 /// 3×3: `tapwise`), under the fused algorithms, per-thread copies kept across calls of w tap
-/// by tap (the size of w, rows padded to 16) and of the pass's input and output side position by
-/// position (these grow with the batch, by C·P and K·P floats per image for planes of P ≤ taps
-/// positions: at most the size of x and y, e.g. 512 KiB each for VGG-16's 512@2² at batch 64).
+/// by tap (the size of w, rows padded to 16) and of one block of images' input and output side
+/// position by position (256 Ki floats each, or one image's side if larger; independent of the
+/// batch: VGG-16's 512@2² runs in blocks of 128 images).
 pub fn workspace_bytes(g: &ConvGeometry, pass: Pass) -> usize {
     let (rows, cols) = crate::im2col::im2col_shape(g);
     let buffer = rows * cols * size_of::<f32>();

@@ -11,8 +11,9 @@
 //! - backward-filter: dwt\[t\] (K × C) += dyt\[o\]ᵀ (K × N) · xt\[i\] (N × C).
 //!
 //! The products do exactly the layer's real multiply-adds. The copies live in per-thread
-//! buffers kept across calls (as [`crate::subsample`]'s): one weight-sized, two the size of one
-//! group's input and output (small: this runs only on tiny planes, see [`applies`]).
+//! buffers kept across calls (as [`crate::subsample`]'s): one weight-sized (one group's w), two
+//! for one block of images' input and output side, [`BLOCK_VALUES`] floats each or one image's,
+//! whichever is larger ([`image_block`]): none of them grows with the batch.
 //!
 //! Measured (probe_passes, VGG-16 CIFAR 512@2², batch 64, 1 thread, quiet 03:51 UTC,
 //! session 15, 4 alternations): forward 10.7-14.3 ms against convgemm's 12.7-17.2, backward-data
@@ -97,6 +98,49 @@ impl Sizes {
     }
 }
 
+/// Values of each of the input-side and output-side position-major copies: the images are
+/// taken in blocks of at most this many values (at least one image), so the copies are bounded
+/// whatever the batch. 256 Ki floats (1 MiB) holds 128 images of VGG-16 CIFAR's 512@2²: that
+/// layer at batch 64 or 128 runs in one block as before the blocking (the GEMMs' rows are the
+/// block's images). Blocks of 64 at batch 128 ran 1.0-1.4× slower forward (probe_passes, 1
+/// thread, quiet 06:30 UTC, session 16).
+pub(crate) const BLOCK_VALUES: usize = 256 << 10;
+
+/// Images per block for `g`: as many as fit [`BLOCK_VALUES`] values on both the input side
+/// (C/G × input plane per image) and the output side (K/G × output plane), at least one, at
+/// most the batch.
+pub(crate) fn image_block(g: &ConvGeometry) -> usize {
+    let s = Sizes::of(g);
+    let per_image = (s.pi * s.cg).max(s.po * s.kg).max(1);
+    (BLOCK_VALUES / per_image).clamp(1, s.n.max(1))
+}
+
+/// The values of this thread's three buffers (weights, input side, output side) every pass of
+/// `g` asks for: `[taps · K/G · (C/G rounded up to 16), input plane · block · C/G, output plane
+/// · block · K/G]` for blocks of `nb` images ([`image_block`] in the passes).
+fn buffer_lens(g: &ConvGeometry, nb: usize) -> [usize; 3] {
+    let s = Sizes::of(g);
+    [
+        s.r * s.kg * s.cg.next_multiple_of(CHUNK_LANES),
+        s.pi * nb * s.cg,
+        s.po * nb * s.kg,
+    ]
+}
+
+/// The bytes this thread's buffers hold after any pass of `g` that found them empty: one
+/// group's w (rows rounded up to 16) plus at most 2 × max([`BLOCK_VALUES`], one image's side)
+/// floats, whatever the batch.
+#[cfg(test)]
+fn buffer_bytes(g: &ConvGeometry) -> usize {
+    buffer_lens(g, image_block(g)).iter().sum::<usize>() * size_of::<f32>()
+}
+
+/// Bytes this thread's buffers hold now.
+#[cfg(test)]
+fn held_bytes() -> usize {
+    BUFS.with_borrow(|b| b.iter().map(|v| v.capacity() * size_of::<f32>()).sum())
+}
+
 thread_local! {
     /// This thread's position-major copies (weights, input side, output side), reused across
     /// calls.
@@ -108,6 +152,9 @@ fn with_bufs<R>(lens: [usize; 3], f: impl FnOnce(&mut [f32], &mut [f32], &mut [f
     BUFS.with_borrow_mut(|b| {
         for (v, &len) in b.iter_mut().zip(&lens) {
             if v.len() < len {
+                // Exactly `len`, so that `held_bytes` is what `buffer_bytes` says.
+                *v = Vec::new();
+                v.reserve_exact(len);
                 v.resize(len, 0.0);
             }
         }
@@ -263,10 +310,13 @@ fn scatter_taps(dwt: &[f32], dw: &mut [f32], r: usize, kc_len: usize) {
 }
 
 /// The products of one pass: for each pair `(o, i, t)`, `C[which.2] (+)= A[which.0] · B[which.1]`
-/// where `pick` maps the pair to (A, B, C) block indices; the first product into a C block
-/// overwrites it, blocks never written are zeroed. `a`, `b`, `c` give the blocks as views.
+/// where `pick` maps the pair to (A, B, C) block indices; unless `accumulate`, the first product
+/// into a C block overwrites it and blocks never written are zeroed (with `accumulate` every
+/// product adds). `a`, `b`, `c` give the blocks as views.
+#[allow(clippy::too_many_arguments)]
 fn run_pairs<'x>(
     pairs: &[(usize, usize, usize)],
+    accumulate: bool,
     pick: impl Fn((usize, usize, usize)) -> (usize, usize, usize),
     a: impl Fn(usize) -> Result<MatRef<'x>>,
     b: impl Fn(usize) -> Result<MatRef<'x>>,
@@ -274,7 +324,7 @@ fn run_pairs<'x>(
     c_block: usize,
     c_shape: (usize, usize),
 ) -> Result<()> {
-    let mut first = vec![true; c_blocks.len() / c_block.max(1)];
+    let mut first = vec![!accumulate; c_blocks.len() / c_block.max(1)];
     for &pair in pairs {
         let (ia, ib, ic) = pick(pair);
         let c = MatMut::row_major(
@@ -306,11 +356,23 @@ pub(crate) fn forward(
     relu: bool,
     y: &mut [f32],
 ) -> Result<()> {
+    forward_in_blocks(g, x, w, bias, relu, y, image_block(g))
+}
+
+/// [`forward`] on blocks of `nb` images.
+fn forward_in_blocks(
+    g: &ConvGeometry,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    relu: bool,
+    y: &mut [f32],
+    nb: usize,
+) -> Result<()> {
     let s = Sizes::of(g);
     let pairs = pairs(g);
     let cp = s.cg.next_multiple_of(CHUNK_LANES);
-    let (wlen, xlen, ylen) = (s.r * s.kg * cp, s.pi * s.n * s.cg, s.po * s.n * s.kg);
-    with_bufs([wlen, xlen, ylen], |wt, xt, yt| {
+    with_bufs(buffer_lens(g, nb), |wt, xt, yt| {
         for grp in 0..g.groups() {
             let (c0, k0) = (grp * s.cg, grp * s.kg);
             // wt[t] = w[:, :, t]: K/G × C/G, rows `cp` apart (as the backward-data's: gathering
@@ -318,26 +380,32 @@ pub(crate) fn forward(
             // than packing the transposed view).
             let wg = &w[k0 * s.cg * s.r..][..s.kg * s.cg * s.r];
             gather_taps(wg, wt, s.r, (s.kg, s.cg * s.r), (s.cg, s.r), cp)?;
-            to_position_major(x, xt, (s.n, s.c, c0, s.cg, s.pi));
-            let (xt, wt) = (&*xt, &*wt);
-            // yt[o] (N × K/G) = Σ xt[i] (N × C/G) · wt[t]ᵀ (C/G × K/G).
-            run_pairs(
-                &pairs,
-                |(o, i, t)| (i, t, o),
-                |i| {
-                    MatRef::row_major("x", &xt[i * s.n * s.cg..][..s.n * s.cg], s.n, s.cg, s.cg)
-                        .map_err(gemm_err)
-                },
-                |t| {
-                    MatRef::row_major("w", &wt[t * s.kg * cp..][..s.kg * cp], s.kg, s.cg, cp)
-                        .map(MatRef::t)
-                        .map_err(gemm_err)
-                },
-                yt,
-                s.n * s.kg,
-                (s.n, s.kg),
-            )?;
-            from_position_major(yt, y, (s.n, s.k, k0, s.kg, s.po));
+            let wt = &*wt;
+            for n0 in (0..s.n).step_by(nb) {
+                let m = nb.min(s.n - n0);
+                let (xt, yt) = (&mut xt[..s.pi * m * s.cg], &mut yt[..s.po * m * s.kg]);
+                to_position_major(&x[n0 * s.c * s.pi..], xt, (m, s.c, c0, s.cg, s.pi));
+                let xt = &*xt;
+                // yt[o] (m × K/G) = Σ xt[i] (m × C/G) · wt[t]ᵀ (C/G × K/G).
+                run_pairs(
+                    &pairs,
+                    false,
+                    |(o, i, t)| (i, t, o),
+                    |i| {
+                        MatRef::row_major("x", &xt[i * m * s.cg..][..m * s.cg], m, s.cg, s.cg)
+                            .map_err(gemm_err)
+                    },
+                    |t| {
+                        MatRef::row_major("w", &wt[t * s.kg * cp..][..s.kg * cp], s.kg, s.cg, cp)
+                            .map(MatRef::t)
+                            .map_err(gemm_err)
+                    },
+                    yt,
+                    m * s.kg,
+                    (m, s.kg),
+                )?;
+                from_position_major(yt, &mut y[n0 * s.k * s.po..], (m, s.k, k0, s.kg, s.po));
+            }
         }
         Ok::<(), crate::ConvError>(())
     })?;
@@ -360,35 +428,51 @@ pub(crate) fn forward(
 
 /// dx from dy and w (overwritten), pair by pair.
 pub(crate) fn backward_data(g: &ConvGeometry, dy: &[f32], w: &[f32], dx: &mut [f32]) -> Result<()> {
+    backward_data_in_blocks(g, dy, w, dx, image_block(g))
+}
+
+/// [`backward_data`] on blocks of `nb` images.
+fn backward_data_in_blocks(
+    g: &ConvGeometry,
+    dy: &[f32],
+    w: &[f32],
+    dx: &mut [f32],
+    nb: usize,
+) -> Result<()> {
     let s = Sizes::of(g);
     let pairs = pairs(g);
     let cp = s.cg.next_multiple_of(CHUNK_LANES);
-    let (wlen, xlen, ylen) = (s.r * s.kg * cp, s.pi * s.n * s.cg, s.po * s.n * s.kg);
-    with_bufs([wlen, xlen, ylen], |wt, dxt, dyt| {
+    with_bufs(buffer_lens(g, nb), |wt, dxt, dyt| {
         for grp in 0..g.groups() {
             let (c0, k0) = (grp * s.cg, grp * s.kg);
             // wt[t] = w[:, :, t]: K/G × C/G, rows `cp` apart.
             let wg = &w[k0 * s.cg * s.r..][..s.kg * s.cg * s.r];
             gather_taps(wg, wt, s.r, (s.kg, s.cg * s.r), (s.cg, s.r), cp)?;
-            to_position_major(dy, dyt, (s.n, s.k, k0, s.kg, s.po));
-            let (dyt, wt) = (&*dyt, &*wt);
-            // dxt[i] (N × C/G) = Σ dyt[o] (N × K/G) · wt[t] (K/G × C/G).
-            run_pairs(
-                &pairs,
-                |(o, i, t)| (o, t, i),
-                |o| {
-                    MatRef::row_major("dy", &dyt[o * s.n * s.kg..][..s.n * s.kg], s.n, s.kg, s.kg)
-                        .map_err(gemm_err)
-                },
-                |t| {
-                    MatRef::row_major("w", &wt[t * s.kg * cp..][..s.kg * cp], s.kg, s.cg, cp)
-                        .map_err(gemm_err)
-                },
-                dxt,
-                s.n * s.cg,
-                (s.n, s.cg),
-            )?;
-            from_position_major(dxt, dx, (s.n, s.c, c0, s.cg, s.pi));
+            let wt = &*wt;
+            for n0 in (0..s.n).step_by(nb) {
+                let m = nb.min(s.n - n0);
+                let (dxt, dyt) = (&mut dxt[..s.pi * m * s.cg], &mut dyt[..s.po * m * s.kg]);
+                to_position_major(&dy[n0 * s.k * s.po..], dyt, (m, s.k, k0, s.kg, s.po));
+                let dyt = &*dyt;
+                // dxt[i] (m × C/G) = Σ dyt[o] (m × K/G) · wt[t] (K/G × C/G).
+                run_pairs(
+                    &pairs,
+                    false,
+                    |(o, i, t)| (o, t, i),
+                    |o| {
+                        MatRef::row_major("dy", &dyt[o * m * s.kg..][..m * s.kg], m, s.kg, s.kg)
+                            .map_err(gemm_err)
+                    },
+                    |t| {
+                        MatRef::row_major("w", &wt[t * s.kg * cp..][..s.kg * cp], s.kg, s.cg, cp)
+                            .map_err(gemm_err)
+                    },
+                    dxt,
+                    m * s.cg,
+                    (m, s.cg),
+                )?;
+                from_position_major(dxt, &mut dx[n0 * s.c * s.pi..], (m, s.c, c0, s.cg, s.pi));
+            }
         }
         Ok(())
     })
@@ -401,32 +485,52 @@ pub(crate) fn backward_filter(
     dy: &[f32],
     dw: &mut [f32],
 ) -> Result<()> {
+    backward_filter_in_blocks(g, x, dy, dw, image_block(g))
+}
+
+/// [`backward_filter`] on blocks of `nb` images.
+fn backward_filter_in_blocks(
+    g: &ConvGeometry,
+    x: &[f32],
+    dy: &[f32],
+    dw: &mut [f32],
+    nb: usize,
+) -> Result<()> {
     let s = Sizes::of(g);
     let pairs = pairs(g);
-    let (wlen, xlen, ylen) = (s.r * s.kg * s.cg, s.pi * s.n * s.cg, s.po * s.n * s.kg);
-    with_bufs([wlen, xlen, ylen], |dwt, xt, dyt| {
+    with_bufs(buffer_lens(g, nb), |dwt, xt, dyt| {
+        let dwt = &mut dwt[..s.r * s.kg * s.cg];
         for grp in 0..g.groups() {
             let (c0, k0) = (grp * s.cg, grp * s.kg);
-            to_position_major(x, xt, (s.n, s.c, c0, s.cg, s.pi));
-            to_position_major(dy, dyt, (s.n, s.k, k0, s.kg, s.po));
-            let (xt, dyt) = (&*xt, &*dyt);
-            // dwt[t] (K/G × C/G) = Σ dyt[o]ᵀ (K/G × N) · xt[i] (N × C/G).
-            run_pairs(
-                &pairs,
-                |(o, i, t)| (o, i, t),
-                |o| {
-                    MatRef::row_major("dy", &dyt[o * s.n * s.kg..][..s.n * s.kg], s.n, s.kg, s.kg)
-                        .map(MatRef::t)
-                        .map_err(gemm_err)
-                },
-                |i| {
-                    MatRef::row_major("x", &xt[i * s.n * s.cg..][..s.n * s.cg], s.n, s.cg, s.cg)
-                        .map_err(gemm_err)
-                },
-                dwt,
-                s.kg * s.cg,
-                (s.kg, s.cg),
-            )?;
+            for n0 in (0..s.n).step_by(nb) {
+                let m = nb.min(s.n - n0);
+                let (xt, dyt) = (&mut xt[..s.pi * m * s.cg], &mut dyt[..s.po * m * s.kg]);
+                to_position_major(&x[n0 * s.c * s.pi..], xt, (m, s.c, c0, s.cg, s.pi));
+                to_position_major(&dy[n0 * s.k * s.po..], dyt, (m, s.k, k0, s.kg, s.po));
+                let (xt, dyt) = (&*xt, &*dyt);
+                // dwt[t] (K/G × C/G) (+)= Σ dyt[o]ᵀ (K/G × m) · xt[i] (m × C/G): the first block
+                // overwrites, the others add.
+                run_pairs(
+                    &pairs,
+                    n0 > 0,
+                    |(o, i, t)| (o, i, t),
+                    |o| {
+                        MatRef::row_major("dy", &dyt[o * m * s.kg..][..m * s.kg], m, s.kg, s.kg)
+                            .map(MatRef::t)
+                            .map_err(gemm_err)
+                    },
+                    |i| {
+                        MatRef::row_major("x", &xt[i * m * s.cg..][..m * s.cg], m, s.cg, s.cg)
+                            .map_err(gemm_err)
+                    },
+                    dwt,
+                    s.kg * s.cg,
+                    (s.kg, s.cg),
+                )?;
+            }
+            if s.n == 0 {
+                dwt.fill(0.0);
+            }
             // dw[k][c][t] = dwt[t][k][c].
             scatter_taps(
                 dwt,
@@ -535,39 +639,94 @@ mod tests {
     #[test]
     fn passes_match_the_reference() {
         for g in geometries() {
-            let (x, w, dy) = (
-                uniform(1, g.x_len()),
-                uniform(2, g.w_len()),
-                uniform(3, g.y_len()),
-            );
-            let bias = uniform(4, g.out_channels());
-            let terms = g.in_channels_per_group() * g.kernel_len();
-            for (b, relu) in [(None, false), (Some(&bias[..]), true)] {
-                let mut want = vec![0.0; g.y_len()];
-                reference::forward(&g, &x, &w, b, &mut want).unwrap();
-                if relu {
-                    want.iter_mut().for_each(|v| *v = v.max(0.0));
+            check_passes(&g, image_block(&g));
+            // Blocks of 1 and 2 images (the last one shorter on odd batches): the same results.
+            for nb in [1, 2] {
+                if nb < g.batch() {
+                    check_passes(&g, nb);
                 }
-                let mut y = vec![f32::NAN; g.y_len()];
-                forward(&g, &x, &w, b, relu, &mut y).unwrap();
-                Tolerance::for_f32_sum(terms)
-                    .check("y", &y, &want)
-                    .unwrap_or_else(|e| panic!("{g:?}: {e}"));
             }
-            let mut want = vec![0.0; g.x_len()];
-            reference::backward_data(&g, &dy, &w, &mut want).unwrap();
-            let mut dx = vec![f32::NAN; g.x_len()];
-            backward_data(&g, &dy, &w, &mut dx).unwrap();
-            Tolerance::for_f32_sum(g.out_channels() * g.kernel_len())
-                .check("dx", &dx, &want)
-                .unwrap_or_else(|e| panic!("{g:?}: {e}"));
-            let mut want = vec![0.0; g.w_len()];
-            reference::backward_filter(&g, &x, &dy, &mut want).unwrap();
-            let mut dw = vec![f32::NAN; g.w_len()];
-            backward_filter(&g, &x, &dy, &mut dw).unwrap();
-            Tolerance::for_f32_sum(g.batch() * g.output_spatial_len())
-                .check("dw", &dw, &want)
-                .unwrap_or_else(|e| panic!("{g:?}: {e}"));
         }
+    }
+
+    /// The buffers are bounded by the block, not the batch: VGG-16 CIFAR's 512@2² at batch 64
+    /// or 128 runs in one block, at batch 129 or 1000 in blocks of 128; a layer whose image
+    /// alone is larger than the block takes one image per block.
+    #[test]
+    fn image_blocks_do_not_grow_with_the_batch() {
+        let g = |n: usize, c: usize| geo(n, c, c, &[2, 2], &[3, 3], 1, 1, &[1], &[1], 1);
+        assert_eq!(image_block(&g(64, 512)), 64);
+        assert_eq!(image_block(&g(128, 512)), 128);
+        assert_eq!(image_block(&g(129, 512)), 128);
+        assert_eq!(image_block(&g(1000, 512)), 128);
+        assert_eq!(image_block(&g(8, 1 << 17)), 1);
+        assert_eq!(buffer_bytes(&g(129, 512)), buffer_bytes(&g(1000, 512)));
+        // w (9 × 512 × 512) plus two blocks of 128 images × 4 positions × 512 channels.
+        assert_eq!(
+            buffer_bytes(&g(1000, 512)),
+            (9 * 512 * 512 + 2 * 128 * 4 * 512) * 4
+        );
+        // A pass on a fresh thread leaves exactly `buffer_bytes` in its buffers.
+        let small = geo(9, 20, 12, &[2, 2], &[3, 3], 1, 1, &[1], &[1], 1);
+        let (x, w, dy) = (
+            uniform(1, small.x_len()),
+            uniform(2, small.w_len()),
+            uniform(3, small.y_len()),
+        );
+        for pass in 0..3 {
+            let held = std::thread::scope(|sc| {
+                sc.spawn(|| {
+                    assert_eq!(held_bytes(), 0);
+                    let mut out = vec![0.0; small.x_len().max(small.y_len()).max(small.w_len())];
+                    match pass {
+                        0 => forward(&small, &x, &w, None, false, &mut out[..small.y_len()]),
+                        1 => backward_data(&small, &dy, &w, &mut out[..small.x_len()]),
+                        _ => backward_filter(&small, &x, &dy, &mut out[..small.w_len()]),
+                    }
+                    .unwrap();
+                    held_bytes()
+                })
+                .join()
+                .unwrap()
+            });
+            assert_eq!(held, buffer_bytes(&small), "pass {pass}");
+        }
+    }
+
+    /// Every pass on blocks of `nb` images against the reference.
+    fn check_passes(g: &ConvGeometry, nb: usize) {
+        let (x, w, dy) = (
+            uniform(1, g.x_len()),
+            uniform(2, g.w_len()),
+            uniform(3, g.y_len()),
+        );
+        let bias = uniform(4, g.out_channels());
+        let terms = g.in_channels_per_group() * g.kernel_len();
+        for (b, relu) in [(None, false), (Some(&bias[..]), true)] {
+            let mut want = vec![0.0; g.y_len()];
+            reference::forward(g, &x, &w, b, &mut want).unwrap();
+            if relu {
+                want.iter_mut().for_each(|v| *v = v.max(0.0));
+            }
+            let mut y = vec![f32::NAN; g.y_len()];
+            forward_in_blocks(g, &x, &w, b, relu, &mut y, nb).unwrap();
+            Tolerance::for_f32_sum(terms)
+                .check("y", &y, &want)
+                .unwrap_or_else(|e| panic!("{g:?} nb {nb}: {e}"));
+        }
+        let mut want = vec![0.0; g.x_len()];
+        reference::backward_data(g, &dy, &w, &mut want).unwrap();
+        let mut dx = vec![f32::NAN; g.x_len()];
+        backward_data_in_blocks(g, &dy, &w, &mut dx, nb).unwrap();
+        Tolerance::for_f32_sum(g.out_channels() * g.kernel_len())
+            .check("dx", &dx, &want)
+            .unwrap_or_else(|e| panic!("{g:?} nb {nb}: {e}"));
+        let mut want = vec![0.0; g.w_len()];
+        reference::backward_filter(g, &x, &dy, &mut want).unwrap();
+        let mut dw = vec![f32::NAN; g.w_len()];
+        backward_filter_in_blocks(g, &x, &dy, &mut dw, nb).unwrap();
+        Tolerance::for_f32_sum(g.batch() * g.output_spatial_len())
+            .check("dw", &dw, &want)
+            .unwrap_or_else(|e| panic!("{g:?} nb {nb}: {e}"));
     }
 }

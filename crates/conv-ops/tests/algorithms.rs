@@ -193,6 +193,9 @@ fn realistic_layers() {
             .unwrap()
             .with_groups(4)
             .unwrap(),
+        // A tiny plane (pair by pair on position-major copies, tapwise): its per-thread copies
+        // are outside the workspace.
+        ConvGeometry::from_parts(5, 24, 20, &[2, 2], &[3, 3], &[1], &[1], &[1], &[1], 1).unwrap(),
         // A plane whose panel tables (27 taps × 1-2 runs × 2592 panel positions of 32, 5184 of
         // 16) outgrow convgemm's table cache: it starts over mid-call.
         ConvGeometry::new(1, 2, 3, &[16, 72, 72], &[3, 3, 3])

@@ -1,0 +1,209 @@
+//! What every algorithm really takes from the heap, counted by a global allocator on the one
+//! thread that runs the pass: beyond `workspace_bytes`, nothing that grows with the batch. The
+//! fused (memory-lean) algorithms keep per-thread buffers across calls (packing panels, C
+//! panels, tiny planes' position-major copies); doubling the batch must not grow them, and a
+//! call's transient peak above `workspace_bytes` must not grow either.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use conv_ops::testing::uniform;
+use conv_ops::{
+    BackwardDataAlgo, BackwardFilterAlgo, ConvGeometry, ForwardAlgo, Pass, Workspace,
+    backward_data, backward_filter, forward, workspace_bytes,
+};
+
+/// Counts this thread's live heap bytes and their peak (frees of memory allocated on another
+/// thread count too, so `live` can go below its start: only differences are used).
+struct Counting;
+
+thread_local! {
+    static LIVE: Cell<isize> = const { Cell::new(0) };
+    static PEAK: Cell<isize> = const { Cell::new(0) };
+}
+
+fn add(bytes: isize) {
+    let _ = LIVE.try_with(|l| {
+        let v = l.get() + bytes;
+        l.set(v);
+        let _ = PEAK.try_with(|p| p.set(p.get().max(v)));
+    });
+}
+
+// SAFETY: every call forwards to the system allocator with the same arguments; the counters
+// are const-initialised thread-locals without destructors (no allocation, no reentrancy).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded as is.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            add(layout.size() as isize);
+        }
+        p
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded as is.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            add(layout.size() as isize);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        add(-(layout.size() as isize));
+        // SAFETY: forwarded as is.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: forwarded as is.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            add(new_size as isize - layout.size() as isize);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
+
+/// (peak above the start during `f`, bytes still held after it) on this thread.
+fn measure(f: impl FnOnce()) -> (isize, isize) {
+    let start = LIVE.with(Cell::get);
+    PEAK.with(|p| p.set(start));
+    f();
+    (PEAK.with(Cell::get) - start, LIVE.with(Cell::get) - start)
+}
+
+const PASSES: [Pass; 11] = [
+    Pass::Forward(ForwardAlgo::Im2colGemm),
+    Pass::Forward(ForwardAlgo::Convgemm),
+    Pass::Forward(ForwardAlgo::Direct),
+    Pass::BackwardData(BackwardDataAlgo::GemmCol2im),
+    Pass::BackwardData(BackwardDataAlgo::Deconvgemm),
+    Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm),
+    Pass::BackwardData(BackwardDataAlgo::FlippedDirect),
+    Pass::BackwardFilter(BackwardFilterAlgo::Im2colGemmT),
+    Pass::BackwardFilter(BackwardFilterAlgo::ReindexConvgemm),
+    Pass::BackwardFilter(BackwardFilterAlgo::ConvgemmTrans),
+    Pass::BackwardFilter(BackwardFilterAlgo::Direct),
+];
+
+/// One call of `pass` on `g` with a non-persistent workspace (created and dropped inside);
+/// false when the algorithm refuses the geometry.
+fn call(g: &ConvGeometry, pass: Pass, t: &mut Tensors) -> bool {
+    let mut ws = Workspace::new(false);
+    let r = match pass {
+        Pass::Forward(a) => forward(g, &t.x, &t.w, None, false, &mut t.y, a, &mut ws),
+        Pass::BackwardData(a) => backward_data(g, &t.y, &t.w, &mut t.x, a, &mut ws),
+        Pass::BackwardFilter(a) => backward_filter(g, &t.x, &t.y, &mut t.w, a, &mut ws),
+    };
+    r.is_ok()
+}
+
+struct Tensors {
+    x: Vec<f32>,
+    w: Vec<f32>,
+    y: Vec<f32>,
+}
+
+/// Per pass at `g`'s batch: (the peak above `workspace_bytes` of a call after three warm-up
+/// calls, the bytes the first call kept, the bytes the calls after it kept), or None when the
+/// algorithm refuses `g`. (Some of convgemm's per-thread tables fill over the first calls.)
+fn profile(g: &ConvGeometry) -> Vec<Option<(isize, isize, isize)>> {
+    let mut t = Tensors {
+        x: uniform(1, g.x_len()),
+        w: uniform(2, g.w_len()),
+        y: uniform(3, g.y_len()),
+    };
+    PASSES
+        .iter()
+        .map(|&pass| {
+            let mut ok = true;
+            let (_, first) = measure(|| ok = call(g, pass, &mut t));
+            let (_, warm) = measure(|| {
+                for _ in 0..2 {
+                    ok &= call(g, pass, &mut t);
+                }
+            });
+            let (peak, after) = measure(|| ok &= call(g, pass, &mut t));
+            ok.then(|| {
+                (
+                    peak - workspace_bytes(g, pass) as isize,
+                    first,
+                    warm + after,
+                )
+            })
+        })
+        .collect()
+}
+
+fn with_batch(g: &ConvGeometry, n: usize) -> ConvGeometry {
+    ConvGeometry::from_parts(
+        n,
+        g.in_channels(),
+        g.out_channels(),
+        g.input(),
+        g.kernel(),
+        g.stride(),
+        g.dilation(),
+        g.pad_before(),
+        g.pad_after(),
+        g.groups(),
+    )
+    .unwrap()
+}
+
+/// The memory-lean algorithms (every fused one, and the direct ones).
+fn lean(pass: Pass) -> bool {
+    !matches!(
+        pass,
+        Pass::Forward(ForwardAlgo::Im2colGemm)
+            | Pass::BackwardData(BackwardDataAlgo::GemmCol2im)
+            | Pass::BackwardFilter(BackwardFilterAlgo::Im2colGemmT)
+            | Pass::BackwardFilter(BackwardFilterAlgo::ReindexConvgemm)
+    )
+}
+
+/// Tiny planes (run pair by pair on position-major copies of a block of images): at twice the
+/// batch no algorithm's transient peak above `workspace_bytes` grows, and no lean algorithm
+/// keeps more than it kept at the first batch (the batches are at least one block: 256 images
+/// of 256 channels on 2×2, 227 of 128 on 3×3, 2730 of 96 on 1×1). The first batch's first
+/// calls start from a fresh thread, so that growth is what a pass keeps on a thread that ran
+/// the layer at its first batch. Fails at 3d55102 (tapwise's copies held the whole batch).
+#[test]
+fn no_workspace_grows_with_the_batch_on_tiny_planes() {
+    let geo = |n, c, k, sp: &[usize]| {
+        ConvGeometry::from_parts(n, c, k, sp, &[3, 3], &[1], &[1], &[1], &[1], 1).unwrap()
+    };
+    let layers = [
+        geo(256, 256, 256, &[2, 2]),
+        geo(227, 128, 128, &[3, 3]),
+        geo(2731, 64, 96, &[1, 1]),
+    ];
+    let mut failures = Vec::new();
+    for g in layers {
+        // A fresh thread: the per-thread buffers start empty.
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let (small, large) =
+            pool.install(|| (profile(&g), profile(&with_batch(&g, 2 * g.batch()))));
+        for ((&pass, s), l) in PASSES.iter().zip(small).zip(large) {
+            let (Some(s), Some(l)) = (s, l) else {
+                failures.push(format!("{:?} {pass:?} refused", g.input()));
+                continue;
+            };
+            if l.0 != s.0 || s.2 != 0 || l.2 != 0 || (lean(pass) && l.1 != 0) {
+                failures.push(format!(
+                    "{:?} b{} {pass:?}: (peak above workspace_bytes, first call kept, \
+                     later calls kept) {s:?} at b{1}, {l:?} at twice the batch",
+                    g.input(),
+                    g.batch()
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
