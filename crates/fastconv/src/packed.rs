@@ -6,7 +6,7 @@
 //! `U[ξ][p][q·MR + i]` for `i < MR` (zero past K). A block `(ic, mc, pc, kc)` requested by the
 //! driver is then, per panel, the contiguous run `[p = pc .. pc + kc)` of that panel.
 
-use core_blas::PackA;
+use core_blas::{AlignedVec, PackA};
 
 /// A value [`PackedKernels::repack`] rounds to f32.
 pub(crate) trait ToF32 {
@@ -36,7 +36,7 @@ pub(crate) struct PackedKernels {
     rows: usize,
     cols: usize,
     count: usize,
-    data: Vec<f32>,
+    data: AlignedVec,
 }
 
 impl PackedKernels {
@@ -56,7 +56,7 @@ impl PackedKernels {
             rows: 0,
             cols: 0,
             count: 0,
-            data: Vec::new(),
+            data: AlignedVec::new(),
         }
     }
 
