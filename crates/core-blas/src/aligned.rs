@@ -34,6 +34,7 @@ const LINE: usize = size_of::<Line>();
 const HUGE_MIN_BYTES: usize = 2 << 20;
 
 /// The huge-page size (x86_64 and aarch64 with 4 KiB base pages).
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 const HUGE_PAGE: usize = 2 << 20;
 
 /// The storage size in bytes from which buffers take huge-page storage, or `None` when they
