@@ -10,8 +10,12 @@
 //! ```text
 //! # nn auto-tuning choices
 //! format=2 kernels=avx2-f32-6x16
+//! # measured ms (fastest run): forward: direct 9.811, convgemm 12.104; data: flipped-direct 10.2, ...
 //! threads=1 batch=8 in=64 out=64 input=56x56 kernel=3x3 stride=1x1 dilation=1x1 pad=1x1/1x1 groups=1 algo=winograd forward=direct data=flipped-direct filter=convgemm-trans
 //! ```
+//!
+//! The comment above a choice that this process measured lists each candidate's fastest run,
+//! by pass (Winograd's covers its three passes); [`load`] skips comments.
 //!
 //! `forward`, `data` and `filter` are the algorithms of the three passes when `algo` is
 //! convgemm (conv-ops' memory-lean forms; Winograd keeps them for the process's other uses of
@@ -39,7 +43,7 @@ use conv_ops::{BackwardDataAlgo, BackwardFilterAlgo, ConvGeometry, ForwardAlgo, 
 use crate::checkpoint::write_atomic;
 use crate::error::{NnError, Result};
 use crate::layers::ConvAlgo;
-use crate::layers::conv::{convgemm_preset, measured_choices, record_choice};
+use crate::layers::conv::{Pass, convgemm_preset, measured_choices, measured_times, record_choice};
 
 /// The first line of a tuning file.
 const HEADER: &str = "# nn auto-tuning choices";
@@ -72,14 +76,18 @@ pub enum Loaded {
 ///
 /// Errors: [`NnError::Io`] naming the file; [`NnError::Gemm`] if no GEMM kernel can run.
 pub fn save(path: &Path) -> Result<usize> {
-    let mut entries: Vec<String> = measured_choices()
+    let mut entries: Vec<(String, String)> = measured_choices()
         .into_iter()
-        .map(|(geom, threads, algo, preset)| format_entry(&geom, threads, algo, &preset))
+        .map(|(geom, threads, algo, preset)| {
+            let entry = format_entry(&geom, threads, algo, &preset);
+            (entry, format_times(&measured_times(&geom, threads)))
+        })
         .collect();
     entries.sort();
     let mut text = format!("{HEADER}\nformat={FORMAT} kernels={}\n", kernels()?);
-    for e in &entries {
-        text.push_str(e);
+    for (entry, times) in &entries {
+        text.push_str(times);
+        text.push_str(entry);
         text.push('\n');
     }
     write_atomic(path, text.as_bytes())?;
@@ -236,6 +244,33 @@ fn format_entry(g: &ConvGeometry, threads: usize, algo: ConvAlgo, preset: &Prese
         data_name(preset.backward_data),
         filter_name(preset.backward_filter),
     )
+}
+
+/// The comment line (with its newline) that shows the timings behind a measured choice: each
+/// candidate's fastest run in milliseconds, by pass; empty for a choice that was loaded.
+fn format_times(times: &[(Pass, f64)]) -> String {
+    if times.is_empty() {
+        return String::new();
+    }
+    let mut parts: Vec<String> = Vec::new();
+    for (label, of_pass) in [("forward", 0), ("data", 1), ("filter", 2), ("winograd", 3)] {
+        let algos: Vec<String> = times
+            .iter()
+            .filter_map(|&(p, t)| {
+                let (pass, name) = match p {
+                    Pass::Forward(a) => (0, forward_name(a)),
+                    Pass::Data(a) => (1, data_name(a)),
+                    Pass::Filter(a) => (2, filter_name(a)),
+                    Pass::Winograd => (3, "all three passes"),
+                };
+                (pass == of_pass).then(|| format!("{name} {:.3}", t * 1e3))
+            })
+            .collect();
+        if !algos.is_empty() {
+            parts.push(format!("{label}: {}", algos.join(", ")));
+        }
+    }
+    format!("# measured ms (fastest run): {}\n", parts.join("; "))
 }
 
 /// The `key=value` fields of a line, each key once.
@@ -404,7 +439,10 @@ mod tests {
         // Saved again, the file holds them (among whatever else this process measured).
         let saved = save(&path).unwrap();
         let text = fs::read_to_string(&path).unwrap();
-        assert_eq!(text.lines().count(), saved + 2);
+        // The header, the format line and the entries; other tests' measured choices bring
+        // comments with their times.
+        let entries = text.lines().filter(|l| !l.starts_with('#')).count();
+        assert_eq!(entries, saved + 1, "{text}");
         assert!(
             text.contains(&line(5, 9, 11, 7, "convgemm", "deconvgemm")),
             "{text}"
@@ -413,6 +451,46 @@ mod tests {
             text.contains(&line(9, 5, 11, 7, "winograd", "flipped-convgemm")),
             "{text}"
         );
+        assert_eq!(load(&path).unwrap(), Loaded::Choices(0));
+        fs::remove_file(&path).unwrap();
+    }
+
+    /// A measured choice is saved under a comment with every candidate's time, by pass; the
+    /// file loads.
+    #[test]
+    fn measured_choices_are_saved_with_their_times() {
+        let path = temp("times");
+        let rng = &mut SmallRng::seed_from_u64(6);
+        let cfg = ConvConfig::conv2d(7, 3, 3).padding(1);
+        let mut conv = Conv::new(cfg, ConvAlgo::Auto, rng).unwrap();
+        let x = Tensor::new(&[2, 7, 9, 13], vec![0.5; 2 * 7 * 117]).unwrap();
+        conv.forward(x, false).unwrap();
+        save(&path).unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let at = lines
+            .iter()
+            .position(|l| l.contains(" in=7 out=3 input=9x13 "))
+            .unwrap();
+        let times = lines[at - 1];
+        assert!(
+            times.starts_with("# measured ms (fastest run): forward: "),
+            "{times}"
+        );
+        for part in [
+            "convgemm ",
+            "; data: ",
+            "; filter: ",
+            "convgemm-trans ",
+            "; winograd: ",
+        ] {
+            assert!(times.contains(part), "{part} in {times}");
+        }
+        // Every candidate's time is a positive number of milliseconds.
+        for word in times.split([',', ';']) {
+            let ms: f64 = word.trim().rsplit(' ').next().unwrap().parse().unwrap();
+            assert!(ms > 0.0, "{word} in {times}");
+        }
         assert_eq!(load(&path).unwrap(), Loaded::Choices(0));
         fs::remove_file(&path).unwrap();
     }

@@ -69,8 +69,18 @@ impl FromStr for ConvAlgo {
     }
 }
 
-/// `Auto`'s measured choices, per geometry and thread count, with how often each was reused.
-type Measured = HashMap<(ConvGeometry, usize), (Choice, usize)>;
+/// `Auto`'s cache entry for one geometry and thread count.
+struct Cached {
+    choice: Choice,
+    /// How often layers reused the choice.
+    hits: usize,
+    /// Each candidate's fastest measured run, in seconds, in the order they ran (empty for a
+    /// choice loaded from a tuning file).
+    times: Vec<(Pass, f64)>,
+}
+
+/// `Auto`'s measured choices, per geometry and thread count.
+type Measured = HashMap<(ConvGeometry, usize), Cached>;
 static MEASURED: LazyLock<Mutex<Measured>> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// The locked cache of `Auto`'s choices (a panic elsewhere while it was held leaves valid data).
@@ -78,16 +88,32 @@ fn measured() -> MutexGuard<'static, Measured> {
     MEASURED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Timed rounds at most in `Auto`'s measurement (each candidate's fastest run counts).
-const MEASURE_ROUNDS: usize = 7;
+/// Timed rounds at least in `Auto`'s measurement: each candidate still running counts its
+/// fastest run, and one run is not a measurement on a shared machine (on a busy 2-core VM, one
+/// round per large layer made VGG-16 take Winograd for a different layer in each of three
+/// runs).
+const MEASURE_MIN_ROUNDS: usize = 3;
 
-/// Seconds of timed rounds after which `Auto`'s measurement of a geometry stops (it always
-/// times at least one round).
-const MEASURE_BUDGET: f64 = 0.2;
+/// Timed rounds at most in `Auto`'s measurement.
+const MEASURE_MAX_ROUNDS: usize = 9;
+
+/// Seconds of timed runs after which `Auto`'s measurement of a geometry stops, once it has
+/// [`MEASURE_MIN_ROUNDS`] rounds and its choice held over the last round.
+const MEASURE_BUDGET: f64 = 0.3;
+
+/// A candidate whose fastest run is this many times its pass's leader's (Winograd: the three
+/// leaders' sum) after the first round stops being measured ...
+const MEASURE_DROP_FIRST: f64 = 1.5;
+
+/// ... and this many times after later rounds.
+const MEASURE_DROP: f64 = 1.25;
 
 /// How much faster than conv-ops' own choice for a pass another algorithm must measure for
-/// `Auto` to take it.
-const MEASURE_MARGIN: f64 = 0.03;
+/// `Auto` to take it. Near-ties are common (ResNet-20's 16→32 stride-2 weight gradient: the
+/// direct and transposed convgemm forms within 0.8-7% of each other over six runs on a busy
+/// VM), and a small margin let them follow the noise, so two runs of one program trained with
+/// different bits; 10% keeps conv-ops' choice for them and costs at most 10% of that pass.
+const MEASURE_MARGIN: f64 = 0.10;
 
 /// Images at most in `Auto`'s measurement.
 const MEASURE_IMAGES: usize = 64;
@@ -169,22 +195,125 @@ fn candidates<A: Copy + PartialEq>(first: A, all: &[A]) -> Vec<A> {
     v
 }
 
-/// The algorithm `Auto` takes for a pass and its time: the fastest of `algos` (whose first is
-/// conv-ops' choice), where another replaces the first only when at least
-/// [`MEASURE_MARGIN`] faster, so that near-ties keep the default instead of following the
-/// measurement's noise from run to run.
+/// The algorithm `Auto` takes for a pass and its time: `algos` in order (conv-ops' choice
+/// first), each replacing the one taken so far only when at least [`MEASURE_MARGIN`] faster,
+/// so that near-ties keep the earlier candidate instead of following the measurement's noise
+/// from run to run (VGG-16's 3→64 data gradient: the flipped direct form and deconvgemm
+/// within 1-3% of each other, both far ahead of the default).
 fn fastest<A: Copy>(algos: &[A], time: impl Fn(A) -> f64) -> (f64, A) {
     let first = (time(algos[0]), algos[0]);
     algos[1..]
         .iter()
         .map(|&a| (time(a), a))
-        .fold(first, |best, c| {
-            if c.0 < (1.0 - MEASURE_MARGIN) * first.0 && c.0 < best.0 {
+        .fold(first, |taken, c| {
+            if c.0 < (1.0 - MEASURE_MARGIN) * taken.0 {
                 c
             } else {
-                best
+                taken
             }
         })
+}
+
+/// How much faster than the fused algorithms' three passes together Winograd must measure for
+/// `Auto` to take it: it holds more memory (its transformed kernels during the call).
+const WINOGRAD_MARGIN: f64 = 0.10;
+
+/// `Auto`'s candidates for one geometry while it measures them: each candidate's fastest run so
+/// far and whether it is still being run.
+struct Race {
+    passes: Vec<Pass>,
+    /// Fastest run of each pass, in seconds (infinite before its first timed run).
+    best: Vec<f64>,
+    /// Whether each pass still runs in the next round.
+    running: Vec<bool>,
+    /// The candidates of each pass, conv-ops' choice first (see [`fastest`]).
+    forward: Vec<ForwardAlgo>,
+    data: Vec<BackwardDataAlgo>,
+    filter: Vec<BackwardFilterAlgo>,
+}
+
+impl Race {
+    fn new(
+        passes: Vec<Pass>,
+        forward: Vec<ForwardAlgo>,
+        data: Vec<BackwardDataAlgo>,
+        filter: Vec<BackwardFilterAlgo>,
+    ) -> Self {
+        let n = passes.len();
+        Race {
+            passes,
+            best: vec![f64::INFINITY; n],
+            running: vec![true; n],
+            forward,
+            data,
+            filter,
+        }
+    }
+
+    /// The fastest run of `p` (infinite when `p` is not a candidate).
+    fn time(&self, p: Pass) -> f64 {
+        self.passes
+            .iter()
+            .zip(&self.best)
+            .find(|&(&q, _)| q == p)
+            .map_or(f64::INFINITY, |(_, &t)| t)
+    }
+
+    /// The choice the runs so far make: each pass's algorithm by [`fastest`], and Winograd when
+    /// it is [`WINOGRAD_MARGIN`] faster than those three together.
+    fn decide(&self) -> (ConvAlgo, ForwardAlgo, BackwardDataAlgo, BackwardFilterAlgo) {
+        let (t_forward, forward) = fastest(&self.forward, |a| self.time(Pass::Forward(a)));
+        let (t_data, data) = fastest(&self.data, |a| self.time(Pass::Data(a)));
+        let (t_filter, filter) = fastest(&self.filter, |a| self.time(Pass::Filter(a)));
+        let t_conv = t_forward + t_data + t_filter;
+        let algo = if self.time(Pass::Winograd) < (1.0 - WINOGRAD_MARGIN) * t_conv {
+            ConvAlgo::Winograd
+        } else {
+            ConvAlgo::Convgemm
+        };
+        (algo, forward, data, filter)
+    }
+
+    /// Stops running every candidate whose fastest run is more than `factor` times its pass's
+    /// fastest (Winograd: than the three passes' fastest together). Returns whether the race is
+    /// settled: one candidate left per pass, and Winograd either stopped or `factor` times
+    /// faster than the three passes.
+    fn drop_slow(&mut self, factor: f64) -> bool {
+        let lead = |race: &Race, of: fn(&Pass) -> bool| {
+            race.passes
+                .iter()
+                .zip(&race.best)
+                .filter(|(p, _)| of(p))
+                .map(|(_, &t)| t)
+                .fold(f64::INFINITY, f64::min)
+        };
+        let groups: [fn(&Pass) -> bool; 3] = [
+            |p| matches!(p, Pass::Forward(_)),
+            |p| matches!(p, Pass::Data(_)),
+            |p| matches!(p, Pass::Filter(_)),
+        ];
+        let leads = groups.map(|of| lead(self, of));
+        let t_conv: f64 = leads.iter().sum();
+        let mut settled = true;
+        for (of, &lead) in groups.iter().zip(&leads) {
+            for i in 0..self.passes.len() {
+                if of(&self.passes[i]) && self.best[i] > factor * lead {
+                    self.running[i] = false;
+                }
+            }
+            let left = (0..self.passes.len())
+                .filter(|&i| of(&self.passes[i]) && self.running[i])
+                .count();
+            settled &= left <= 1;
+        }
+        if let Some(i) = self.passes.iter().position(|&p| p == Pass::Winograd) {
+            if self.best[i] > factor * t_conv {
+                self.running[i] = false;
+            }
+            settled &= !self.running[i] || t_conv > factor * self.best[i];
+        }
+        settled
+    }
 }
 
 /// The clock of `Auto`'s measurement, in seconds. Inside a rayon pool of one thread it is that
@@ -225,7 +354,7 @@ impl MeasureClock {
 
 /// A candidate pass in `Auto`'s measurement ([`Conv::measure`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Pass {
+pub(crate) enum Pass {
     Forward(ForwardAlgo),
     Data(BackwardDataAlgo),
     Filter(BackwardFilterAlgo),
@@ -378,32 +507,37 @@ impl Conv {
     /// mode caches by convolution parameters.
     fn shared_measurement(&self, geom: &ConvGeometry, x: &[f32]) -> Result<Choice> {
         let key = (*geom, rayon::current_num_threads());
-        let cached = |hit: bool| {
-            let mut m = measured();
-            m.get_mut(&key).map(|(c, hits)| {
-                *hits += usize::from(hit);
-                *c
-            })
-        };
-        if let Some(c) = cached(true) {
-            return Ok(c);
+        if let Some(e) = measured().get_mut(&key) {
+            e.hits += 1;
+            return Ok(e.choice);
         }
-        let c = self.measure(geom, x)?;
+        let (choice, times) = self.measure(geom, x)?;
         let mut m = measured();
-        Ok(m.entry(key).or_insert((c, 0)).0)
+        Ok(m.entry(key)
+            .or_insert(Cached {
+                choice,
+                hits: 0,
+                times,
+            })
+            .choice)
     }
 
     /// `Auto`'s one-time measurement on the first (up to) [`MEASURE_IMAGES`] images of `x`.
-    /// Every candidate pass runs once to allocate; then rounds that run every candidate once,
-    /// in turn, are timed (on [`MeasureClock`]) until [`MEASURE_ROUNDS`] rounds or
-    /// [`MEASURE_BUDGET`] seconds are spent (a large layer gets one round), and each candidate
-    /// counts its fastest run: taking turns, the candidates share a busy machine's slow
-    /// moments, and the minimum resists its interruptions. The weights change between runs, so
-    /// the flipped forms and Winograd pay their kernel transforms, as they do every training
-    /// step. Each pass takes the fastest of its fused algorithms ([`fastest`]); Winograd is
-    /// taken when it is at least 10% faster over the three passes than those: it holds more
-    /// memory (its transformed kernels during the call).
-    fn measure(&self, geom: &ConvGeometry, x: &[f32]) -> Result<Choice> {
+    /// Every candidate pass runs once to allocate; then rounds that run every candidate still
+    /// in the [`Race`] once, in turn, are timed (on [`MeasureClock`]), and each candidate counts
+    /// its fastest run: taking turns, the candidates share a busy machine's slow moments, and
+    /// the minimum resists its interruptions. After each round the candidates far behind their
+    /// pass's leader stop running ([`MEASURE_DROP_FIRST`], [`MEASURE_DROP`]); the measurement
+    /// ends after at least [`MEASURE_MIN_ROUNDS`] rounds, once the choice held over the last
+    /// round and either one candidate is left per pass or [`MEASURE_BUDGET`] seconds are spent,
+    /// or after [`MEASURE_MAX_ROUNDS`]. The weights change between runs, so the flipped forms
+    /// and Winograd pay their kernel transforms, as they do every training step. Each pass
+    /// takes the fastest of its fused algorithms ([`fastest`]); Winograd is taken when it is
+    /// [`WINOGRAD_MARGIN`] faster over the three passes than those: it holds more memory (its
+    /// transformed kernels during the call).
+    ///
+    /// Returns the choice and each candidate's fastest run (seconds).
+    fn measure(&self, geom: &ConvGeometry, x: &[f32]) -> Result<(Choice, Vec<(Pass, f64)>)> {
         let g = geom.with_batch(geom.batch().min(MEASURE_IMAGES))?;
         let x = &x[..g.x_len()];
         let w = self.weight.value.data();
@@ -482,45 +616,44 @@ impl Conv {
         for &pass in &passes {
             run(pass, w)?;
         }
-        let mut best = vec![f64::INFINITY; passes.len()];
+        let mut race = Race::new(passes, forward_algos, data_algos, filter_algos);
         let mut spent = 0.0;
-        for round in 0..MEASURE_ROUNDS {
+        let mut last = None;
+        for round in 0..MEASURE_MAX_ROUNDS {
             let w = if round % 2 == 0 { &w2 } else { w };
-            for (&pass, best) in passes.iter().zip(&mut best) {
-                let t = run(pass, w)?;
-                *best = best.min(t);
-                spent += t;
+            for i in 0..race.passes.len() {
+                if race.running[i] {
+                    let t = run(race.passes[i], w)?;
+                    race.best[i] = race.best[i].min(t);
+                    spent += t;
+                }
             }
-            if spent > MEASURE_BUDGET {
+            let now = race.decide();
+            let held = last == Some(now);
+            last = Some(now);
+            let settled = race.drop_slow(if round == 0 {
+                MEASURE_DROP_FIRST
+            } else {
+                MEASURE_DROP
+            });
+            if round + 1 >= MEASURE_MIN_ROUNDS && held && (settled || spent > MEASURE_BUDGET) {
                 break;
             }
         }
-        let time = |p: Pass| {
-            passes
-                .iter()
-                .zip(&best)
-                .find(|&(&q, _)| q == p)
-                .map_or(f64::INFINITY, |(_, &t)| t)
-        };
-        let (t_forward, forward) = fastest(&forward_algos, |a| time(Pass::Forward(a)));
-        let (t_data, data) = fastest(&data_algos, |a| time(Pass::Data(a)));
-        let (t_filter, filter) = fastest(&filter_algos, |a| time(Pass::Filter(a)));
+        let (algo, forward, data, filter) = race.decide();
         preset.forward = forward;
         preset.backward_data = data;
         preset.backward_filter = filter;
-        let t_conv = t_forward + t_data + t_filter;
-        let algo = if time(Pass::Winograd) < 0.9 * t_conv {
-            ConvAlgo::Winograd
-        } else {
-            ConvAlgo::Convgemm
-        };
         if wino.is_some() {
             // Winograd's per-thread workspaces now have this layer's size; a layer that takes
             // another algorithm must not keep them for the run (C3D's 512→512 3×3×3 layers:
             // +235 MiB), and one that takes Winograd regrows them to what its passes need.
             fastconv::release_workspaces();
         }
-        Ok(Choice { algo, preset })
+        Ok((
+            Choice { algo, preset },
+            race.passes.into_iter().zip(race.best).collect(),
+        ))
     }
 
     /// The geometry for input shape `shape` (`N × C × spatial`).
@@ -623,8 +756,17 @@ pub(crate) fn check_choice(
 pub(crate) fn measured_choices() -> Vec<(ConvGeometry, usize, ConvAlgo, Preset)> {
     let m = measured();
     m.iter()
-        .map(|(&(geom, threads), &(c, _))| (geom, threads, c.algo, c.preset))
+        .map(|(&(geom, threads), e)| (geom, threads, e.choice.algo, e.choice.preset))
         .collect()
+}
+
+/// The timings behind `Auto`'s choice for `(geom, threads)`: each candidate pass and its
+/// fastest run in seconds (empty when the choice was loaded, or never made).
+pub(crate) fn measured_times(geom: &ConvGeometry, threads: usize) -> Vec<(Pass, f64)> {
+    measured()
+        .get(&(*geom, threads))
+        .map(|e| e.times.clone())
+        .unwrap_or_default()
 }
 
 /// Adds a choice to the process's `Auto` cache as if measured (checked by [`check_choice`]),
@@ -642,7 +784,11 @@ pub(crate) fn record_choice(
     };
     match measured().entry((geom, threads)) {
         Entry::Vacant(e) => {
-            e.insert((Choice { algo, preset }, 0));
+            e.insert(Cached {
+                choice: Choice { algo, preset },
+                hits: 0,
+                times: Vec::new(),
+            });
             true
         }
         Entry::Occupied(_) => false,
@@ -653,7 +799,7 @@ pub(crate) fn record_choice(
 #[cfg(test)]
 pub(crate) fn hits(geom: &ConvGeometry, threads: usize) -> Option<usize> {
     let m = measured();
-    m.get(&(*geom, threads)).map(|&(_, h)| h)
+    m.get(&(*geom, threads)).map(|e| e.hits)
 }
 
 /// Whether `fastconv` runs this geometry (stride 1, no dilation, one group) with a kernel larger
@@ -870,6 +1016,104 @@ mod tests {
     use super::*;
     use rand::SeedableRng;
 
+    /// A race over two forward, three data and two filter candidates plus Winograd, with the
+    /// given fastest runs (ms) in that order.
+    fn race(times: [f64; 8]) -> Race {
+        let forward = vec![ForwardAlgo::Convgemm, ForwardAlgo::Direct];
+        let data = vec![
+            BackwardDataAlgo::FlippedConvgemm,
+            BackwardDataAlgo::FlippedDirect,
+            BackwardDataAlgo::Deconvgemm,
+        ];
+        let filter = vec![
+            BackwardFilterAlgo::ConvgemmTrans,
+            BackwardFilterAlgo::Direct,
+        ];
+        let mut passes: Vec<Pass> = forward.iter().map(|&a| Pass::Forward(a)).collect();
+        passes.extend(data.iter().map(|&a| Pass::Data(a)));
+        passes.extend(filter.iter().map(|&a| Pass::Filter(a)));
+        passes.push(Pass::Winograd);
+        let mut r = Race::new(passes, forward, data, filter);
+        r.best = times.to_vec();
+        r
+    }
+
+    /// Another algorithm replaces conv-ops' choice (each pass's first), or a later candidate
+    /// the one taken so far, only when more than `MEASURE_MARGIN` faster, and Winograd only
+    /// when `WINOGRAD_MARGIN` faster than the three chosen passes together.
+    #[test]
+    fn the_race_keeps_the_default_on_near_ties() {
+        let near = 1.0 - MEASURE_MARGIN / 2.0;
+        let far = 1.0 - MEASURE_MARGIN * 1.5;
+        let r = race([
+            10.0,
+            10.0 * near,
+            10.0,
+            10.0 * far,
+            20.0,
+            10.0,
+            10.0 * near,
+            100.0,
+        ]);
+        assert_eq!(
+            r.decide(),
+            (
+                ConvAlgo::Convgemm,
+                ForwardAlgo::Convgemm,
+                BackwardDataAlgo::FlippedDirect,
+                BackwardFilterAlgo::ConvgemmTrans
+            )
+        );
+        // Deconvgemm, slightly faster than the flipped direct form that beat the default,
+        // does not replace it; far faster, it does.
+        let mut r = race([10.0, 10.0, 10.0, 10.0 * far, 0.0, 10.0, 10.0, 100.0]);
+        r.best[4] = 10.0 * far * near;
+        assert_eq!(r.decide().2, BackwardDataAlgo::FlippedDirect);
+        r.best[4] = 10.0 * far * far;
+        assert_eq!(r.decide().2, BackwardDataAlgo::Deconvgemm);
+        // The chosen passes take 10 + 10·far + 10 ms.
+        let t_conv = 20.0 + 10.0 * far;
+        let mut r = race([10.0, 11.0, 10.0, 10.0 * far, 20.0, 10.0, 12.0, 0.0]);
+        r.best[7] = (1.0 - WINOGRAD_MARGIN / 2.0) * t_conv;
+        assert_eq!(r.decide().0, ConvAlgo::Convgemm);
+        r.best[7] = (1.0 - WINOGRAD_MARGIN * 1.5) * t_conv;
+        assert_eq!(r.decide().0, ConvAlgo::Winograd);
+    }
+
+    /// Candidates far behind their pass's leader (Winograd: the three leaders' sum) stop
+    /// running, the default included; the race is settled when one candidate is left per pass
+    /// and Winograd is out or far ahead.
+    #[test]
+    fn the_race_drops_slow_candidates_and_settles() {
+        let mut r = race([10.0, 14.0, 10.0, 10.5, 20.0, 30.0, 10.0, 50.0]);
+        assert!(!r.drop_slow(1.5));
+        // Forward direct (1.4×) and data flipped-direct stay; deconvgemm (2×), the default
+        // filter (3×) and Winograd (50 > 1.5 × 30) stop.
+        assert_eq!(
+            r.running,
+            [true, true, true, true, false, false, true, false]
+        );
+        assert!(!r.drop_slow(1.25));
+        assert_eq!(
+            r.running,
+            [true, false, true, true, false, false, true, false]
+        );
+        r.best[3] = 13.0;
+        assert!(r.drop_slow(1.25));
+        assert_eq!(
+            r.running,
+            [true, false, true, false, false, false, true, false]
+        );
+        // A fast Winograd keeps running until it is far ahead of the fused passes.
+        let mut r = race([10.0, 20.0, 10.0, 20.0, 20.0, 10.0, 20.0, 25.0]);
+        assert!(!r.drop_slow(1.25));
+        assert!(r.running[7]);
+        r.best[7] = 20.0;
+        assert!(r.drop_slow(1.25));
+        assert!(r.running[7]);
+        assert_eq!(r.decide().0, ConvAlgo::Winograd);
+    }
+
     /// On one rayon thread `Auto`'s clock leaves out the time the process does not run (a
     /// sleep stands for a busy machine's pauses) and counts the time it computes; on two
     /// threads it is the wall clock, pauses included.
@@ -963,7 +1207,7 @@ mod tests {
         assert_eq!(a.algorithm_in_use(), b.algorithm_in_use());
         let geom = a.geometry(&[2, 7, 13, 9]).unwrap();
         let m = MEASURED.lock().unwrap();
-        let (_, hits) = m[&(geom, rayon::current_num_threads())];
+        let hits = m[&(geom, rayon::current_num_threads())].hits;
         assert_eq!(hits, 1, "the second layer reused the measurement");
     }
 }
