@@ -110,9 +110,10 @@ const MEASURE_DROP: f64 = 1.25;
 
 /// How much faster than conv-ops' own choice for a pass another algorithm must measure for
 /// `Auto` to take it. Near-ties are common (ResNet-20's 16→32 stride-2 weight gradient: the
-/// direct and transposed convgemm forms within 0.8-7% of each other over six runs on a busy
-/// VM), and a small margin let them follow the noise, so two runs of one program trained with
-/// different bits; 10% keeps conv-ops' choice for them and costs at most 10% of that pass.
+/// direct and transposed convgemm forms 1-9% apart in five of six runs on a busy VM, 24% in the
+/// sixth), and a small margin let them follow the noise, so two runs of one program trained
+/// with different bits; 10% keeps conv-ops' choice for most of them and costs at most 10% of
+/// that pass.
 const MEASURE_MARGIN: f64 = 0.10;
 
 /// Images at most in `Auto`'s measurement.
