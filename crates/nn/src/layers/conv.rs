@@ -26,9 +26,11 @@ pub enum ConvAlgo {
     /// same measurement picks each pass's algorithm among the memory-lean ones that apply
     /// (forward: convgemm or direct; data gradient: flipped-kernel direct, flipped-kernel
     /// convgemm or deconvgemm; weight gradient: transposed convgemm or direct), starting from
-    /// conv-ops' rule ([`conv_ops::Preset::lean_for`]). The choice depends on timing, so
-    /// two runs may round differently: pick an algorithm explicitly for bitwise reproducible
-    /// training.
+    /// conv-ops' rule ([`conv_ops::Preset::lean_for`]), which another form replaces only when
+    /// at least 10% faster. The choice depends on timing (each candidate's fastest of at least
+    /// three runs), so on a busy machine two runs may still round differently: pick an
+    /// algorithm explicitly, or load the choices with [`crate::tuning::load`], for bitwise
+    /// reproducible training.
     #[default]
     Auto,
     /// The convgemm paper's `base`: explicit im2col / col2im buffers.
