@@ -126,20 +126,6 @@ fn pass_name(p: Pass) -> &'static str {
     }
 }
 
-const PASSES: [Pass; 11] = [
-    Pass::Forward(ForwardAlgo::Im2colGemm),
-    Pass::Forward(ForwardAlgo::Convgemm),
-    Pass::Forward(ForwardAlgo::Direct),
-    Pass::BackwardData(BackwardDataAlgo::GemmCol2im),
-    Pass::BackwardData(BackwardDataAlgo::Deconvgemm),
-    Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm),
-    Pass::BackwardData(BackwardDataAlgo::FlippedDirect),
-    Pass::BackwardFilter(BackwardFilterAlgo::Im2colGemmT),
-    Pass::BackwardFilter(BackwardFilterAlgo::ReindexConvgemm),
-    Pass::BackwardFilter(BackwardFilterAlgo::ConvgemmTrans),
-    Pass::BackwardFilter(BackwardFilterAlgo::Direct),
-];
-
 /// The flipped convgemm and flipped direct take stride-1 layers only.
 fn supported(g: &ConvGeometry, pass: Pass) -> bool {
     !matches!(
@@ -223,7 +209,7 @@ fn bench_conv(c: &mut Criterion) {
                     })
                 })
             });
-            for pass in PASSES {
+            for pass in Pass::ALL {
                 if !supported(&g, pass) {
                     continue;
                 }
@@ -249,7 +235,7 @@ fn bench_conv(c: &mut Criterion) {
             }
         }
         group.finish();
-        for pass in PASSES.into_iter().filter(|&p| supported(&g, p)) {
+        for pass in Pass::ALL.into_iter().filter(|&p| supported(&g, p)) {
             emit_record(
                 "conv",
                 &format!("{}/{}", l.0, pass_name(pass)),

@@ -63,6 +63,24 @@ pub enum Pass {
     BackwardFilter(BackwardFilterAlgo),
 }
 
+impl Pass {
+    /// Every pass with every algorithm conv-ops has for it, forward first (for benches and
+    /// tests that cover them all).
+    pub const ALL: [Pass; 11] = [
+        Pass::Forward(ForwardAlgo::Im2colGemm),
+        Pass::Forward(ForwardAlgo::Convgemm),
+        Pass::Forward(ForwardAlgo::Direct),
+        Pass::BackwardData(BackwardDataAlgo::GemmCol2im),
+        Pass::BackwardData(BackwardDataAlgo::Deconvgemm),
+        Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm),
+        Pass::BackwardData(BackwardDataAlgo::FlippedDirect),
+        Pass::BackwardFilter(BackwardFilterAlgo::Im2colGemmT),
+        Pass::BackwardFilter(BackwardFilterAlgo::ReindexConvgemm),
+        Pass::BackwardFilter(BackwardFilterAlgo::ConvgemmTrans),
+        Pass::BackwardFilter(BackwardFilterAlgo::Direct),
+    ];
+}
+
 /// The algorithm of every pass, plus whether workspaces persist across calls (`+pm`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Preset {

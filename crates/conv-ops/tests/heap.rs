@@ -75,20 +75,6 @@ fn measure(f: impl FnOnce()) -> (isize, isize) {
     (PEAK.with(Cell::get) - start, LIVE.with(Cell::get) - start)
 }
 
-const PASSES: [Pass; 11] = [
-    Pass::Forward(ForwardAlgo::Im2colGemm),
-    Pass::Forward(ForwardAlgo::Convgemm),
-    Pass::Forward(ForwardAlgo::Direct),
-    Pass::BackwardData(BackwardDataAlgo::GemmCol2im),
-    Pass::BackwardData(BackwardDataAlgo::Deconvgemm),
-    Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm),
-    Pass::BackwardData(BackwardDataAlgo::FlippedDirect),
-    Pass::BackwardFilter(BackwardFilterAlgo::Im2colGemmT),
-    Pass::BackwardFilter(BackwardFilterAlgo::ReindexConvgemm),
-    Pass::BackwardFilter(BackwardFilterAlgo::ConvgemmTrans),
-    Pass::BackwardFilter(BackwardFilterAlgo::Direct),
-];
-
 /// One call of `pass` on `g` with a non-persistent workspace (created and dropped inside);
 /// false when the algorithm refuses the geometry.
 fn call(g: &ConvGeometry, pass: Pass, t: &mut Tensors) -> bool {
@@ -116,7 +102,7 @@ fn profile(g: &ConvGeometry) -> Vec<Option<(isize, isize, isize)>> {
         w: uniform(2, g.w_len()),
         y: uniform(3, g.y_len()),
     };
-    PASSES
+    Pass::ALL
         .iter()
         .map(|&pass| {
             let mut ok = true;
@@ -190,7 +176,7 @@ fn no_workspace_grows_with_the_batch_on_tiny_planes() {
             .unwrap();
         let (small, large) =
             pool.install(|| (profile(&g), profile(&with_batch(&g, 2 * g.batch()))));
-        for ((&pass, s), l) in PASSES.iter().zip(small).zip(large) {
+        for ((&pass, s), l) in Pass::ALL.iter().zip(small).zip(large) {
             let (Some(s), Some(l)) = (s, l) else {
                 failures.push(format!("{:?} {pass:?} refused", g.input()));
                 continue;
