@@ -370,45 +370,7 @@ fn forward_in_blocks(
     nb: usize,
 ) -> Result<()> {
     let s = Sizes::of(g);
-    let pairs = pairs(g);
-    let cp = s.cg.next_multiple_of(CHUNK_LANES);
-    with_bufs(buffer_lens(g, nb), |wt, xt, yt| {
-        for grp in 0..g.groups() {
-            let (c0, k0) = (grp * s.cg, grp * s.kg);
-            // wt[t] = w[:, :, t]: K/G × C/G, rows `cp` apart (as the backward-data's: gathering
-            // w[:, :, t]ᵀ directly reads 16 kernels 9·C values apart per chunk, 1.2-1.3× slower
-            // than packing the transposed view).
-            let wg = &w[k0 * s.cg * s.r..][..s.kg * s.cg * s.r];
-            gather_taps(wg, wt, s.r, (s.kg, s.cg * s.r), (s.cg, s.r), cp)?;
-            let wt = &*wt;
-            for n0 in (0..s.n).step_by(nb) {
-                let m = nb.min(s.n - n0);
-                let (xt, yt) = (&mut xt[..s.pi * m * s.cg], &mut yt[..s.po * m * s.kg]);
-                to_position_major(&x[n0 * s.c * s.pi..], xt, (m, s.c, c0, s.cg, s.pi));
-                let xt = &*xt;
-                // yt[o] (m × K/G) = Σ xt[i] (m × C/G) · wt[t]ᵀ (C/G × K/G).
-                run_pairs(
-                    &pairs,
-                    false,
-                    |(o, i, t)| (i, t, o),
-                    |i| {
-                        MatRef::row_major("x", &xt[i * m * s.cg..][..m * s.cg], m, s.cg, s.cg)
-                            .map_err(gemm_err)
-                    },
-                    |t| {
-                        MatRef::row_major("w", &wt[t * s.kg * cp..][..s.kg * cp], s.kg, s.cg, cp)
-                            .map(MatRef::t)
-                            .map_err(gemm_err)
-                    },
-                    yt,
-                    m * s.kg,
-                    (m, s.kg),
-                )?;
-                from_position_major(yt, &mut y[n0 * s.k * s.po..], (m, s.k, k0, s.kg, s.po));
-            }
-        }
-        Ok::<(), crate::ConvError>(())
-    })?;
+    through_pairs(g, x, w, y, nb, Way::Forward)?;
     if bias.is_some() || relu {
         for img in y.chunks_exact_mut(s.k * s.po) {
             for (ch, pl) in img.chunks_exact_mut(s.po).enumerate() {
@@ -439,39 +401,73 @@ fn backward_data_in_blocks(
     dx: &mut [f32],
     nb: usize,
 ) -> Result<()> {
+    through_pairs(g, dy, w, dx, nb, Way::Data)
+}
+
+/// Which way [`through_pairs`] runs a layer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Way {
+    /// x to y: yt[o] (m × K/G) = Σ xt[i] (m × C/G) · wt[t]ᵀ (C/G × K/G).
+    Forward,
+    /// dy to dx: dxt[i] (m × C/G) = Σ dyt[o] (m × K/G) · wt[t] (K/G × C/G).
+    Data,
+}
+
+/// `dst` (overwritten) from `src` and w, pair by pair, on blocks of `nb` images: the forward
+/// (x → y) or the backward-data (dy → dx) pass, which differ only in which side is read.
+fn through_pairs(
+    g: &ConvGeometry,
+    src: &[f32],
+    w: &[f32],
+    dst: &mut [f32],
+    nb: usize,
+    way: Way,
+) -> Result<()> {
     let s = Sizes::of(g);
     let pairs = pairs(g);
     let cp = s.cg.next_multiple_of(CHUNK_LANES);
-    with_bufs(buffer_lens(g, nb), |wt, dxt, dyt| {
+    let forward = way == Way::Forward;
+    // (channels, channels per group, positions) of the side read and of the side written.
+    let input = (s.c, s.cg, s.pi);
+    let output = (s.k, s.kg, s.po);
+    let ((sc, scg, sp), (dc, dcg, dp)) = if forward {
+        (input, output)
+    } else {
+        (output, input)
+    };
+    with_bufs(buffer_lens(g, nb), |wt, it, ot| {
+        let (srct, dstt) = if forward { (it, ot) } else { (ot, it) };
         for grp in 0..g.groups() {
-            let (c0, k0) = (grp * s.cg, grp * s.kg);
-            // wt[t] = w[:, :, t]: K/G × C/G, rows `cp` apart.
-            let wg = &w[k0 * s.cg * s.r..][..s.kg * s.cg * s.r];
+            // wt[t] = w[:, :, t]: K/G × C/G, rows `cp` apart (the forward reads it transposed:
+            // gathering w[:, :, t]ᵀ directly reads 16 kernels 9·C values apart per chunk,
+            // 1.2-1.3× slower than packing the transposed view).
+            let wg = &w[grp * s.kg * s.cg * s.r..][..s.kg * s.cg * s.r];
             gather_taps(wg, wt, s.r, (s.kg, s.cg * s.r), (s.cg, s.r), cp)?;
             let wt = &*wt;
             for n0 in (0..s.n).step_by(nb) {
                 let m = nb.min(s.n - n0);
-                let (dxt, dyt) = (&mut dxt[..s.pi * m * s.cg], &mut dyt[..s.po * m * s.kg]);
-                to_position_major(&dy[n0 * s.k * s.po..], dyt, (m, s.k, k0, s.kg, s.po));
-                let dyt = &*dyt;
-                // dxt[i] (m × C/G) = Σ dyt[o] (m × K/G) · wt[t] (K/G × C/G).
+                let (srct, dstt) = (&mut srct[..sp * m * scg], &mut dstt[..dp * m * dcg]);
+                to_position_major(&src[n0 * sc * sp..], srct, (m, sc, grp * scg, scg, sp));
+                let srct = &*srct;
                 run_pairs(
                     &pairs,
                     false,
-                    |(o, i, t)| (o, t, i),
-                    |o| {
-                        MatRef::row_major("dy", &dyt[o * m * s.kg..][..m * s.kg], m, s.kg, s.kg)
+                    |(o, i, t)| if forward { (i, t, o) } else { (o, t, i) },
+                    |j| {
+                        let name = if forward { "x" } else { "dy" };
+                        MatRef::row_major(name, &srct[j * m * scg..][..m * scg], m, scg, scg)
                             .map_err(gemm_err)
                     },
                     |t| {
-                        MatRef::row_major("w", &wt[t * s.kg * cp..][..s.kg * cp], s.kg, s.cg, cp)
-                            .map_err(gemm_err)
+                        let wt = &wt[t * s.kg * cp..][..s.kg * cp];
+                        let wt = MatRef::row_major("w", wt, s.kg, s.cg, cp).map_err(gemm_err)?;
+                        Ok(if forward { wt.t() } else { wt })
                     },
-                    dxt,
-                    m * s.cg,
-                    (m, s.cg),
+                    dstt,
+                    m * dcg,
+                    (m, dcg),
                 )?;
-                from_position_major(dxt, &mut dx[n0 * s.c * s.pi..], (m, s.c, c0, s.cg, s.pi));
+                from_position_major(dstt, &mut dst[n0 * dc * dp..], (m, dc, grp * dcg, dcg, dp));
             }
         }
         Ok(())
