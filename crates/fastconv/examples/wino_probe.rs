@@ -8,6 +8,7 @@
 //! block, e.g. `0 96 0:4x4`); `REPS` calls per timing (3), `FWD_ONLY=1` skips the backward passes,
 //! `CPU=1` times on the thread's CPU clock instead of the wall clock (this guest's steal is not
 //! in it; at one thread every pass runs on the calling thread).
+//! `... -- plans [ROUNDS]`: plan-creation time per layer (first and second plan, `choose_tile`).
 //! `... -- acc`: F(4,3) and F(6,3) in 2-D against an f64 direct sum (the layer of
 //! `tests/plan.rs`'s `accuracy_goals_f4_f6`).
 
@@ -89,6 +90,32 @@ fn main() {
                     row += &format!(" gw{gw}: {:?}", choose_tile(&g, &m).unwrap());
                 }
                 println!("{row}");
+            }
+        }
+        Some("plans") => {
+            // Plan creation: each layer's `WinogradPlan::new` (tile by the cost model) twice in a
+            // row, and `choose_tile` alone, in ms on the chosen clock; `ROUNDS` passes over the
+            // layers (the first pass's first plans pay any process-wide one-time work).
+            let rounds: usize = args.get(2).map_or(1, |s| s.parse().unwrap());
+            for round in 0..rounds {
+                let all = Clock::now();
+                for (name, g) in layers() {
+                    let s = Clock::now();
+                    let p1 = WinogradPlan::new(&g, None).unwrap();
+                    let t1 = s.ms();
+                    let s = Clock::now();
+                    let p2 = WinogradPlan::new(&g, None).unwrap();
+                    let t2 = s.ms();
+                    let s = Clock::now();
+                    let tile = choose_tile(&g, &CostModel::default()).unwrap();
+                    let tc = s.ms();
+                    black_box((&p1, &p2, &tile));
+                    println!(
+                        "round {round} {name:14} tile {:?} new {t1:.3} ms, again {t2:.3} ms, choose_tile {tc:.3} ms",
+                        p1.tile()
+                    );
+                }
+                println!("round {round} all layers {:.3} ms", all.ms());
             }
         }
         Some("cost") => {

@@ -24,8 +24,7 @@ use std::collections::HashMap;
 use conv_ops::ConvGeometry;
 
 use crate::error::{FastconvError, Result};
-use crate::ntransform::SparseTransform;
-use crate::points::{tabulated, transform_for};
+use crate::points::{forms_for, tabulated};
 
 /// Weights of the tile cost model; costs are in GEMM-flop equivalents.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -104,20 +103,19 @@ pub fn tile_cost(geom: &ConvGeometry, m: &[usize], model: &CostModel) -> Result<
 }
 
 fn one_dim(m: usize, r: usize) -> Result<OneDim> {
-    let t = transform_for(m, r)?;
+    let tf = forms_for(m, r)?;
     // The plan's backward-filter runs F(r, m) with the same m: a tile without it is not usable.
-    let f = transform_for(r, m)?;
+    let ff = forms_for(r, m)?;
     // Operations per column with ± row pairs merged (`applied_ops`). The f32 execution runs
     // core-blas's small-A kernel, which does not merge them; the weights below are fitted to
     // measurements with this count and reproduce the measured best tiles.
-    let ops = |q| SparseTransform::<f32>::from_rational(q).applied_ops();
     Ok(OneDim {
         m,
-        alpha: t.alpha(),
-        nnz_at: ops(t.at()),
-        nnz_bt: ops(t.bt()),
-        filter_bt: ops(f.bt()),
-        filter_g: ops(f.g()),
+        alpha: m + r - 1,
+        nnz_at: tf.at.applied_ops(),
+        nnz_bt: tf.bt.applied_ops(),
+        filter_bt: ff.bt.applied_ops(),
+        filter_g: ff.g32.applied_ops(),
     })
 }
 

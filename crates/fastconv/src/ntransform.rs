@@ -12,14 +12,16 @@
 //! with a contiguous innermost loop over the trailing modes, which the compiler vectorizes. A
 //! trailing batch mode (many tiles) therefore makes every product a run of long AXPYs.
 
+use std::collections::HashMap;
 use std::ops::AddAssign;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use num_rational::BigRational;
 use num_traits::{Float, NumCast, Zero};
 
 use crate::error::{FastconvError, Result};
 use crate::rational::to_f64;
-use crate::synthesis::{DenseMatrix, WinogradTransform};
+use crate::synthesis::{DenseMatrix, WinogradTransform, lock};
 
 /// Floating-point element type of the transforms (`f32` for execution, `f64` for references and
 /// the kernel transform).
@@ -873,14 +875,52 @@ impl KernelWork {
 pub struct TileTransforms {
     m: Vec<usize>,
     r: Vec<usize>,
-    at: Vec<SparseTransform<f32>>,
-    bt: Vec<SparseTransform<f32>>,
-    g: Vec<SparseTransform<f64>>,
-    g32: Vec<SparseTransform<f32>>,
+    dims: Vec<Arc<DimForms>>,
+}
+
+/// The floating-point forms of one dimension's F(m, r): sparse f32 Aᵀ and Bᵀ, sparse G in f64
+/// (kernel transform) and f32 (backward-filter's dy chunks). Shared process-wide by every plan
+/// with the same exact transform ([`DimForms::shared`]).
+#[derive(Debug)]
+pub(crate) struct DimForms {
+    m: usize,
+    r: usize,
+    pub(crate) at: SparseTransform<f32>,
+    pub(crate) bt: SparseTransform<f32>,
+    pub(crate) g: SparseTransform<f64>,
+    pub(crate) g32: SparseTransform<f32>,
+}
+
+impl DimForms {
+    /// Rounds the exact matrices of `t`.
+    fn new(t: &WinogradTransform) -> Self {
+        DimForms {
+            m: t.m(),
+            r: t.r(),
+            at: SparseTransform::from_rational(t.at()),
+            bt: SparseTransform::from_rational(t.bt()),
+            g: SparseTransform::from_rational(t.g()),
+            g32: SparseTransform::from_rational(t.g()),
+        }
+    }
+
+    /// The forms of `t` from a process-wide cache keyed by the exact transform (matrices and
+    /// points), built on first use.
+    pub(crate) fn shared(t: &WinogradTransform) -> Arc<Self> {
+        static CACHE: OnceLock<Mutex<HashMap<WinogradTransform, Arc<DimForms>>>> = OnceLock::new();
+        let mut cache = lock(CACHE.get_or_init(Mutex::default));
+        if let Some(f) = cache.get(t) {
+            return Arc::clone(f);
+        }
+        let f = Arc::new(DimForms::new(t));
+        cache.insert(t.clone(), Arc::clone(&f));
+        f
+    }
 }
 
 impl TileTransforms {
-    /// One transform per spatial dimension (at least one).
+    /// One transform per spatial dimension (at least one). The floating-point forms of each
+    /// F(m, r) are shared with every other `TileTransforms` of the same exact transform.
     pub fn new(per_dim: &[WinogradTransform]) -> Result<Self> {
         if per_dim.is_empty() {
             return Err(FastconvError::Rank {
@@ -889,26 +929,25 @@ impl TileTransforms {
                 expected: 1,
             });
         }
-        Ok(TileTransforms {
-            m: per_dim.iter().map(WinogradTransform::m).collect(),
-            r: per_dim.iter().map(WinogradTransform::r).collect(),
-            at: per_dim
-                .iter()
-                .map(|t| SparseTransform::from_rational(t.at()))
-                .collect(),
-            bt: per_dim
-                .iter()
-                .map(|t| SparseTransform::from_rational(t.bt()))
-                .collect(),
-            g: per_dim
-                .iter()
-                .map(|t| SparseTransform::from_rational(t.g()))
-                .collect(),
-            g32: per_dim
-                .iter()
-                .map(|t| SparseTransform::from_rational(t.g()))
-                .collect(),
-        })
+        Ok(Self::from_forms(
+            per_dim.iter().map(DimForms::shared).collect(),
+        ))
+    }
+
+    /// From the (non-empty) shared forms of every dimension.
+    pub(crate) fn from_forms(dims: Vec<Arc<DimForms>>) -> Self {
+        debug_assert!(!dims.is_empty());
+        TileTransforms {
+            m: dims.iter().map(|d| d.m).collect(),
+            r: dims.iter().map(|d| d.r).collect(),
+            dims,
+        }
+    }
+
+    /// The shared forms of every dimension (tests: plans share them).
+    #[cfg(test)]
+    pub(crate) fn forms(&self) -> &[Arc<DimForms>] {
+        &self.dims
     }
 
     /// Number of spatial dimensions N.
@@ -933,12 +972,12 @@ impl TileTransforms {
 
     /// The sparse f32 Bᵀ of every dimension.
     pub fn bt(&self) -> Vec<&SparseTransform<f32>> {
-        self.bt.iter().collect()
+        self.dims.iter().map(|d| &d.bt).collect()
     }
 
     /// The sparse f32 Aᵀ of every dimension.
     pub fn at(&self) -> Vec<&SparseTransform<f32>> {
-        self.at.iter().collect()
+        self.dims.iter().map(|d| &d.at).collect()
     }
 
     /// Kernel transform `U = g ×₁ G₁ … ×_N G_N` of `batch` kernels stored kernel-minor, i.e. `g` of
@@ -993,7 +1032,7 @@ impl TileTransforms {
                     .map(|&v| <f64 as From<f32>>::from(v)),
             );
         }
-        let mats: Vec<&SparseTransform<f64>> = self.g.iter().collect();
+        let mats: Vec<&SparseTransform<f64>> = self.dims.iter().map(|d| &d.g).collect();
         multi_mode_product(&ws.g64, &dims, &mats, &mut ws.scratch, &mut ws.out)
             .map_err(|e| rename(e, "g"))?;
         Ok(())
@@ -1002,7 +1041,7 @@ impl TileTransforms {
     /// The sparse f32 G of every dimension (used where the "kernel" changes every call: the
     /// output-gradient chunks of backward-filter).
     pub fn g32(&self) -> Vec<&SparseTransform<f32>> {
-        self.g32.iter().collect()
+        self.dims.iter().map(|d| &d.g32).collect()
     }
 
     /// Input transform `V = d ×₁ B₁ᵀ … ×_N B_Nᵀ` of `batch` tiles, `d` of shape

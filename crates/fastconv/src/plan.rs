@@ -25,7 +25,7 @@ use crate::error::{FastconvError, Result};
 use crate::filter_grad::FilterWorkspace;
 use crate::ntransform::{KernelWork, TileTransforms};
 use crate::packed::PackedKernels;
-use crate::points::transform_for;
+use crate::points::forms_for;
 use crate::tiled::{Correlation, GemmPath, correlate};
 
 /// Transformed kernels, packed for the GEMMs, and the weights they were computed from.
@@ -279,22 +279,23 @@ impl WinogradPlan {
         let tile = per_dim("tile", tile, rank)?;
         let filter_tile = per_dim("filter_tile", filter_tile, rank)?;
         let kernel = geom.kernel();
+        // The transforms are synthesized once per process and shared by every plan.
         let fwd: Vec<_> = tile
             .iter()
             .zip(kernel)
-            .map(|(&m, &r)| transform_for(m, r))
+            .map(|(&m, &r)| forms_for(m, r))
             .collect::<Result<_>>()?;
         let bf: Vec<_> = filter_tile
             .iter()
             .zip(kernel)
-            .map(|(&mp, &r)| transform_for(r, mp))
+            .map(|(&mp, &r)| forms_for(r, mp))
             .collect::<Result<_>>()?;
         Ok(WinogradPlan {
             geom: *geom,
             tile,
             filter_tile,
-            fwd: TileTransforms::new(&fwd)?,
-            bwd_filter: TileTransforms::new(&bf)?,
+            fwd: TileTransforms::from_forms(fwd),
+            bwd_filter: TileTransforms::from_forms(bf),
             block_tiles: None,
             gemm_path: GemmPath::default(),
             keep_kernels: true,
@@ -636,5 +637,67 @@ impl WinogradPlan {
             // a job while it waits); a private workspace is still correct.
             Err(_) => run(&mut FilterWorkspace::default()),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::ntransform::SparseTransform;
+    use crate::points::tabulated;
+
+    fn geom(c: usize, k: usize, n: usize, r: &[usize]) -> ConvGeometry {
+        let rank = r.len();
+        ConvGeometry::new(1, c, k, &vec![n; rank], r)
+            .and_then(|g| g.with_padding(&[1]))
+            .unwrap()
+    }
+
+    /// Every dimension's forms of `a` and `b` are the same allocation.
+    fn shared(a: &TileTransforms, b: &TileTransforms) -> bool {
+        a.forms().len() == b.forms().len()
+            && a.forms()
+                .iter()
+                .zip(b.forms())
+                .all(|(x, y)| Arc::ptr_eq(x, y))
+    }
+
+    /// Plans with the same F(m, r) share the transforms' floating-point forms (process-wide
+    /// cache), whatever their channels or sizes; and those forms are the rounding of a freshly
+    /// synthesized (uncached) transform.
+    #[test]
+    fn plans_share_transforms() {
+        let g = geom(4, 6, 13, &[3, 3]);
+        let a = WinogradPlan::new(&g, Some(&[4])).unwrap();
+        let b = WinogradPlan::new(&g, Some(&[4])).unwrap();
+        // Other channels and size, same F(4, 3) / F(3, 4).
+        let c = WinogradPlan::new(&geom(8, 2, 9, &[3, 3]), Some(&[4])).unwrap();
+        for p in [&b, &c] {
+            assert!(shared(&a.fwd, &p.fwd));
+            assert!(shared(&a.bwd_filter, &p.bwd_filter));
+        }
+        // Both dimensions of one plan share one F(4, 3); F(2, 3) is another one.
+        assert!(Arc::ptr_eq(&a.fwd.forms()[0], &a.fwd.forms()[1]));
+        let d = WinogradPlan::new(&g, Some(&[2])).unwrap();
+        assert!(!Arc::ptr_eq(&a.fwd.forms()[0], &d.fwd.forms()[0]));
+        // A 3-D plan with a different kernel per dimension shares F(4, 3) with the 2-D ones.
+        let e = WinogradPlan::new(&geom(2, 2, 9, &[3, 2, 3]), Some(&[4])).unwrap();
+        assert!(Arc::ptr_eq(&a.fwd.forms()[0], &e.fwd.forms()[0]));
+        assert!(!Arc::ptr_eq(&e.fwd.forms()[0], &e.fwd.forms()[1]));
+
+        for (tt, m, r) in [(&a.fwd, 4, 3), (&a.bwd_filter, 3, 4), (&d.fwd, 2, 3)] {
+            let fresh = tabulated(m, r).unwrap().transform().unwrap();
+            let f = &tt.forms()[0];
+            let dense32 = |q| SparseTransform::<f32>::from_rational(q).to_dense();
+            assert_eq!(f.at.to_dense(), dense32(fresh.at()));
+            assert_eq!(f.bt.to_dense(), dense32(fresh.bt()));
+            assert_eq!(f.g32.to_dense(), dense32(fresh.g()));
+            assert_eq!(
+                f.g.to_dense(),
+                SparseTransform::<f64>::from_rational(fresh.g()).to_dense()
+            );
+        }
     }
 }

@@ -9,10 +9,14 @@
 //! point_search`, whose output is [`TABLE`]; tests only re-measure the chosen sets against their
 //! bounds, which is quick.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
 use crate::accuracy::{ErrorStats, measure_error};
 use crate::error::{FastconvError, Result};
+use crate::ntransform::DimForms;
 use crate::rational::Point;
-use crate::synthesis::WinogradTransform;
+use crate::synthesis::{WinogradTransform, lock};
 
 /// Magnitudes `(num, den)` whose ± pairs are candidate points, in order of preference.
 pub const CANDIDATE_MAGNITUDES: [(i64, i64); 11] = [
@@ -99,7 +103,41 @@ pub fn tabulated(m: usize, r: usize) -> Result<&'static TableEntry> {
 /// The transform of F(m, r) from the tabulated points. F(m, 1) (no kernel overlap, α = m) and
 /// F(1, r) (a dot product) are not in the table; they use the first points of the usual sequence
 /// 0, ±1, ±1/2, ±2, … plus infinity, which is exact enough for such small α ≤ 8.
+/// A copy of [`shared_transform_for`]'s process-wide transform.
 pub fn transform_for(m: usize, r: usize) -> Result<WinogradTransform> {
+    shared_transform_for(m, r).map(|t| (*t).clone())
+}
+
+/// [`transform_for`] without the copy: the process-wide transform of F(m, r)
+/// ([`WinogradTransform::shared`]), synthesized and proved once per process.
+pub fn shared_transform_for(m: usize, r: usize) -> Result<Arc<WinogradTransform>> {
+    Ok(shared_for(m, r)?.0)
+}
+
+/// The floating-point forms of [`shared_transform_for`]'s transform, shared process-wide.
+pub(crate) fn forms_for(m: usize, r: usize) -> Result<Arc<DimForms>> {
+    Ok(shared_for(m, r)?.1)
+}
+
+/// The exact transform of F(m, r) and its forms, memoised by `(m, r)` alone (the points follow
+/// from them): a plan's or the cost model's look-up is one small hash, without building and
+/// hashing the points or the matrices (0.3-0.5 ms per plan through the keyed caches alone).
+fn shared_for(m: usize, r: usize) -> Result<(Arc<WinogradTransform>, Arc<DimForms>)> {
+    type Memo = HashMap<(usize, usize), (Arc<WinogradTransform>, Arc<DimForms>)>;
+    static MEMO: OnceLock<Mutex<Memo>> = OnceLock::new();
+    let memo = MEMO.get_or_init(Mutex::default);
+    if let Some(e) = lock(memo).get(&(m, r)) {
+        return Ok(e.clone());
+    }
+    // Not under this lock: the caches below have their own.
+    let t = WinogradTransform::shared(m, r, &points_for(m, r)?)?;
+    let e = (Arc::clone(&t), DimForms::shared(&t));
+    lock(memo).insert((m, r), e.clone());
+    Ok(e)
+}
+
+/// The points [`transform_for`] uses for F(m, r).
+fn points_for(m: usize, r: usize) -> Result<Vec<Point>> {
     if m == 0 {
         return Err(FastconvError::Zero { arg: "m" });
     }
@@ -107,7 +145,7 @@ pub fn transform_for(m: usize, r: usize) -> Result<WinogradTransform> {
         return Err(FastconvError::Zero { arg: "r" });
     }
     if let Ok(e) = tabulated(m, r) {
-        return e.transform();
+        return Ok(e.points());
     }
     let alpha = m + r - 1;
     let mut seq: Vec<(i64, i64)> = vec![(0, 1)];
@@ -118,7 +156,7 @@ pub fn transform_for(m: usize, r: usize) -> Result<WinogradTransform> {
     if alpha - 1 > seq.len() {
         return Err(FastconvError::NoPointSet { m, r });
     }
-    WinogradTransform::synthesize(m, r, &to_points(&seq[..alpha - 1]))
+    Ok(to_points(&seq[..alpha - 1]))
 }
 
 /// The candidate sets of `n_finite` finite points (the point at infinity is added by the caller):

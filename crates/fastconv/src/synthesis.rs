@@ -32,6 +32,9 @@
 //! when `f_0 < 0`. With this convention F(2,3), F(4,3), F(6,3) from the usual points reproduce the
 //! published matrices exactly (see the golden tests).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
 use num_rational::BigRational;
 use num_traits::{One, Zero};
 
@@ -39,7 +42,7 @@ use crate::error::{FastconvError, Result};
 use crate::rational::{Point, Poly, is_negative, to_f64};
 
 /// A dense row-major matrix.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DenseMatrix<T> {
     /// Number of rows.
     pub rows: usize,
@@ -96,7 +99,7 @@ impl DenseMatrix<BigRational> {
 }
 
 /// The exact transforms of F(m, r) for one set of interpolation points.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct WinogradTransform {
     m: usize,
     r: usize,
@@ -116,6 +119,24 @@ impl WinogradTransform {
     pub fn synthesize(m: usize, r: usize, points: &[Point]) -> Result<Self> {
         let t = Self::synthesize_unverified(m, r, points)?;
         t.verify()?;
+        Ok(t)
+    }
+
+    /// [`WinogradTransform::synthesize`] through a process-wide cache keyed by `(m, r, points)`:
+    /// the first call synthesizes and proves the transform, later calls with the same arguments
+    /// return the same `Arc` (the exact synthesis and its proof took 40-85 ms of every plan's
+    /// creation, cost model included, and `nn` creates a plan per layer). Errors are not cached.
+    pub fn shared(m: usize, r: usize, points: &[Point]) -> Result<Arc<Self>> {
+        type Cache = HashMap<(usize, usize, Vec<Point>), Arc<WinogradTransform>>;
+        static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
+        let key = (m, r, points.to_vec());
+        // Held while synthesizing, so concurrent plans never synthesize the same F(m, r) twice.
+        let mut cache = lock(CACHE.get_or_init(Mutex::default));
+        if let Some(t) = cache.get(&key) {
+            return Ok(Arc::clone(t));
+        }
+        let t = Arc::new(Self::synthesize(m, r, points)?);
+        cache.insert(key, Arc::clone(&t));
         Ok(t)
     }
 
@@ -219,7 +240,6 @@ impl WinogradTransform {
             g,
             bt,
         };
-        t.verify()?;
         Ok(t)
     }
 
@@ -377,4 +397,10 @@ impl WinogradTransform {
             (0..self.r).all(|k| &(other.g.at(t, k) * &ac) == self.g.at(t, k))
         })
     }
+}
+
+/// Locks a process-wide cache; a panic elsewhere while it was held (poisoning) leaves only whole
+/// entries behind (each is inserted complete), so the map is still valid.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

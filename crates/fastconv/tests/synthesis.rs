@@ -539,3 +539,43 @@ mod random_points {
         }
     }
 }
+
+/// The process-wide cache: `shared` returns the transform `synthesize` builds, the same `Arc` on
+/// every later call with the same (m, r, points), another one for other points; errors are
+/// returned (and not cached).
+#[test]
+fn shared_is_synthesize_once() {
+    let p = pts(&[(0, 1), (1, 1), (-1, 1), (2, 1), (-2, 1)]);
+    let a = WinogradTransform::shared(4, 3, &p).unwrap();
+    assert_eq!(*a, WinogradTransform::synthesize(4, 3, &p).unwrap());
+    let b = WinogradTransform::shared(4, 3, &p).unwrap();
+    assert!(std::sync::Arc::ptr_eq(&a, &b));
+    let other = pts(&[(0, 1), (1, 1), (-1, 1), (1, 2), (-1, 2)]);
+    let c = WinogradTransform::shared(4, 3, &other).unwrap();
+    assert!(!std::sync::Arc::ptr_eq(&a, &c));
+    assert_eq!(*c, WinogradTransform::synthesize(4, 3, &other).unwrap());
+    assert_ne!(*a, *c);
+    // Same points, other (m, r): F(3, 4) has α = 6 too.
+    let d = WinogradTransform::shared(3, 4, &p).unwrap();
+    assert_eq!((d.m(), d.r()), (3, 4));
+    for _ in 0..2 {
+        assert!(matches!(
+            WinogradTransform::shared(4, 3, &p[..5]),
+            Err(FastconvError::PointCount { .. })
+        ));
+    }
+}
+
+/// `points::transform_for` / `shared_transform_for` (the plans' transforms) equal the tabulated
+/// points' freshly synthesized transform for every tabulated F(m, r), and repeat calls share.
+#[test]
+fn shared_transform_for_matches_table() {
+    for e in fastconv::points::TABLE {
+        let fresh = e.transform().unwrap();
+        let a = fastconv::points::shared_transform_for(e.m, e.r).unwrap();
+        assert_eq!(*a, fresh, "F({}, {})", e.m, e.r);
+        assert_eq!(fastconv::points::transform_for(e.m, e.r).unwrap(), fresh);
+        let b = fastconv::points::shared_transform_for(e.m, e.r).unwrap();
+        assert!(std::sync::Arc::ptr_eq(&a, &b));
+    }
+}
