@@ -11,9 +11,18 @@
 //! first frees as many bytes of waiting buffers, so the list does not raise the peak. Nothing
 //! else changes: a recycled buffer is zeroed (or overwritten by the clone's values) like a new
 //! one.
+//!
+//! The buffers the list hands out afresh, when they reach core-blas's huge-page size
+//! ([`AlignedVec::huge_pages`], 2 MiB on Linux; `CORE_BLAS_HUGEPAGES=0` turns it off), are
+//! [`AlignedVec`]s: their own 2 MiB-aligned mappings advised to transparent huge pages, so that
+//! the convolutions' packing and the element-wise passes over a step's activations walk one TLB
+//! entry per 2 MiB instead of 512. Reused from step to step, they pay their page faults once.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
+
+use core_blas::AlignedVec;
 
 use crate::error::{NnError, Result};
 
@@ -22,9 +31,59 @@ pub const RECYCLE_MIN: usize = 1 << 14;
 /// At most this many bytes wait for reuse on one thread.
 pub const RECYCLE_CAP_BYTES: usize = 512 << 20;
 
+/// A tensor's values: the allocator's `Vec` (what [`Tensor::new`] takes), or core-blas's
+/// [`AlignedVec`] for the large buffers the recycling hands out (module documentation).
+#[derive(Debug)]
+enum Storage {
+    Heap(Vec<f32>),
+    Huge(AlignedVec),
+}
+
+impl Default for Storage {
+    fn default() -> Self {
+        Storage::Heap(Vec::new())
+    }
+}
+
+impl Deref for Storage {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        match self {
+            Storage::Heap(v) => v,
+            Storage::Huge(v) => v,
+        }
+    }
+}
+
+impl DerefMut for Storage {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        match self {
+            Storage::Heap(v) => v,
+            Storage::Huge(v) => v,
+        }
+    }
+}
+
+/// Whether a new buffer of `len` values takes huge-page storage: from core-blas's threshold
+/// on, for a length the recycling keeps.
+fn huge(len: usize) -> bool {
+    AlignedVec::huge_pages()
+        .is_some_and(|min| len >= RECYCLE_MIN && len.saturating_mul(size_of::<f32>()) >= min)
+}
+
+/// A new buffer of `len` zeros ([`huge`] or the allocator's).
+fn fresh(len: usize) -> Storage {
+    if huge(len) {
+        Storage::Huge(AlignedVec::zeroed(len))
+    } else {
+        Storage::Heap(vec![0.0; len])
+    }
+}
+
 #[derive(Default)]
 struct Recycler {
-    free: HashMap<usize, Vec<Vec<f32>>>,
+    free: HashMap<usize, Vec<Storage>>,
     bytes: usize,
     /// Per length: buffers handed out by requests and not yet dropped, and the most ever at once.
     demand: HashMap<usize, (usize, usize)>,
@@ -37,7 +96,7 @@ thread_local! {
 /// A waiting buffer of exactly `len` values (its old contents), or `None` after freeing
 /// waiting buffers of other lengths worth `len` values, so that the caller's new allocation
 /// takes memory the list gave back instead of adding to the process's peak.
-fn reuse(len: usize) -> Option<Vec<f32>> {
+fn reuse(len: usize) -> Option<Storage> {
     if len < RECYCLE_MIN {
         return None;
     }
@@ -68,38 +127,41 @@ fn reuse(len: usize) -> Option<Vec<f32>> {
 
 /// A buffer of `len` zeros: a recycled one of that length if one waits, else a new one (see
 /// [`reuse`]).
-pub(crate) fn zeroed(len: usize) -> Vec<f32> {
+fn zeroed(len: usize) -> Storage {
     match reuse(len) {
         Some(mut v) => {
             v.fill(0.0);
             v
         }
-        None => vec![0.0; len],
+        None => fresh(len),
     }
 }
 
 /// A buffer of `len` values for a caller that overwrites every one of them: a recycled buffer
 /// as its last user left it if one waits (no zeroing pass), else a new zeroed one.
-pub(crate) fn scratch(len: usize) -> Vec<f32> {
-    reuse(len).unwrap_or_else(|| vec![0.0; len])
+fn scratch(len: usize) -> Storage {
+    reuse(len).unwrap_or_else(|| fresh(len))
 }
 
 /// A copy of `src` in a recycled buffer of its length if one waits, else in a new one.
-fn copied(src: &[f32]) -> Vec<f32> {
+fn copied(src: &[f32]) -> Storage {
     match reuse(src.len()) {
         Some(mut v) => {
             v.copy_from_slice(src);
             v
         }
-        None => src.to_vec(),
+        None if huge(src.len()) => Storage::Huge(AlignedVec::from(src)),
+        None => Storage::Heap(src.to_vec()),
     }
 }
 
 /// Keeps `v` for a later [`zeroed`] or copy of its length, within the bounds (the module's
 /// doc); otherwise frees it.
-fn recycle(v: Vec<f32>) {
+fn recycle(v: Storage) {
     let len = v.len();
-    if len < RECYCLE_MIN || v.capacity() != len {
+    // A `Vec` with spare capacity (from `Tensor::new`) would hand a later request more memory
+    // than it asked for: freed instead.
+    if len < RECYCLE_MIN || matches!(&v, Storage::Heap(h) if h.capacity() != len) {
         return;
     }
     // During thread teardown the list may be gone: then the buffer is simply freed.
@@ -125,10 +187,16 @@ fn recycle(v: Vec<f32>) {
 
 /// A dense, row-major f32 tensor. Activations are `N × C × spatial…` (PyTorch's NCHW / NCDHW),
 /// weights `K × C × kernel…`.
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 pub struct Tensor {
     shape: Vec<usize>,
-    data: Vec<f32>,
+    data: Storage,
+}
+
+impl PartialEq for Tensor {
+    fn eq(&self, other: &Self) -> bool {
+        self.shape == other.shape && self.data() == other.data()
+    }
 }
 
 impl Tensor {
@@ -144,7 +212,7 @@ impl Tensor {
         }
         Ok(Tensor {
             shape: shape.to_vec(),
-            data,
+            data: Storage::Heap(data),
         })
     }
 
@@ -179,9 +247,17 @@ impl Tensor {
         &mut self.data
     }
 
-    /// The values, consuming the tensor.
+    /// The values, consuming the tensor (a copy when the buffer is a huge-page one the
+    /// recycling handed out: module documentation).
     pub fn into_data(mut self) -> Vec<f32> {
-        std::mem::take(&mut self.data)
+        match std::mem::take(&mut self.data) {
+            Storage::Heap(v) => v,
+            Storage::Huge(v) => {
+                let out = v.to_vec();
+                recycle(Storage::Huge(v));
+                out
+            }
+        }
     }
 
     /// Number of values.
@@ -195,8 +271,17 @@ impl Tensor {
     }
 
     /// The same values under another shape with the same number of values.
-    pub fn reshape(self, shape: &[usize]) -> Result<Self> {
-        Tensor::new(shape, self.into_data())
+    pub fn reshape(mut self, shape: &[usize]) -> Result<Self> {
+        let expected = shape.iter().product::<usize>();
+        if self.len() != expected {
+            return Err(NnError::DataLen {
+                shape: shape.to_vec(),
+                got: self.len(),
+                expected,
+            });
+        }
+        self.shape = shape.to_vec();
+        Ok(self)
     }
 }
 
@@ -274,6 +359,42 @@ mod tests {
         let fresh = c.clone();
         assert_eq!(fresh, src);
         assert!(!ptrs.contains(&fresh.data().as_ptr()));
+    }
+
+    #[test]
+    fn large_buffers_take_huge_page_storage_and_are_recycled_like_the_others() {
+        // One value past 2 MiB: huge-page storage unless core-blas's switch is off.
+        let n = (2 << 20) / 4 + 1;
+        let expect_huge = AlignedVec::huge_pages().is_some_and(|min| n * 4 >= min);
+        let mut t = Tensor::zeros(&[n]);
+        assert_eq!(matches!(t.data, Storage::Huge(_)), expect_huge);
+        assert!(t.data().iter().all(|&v| v == 0.0));
+        t.data_mut()
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = i as f32);
+        let c = t.clone();
+        assert_eq!(c, t);
+        let (ptr, cptr) = (t.data().as_ptr(), c.data().as_ptr());
+        // A reshape keeps the buffer; into_data copies the values out of huge-page storage and
+        // recycles it (a `Vec` it hands over).
+        let t = t.reshape(&[1, n]).unwrap();
+        assert_eq!((t.shape(), t.data().as_ptr()), (&[1, n][..], ptr));
+        let v = t.into_data();
+        assert_eq!((v.len(), v[n - 1]), (n, (n - 1) as f32));
+        assert_eq!(v.as_ptr() != ptr, expect_huge);
+        drop(c);
+        let again = Tensor::zeros(&[n]);
+        assert!(again.data().iter().all(|&v| v == 0.0));
+        assert_eq!(matches!(again.data, Storage::Huge(_)), expect_huge);
+        // A waiting buffer came back: the tensor's (huge) or the clone's.
+        let at = again.data().as_ptr();
+        assert!(at == cptr || (expect_huge && at == ptr));
+        drop(again);
+        assert_eq!(waiting_bytes(), if expect_huge { 2 } else { 1 } * n * 4);
+        // A tensor built from a Vec keeps it, whatever its size.
+        let own = Tensor::new(&[n], vec![1.0; n]).unwrap();
+        assert!(matches!(own.data, Storage::Heap(_)));
     }
 
     #[test]

@@ -167,9 +167,9 @@ impl BatchNorm {
         let (gamma, beta) = (self.weight.value.data(), self.bias.value.data());
         // bn_train writes every value of x̂.
         let mut xhat = if train {
-            crate::tensor::scratch(x.len())
+            Tensor::scratch(&shape)
         } else {
-            Vec::new()
+            Tensor::zeros(&[0])
         };
         // Plane k of the N × C planes belongs to channel k mod C.
         let affine = |k: usize| {
@@ -177,7 +177,7 @@ impl BatchNorm {
             (mean[ch] as f32, inv_std[ch], gamma[ch], beta[ch])
         };
         if train {
-            crate::par::planes_mut(x.data_mut(), &mut xhat, plane, |k, p, h| {
+            crate::par::planes_mut(x.data_mut(), xhat.data_mut(), plane, |k, p, h| {
                 let (m, s, g, b) = affine(k);
                 Ok(v.bn_train(p, h, m, s, g, b)?)
             })?;
@@ -200,7 +200,7 @@ impl BatchNorm {
                 *rv = ((1.0 - mom) * *rv as f64 + mom * var[ch] * unbias) as f32;
             }
             self.saved = Some(Saved {
-                xhat: Tensor::new(&shape, xhat)?,
+                xhat,
                 shape,
                 inv_std,
             });

@@ -113,7 +113,7 @@ impl Layer for Linear {
         if !need_dx {
             return Ok(None);
         }
-        let mut dx = crate::tensor::zeroed(n * i);
+        let mut dx = Tensor::zeros(&[n, i]);
         core_blas::sgemm(
             false,
             false,
@@ -126,10 +126,10 @@ impl Layer for Linear {
             self.weight.value.data(),
             i,
             0.0,
-            &mut dx,
+            dx.data_mut(),
             i,
         )?;
-        Ok(Some(Tensor::new(&[n, i], dx)?))
+        Ok(Some(dx))
     }
 
     fn params(&self) -> Vec<(String, &Parameter)> {

@@ -177,7 +177,7 @@ impl Layer for MaxPool {
         let mut yshape = shape[..2].to_vec();
         yshape.extend(&o3[3 - self.rank..]);
         // Every output is written below: no zeroing pass.
-        let mut y = crate::tensor::scratch(planes * olen);
+        let mut y = Tensor::scratch(&yshape);
         // The previous step's index buffer, when it has the length (no page faults per step).
         let mut arg = std::mem::take(&mut self.spare_arg);
         arg.resize(planes * olen, 0);
@@ -191,7 +191,8 @@ impl Layer for MaxPool {
             stride: s3,
             padding: p3,
         };
-        y.par_chunks_mut(olen)
+        y.data_mut()
+            .par_chunks_mut(olen)
             .zip(arg.par_chunks_mut(olen))
             .enumerate()
             .for_each(|(p, (yp, ap))| {
@@ -212,7 +213,7 @@ impl Layer for MaxPool {
         if train {
             self.saved = Some((shape, arg));
         }
-        Tensor::new(&yshape, y)
+        Ok(y)
     }
 
     fn backward(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
@@ -235,15 +236,18 @@ impl Layer for MaxPool {
         let olen = arg.len() / planes.max(1);
         // Zeroed plane by plane just before its scatter (in cache, on every thread), not in one
         // pass over the whole tensor first.
-        let mut dx = crate::tensor::scratch(planes * ilen);
-        dx.par_chunks_mut(ilen).enumerate().for_each(|(p, dxp)| {
-            dxp.fill(0.0);
-            for (o, &i) in arg[p * olen..][..olen].iter().enumerate() {
-                dxp[i as usize] += dy.data()[p * olen + o];
-            }
-        });
+        let mut dx = Tensor::scratch(&shape);
+        dx.data_mut()
+            .par_chunks_mut(ilen)
+            .enumerate()
+            .for_each(|(p, dxp)| {
+                dxp.fill(0.0);
+                for (o, &i) in arg[p * olen..][..olen].iter().enumerate() {
+                    dxp[i as usize] += dy.data()[p * olen + o];
+                }
+            });
         self.spare_arg = arg;
-        Ok(Some(Tensor::new(&shape, dx)?))
+        Ok(Some(dx))
     }
 
     fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>> {
@@ -546,22 +550,22 @@ impl Layer for AdaptiveAvgPool {
             shape[2..].iter().product::<usize>(),
             self.output.iter().product::<usize>(),
         );
-        let mut y = crate::tensor::zeroed(shape[0] * shape[1] * out_plane);
+        let mut yshape = shape[..2].to_vec();
+        yshape.extend(&self.output);
+        let mut y = Tensor::zeros(&yshape);
         for (xp, yp) in x
             .data()
             .chunks_exact(plane)
-            .zip(y.chunks_exact_mut(out_plane))
+            .zip(y.data_mut().chunks_exact_mut(out_plane))
         {
             Self::for_each_window(&shape[2..], &windows, |o, i, count| {
                 yp[o] += xp[i] / count as f32;
             });
         }
-        let mut yshape = shape[..2].to_vec();
-        yshape.extend(&self.output);
         if train {
             self.saved = Some(shape);
         }
-        Tensor::new(&yshape, y)
+        Ok(y)
     }
 
     fn backward(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
@@ -584,8 +588,9 @@ impl Layer for AdaptiveAvgPool {
         let windows = self.windows("x", &shape)?;
         let plane: usize = shape[2..].iter().product();
         let out_plane: usize = self.output.iter().product();
-        let mut dx = crate::tensor::zeroed(shape[0] * shape[1] * plane);
+        let mut dx = Tensor::zeros(&shape);
         for (dxp, dyp) in dx
+            .data_mut()
             .chunks_exact_mut(plane)
             .zip(dy.data().chunks_exact(out_plane))
         {
@@ -593,7 +598,7 @@ impl Layer for AdaptiveAvgPool {
                 dxp[i] += dyp[o] / count as f32;
             });
         }
-        Ok(Some(Tensor::new(&shape, dx)?))
+        Ok(Some(dx))
     }
 
     fn output_shape(&self, input: &[usize]) -> Result<Vec<usize>> {
