@@ -65,13 +65,43 @@ fn layers() -> Vec<(&'static str, ConvGeometry)> {
     ]
 }
 
+/// More layers for `tiles` (`MORE=1`): ResNet-20 (b64), VGG-16 (b8), C3D-like 3-D layers.
+fn more_layers() -> Vec<(&'static str, ConvGeometry)> {
+    let g = |n, c, k, i: &[usize], r: &[usize], p| {
+        ConvGeometry::new(n, c, k, i, r)
+            .and_then(|g| g.with_padding(&[p]))
+            .unwrap()
+    };
+    vec![
+        ("r20_16", g(64, 16, 16, &[32, 32], &[3, 3], 1)),
+        ("r20_32", g(64, 32, 32, &[16, 16], &[3, 3], 1)),
+        ("r20_64", g(64, 64, 64, &[8, 8], &[3, 3], 1)),
+        ("vgg_3", g(8, 3, 64, &[224, 224], &[3, 3], 1)),
+        ("vgg_64", g(8, 64, 64, &[224, 224], &[3, 3], 1)),
+        ("vgg_128", g(8, 128, 128, &[112, 112], &[3, 3], 1)),
+        ("vgg_256", g(8, 256, 256, &[56, 56], &[3, 3], 1)),
+        ("vgg_512a", g(8, 512, 512, &[28, 28], &[3, 3], 1)),
+        ("vgg_512b", g(8, 512, 512, &[14, 14], &[3, 3], 1)),
+        ("c3d_3", g(2, 3, 64, &[16, 112, 112], &[3, 3, 3], 1)),
+        ("c3d_128", g(2, 64, 128, &[8, 56, 56], &[3, 3, 3], 1)),
+        ("c3d_256", g(2, 128, 256, &[4, 28, 28], &[3, 3, 3], 1)),
+        ("c3d_512", g(2, 256, 512, &[4, 14, 14], &[3, 3, 3], 1)),
+        ("c3d_512s", g(2, 512, 512, &[4, 7, 7], &[3, 3, 3], 1)),
+        ("c3d_b8", g(8, 64, 64, &[8, 56, 56], &[3, 3, 3], 1)),
+    ]
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let (mr, nr) = core_blas::Gemm::global().unwrap().tile();
     println!("gemm tile {mr}x{nr}");
     match args.get(1).map(String::as_str) {
         Some("tiles") => {
-            for (name, g) in layers() {
+            let mut all = layers();
+            if std::env::var("MORE").is_ok_and(|v| v == "1") {
+                all.extend(more_layers());
+            }
+            for (name, g) in all {
                 let mut row = format!("{name:12}");
                 for w in [16usize, 32] {
                     let m = CostModel {
@@ -130,17 +160,21 @@ fn main() {
         Some("blocks") => {
             let name = &args[2];
             let rounds: usize = args[3].parse().unwrap();
-            // Each variant: BLOCK (0 = default) or BLOCK:TILE (e.g. 0:4x4; `0:-`: the model's).
-            let specs: Vec<(usize, Option<Vec<usize>>)> = args[4..]
+            // Each variant: BLOCK (0 = default), BLOCK:TILE (e.g. 0:4x4; `0:-`: the model's) or
+            // BLOCK:TILE:FILTER_TILE (backward-filter's m′ of F(r, m′); `0:-:3x3`).
+            type Spec = (usize, Option<Vec<usize>>, Option<Vec<usize>>);
+            let specs: Vec<Spec> = args[4..]
                 .iter()
                 .map(|s| {
                     let mut it = s.split(':');
                     let b = it.next().unwrap().parse().unwrap();
-                    let t = it
-                        .next()
-                        .filter(|t| *t != "-")
-                        .map(|t| t.split('x').map(|v| v.parse().unwrap()).collect());
-                    (b, t)
+                    let mut tile = || {
+                        it.next()
+                            .filter(|t| *t != "-")
+                            .map(|t| t.split('x').map(|v| v.parse().unwrap()).collect())
+                    };
+                    let t = tile();
+                    (b, t, tile())
                 })
                 .collect();
             let g = layers().into_iter().find(|(n, _)| n == name).unwrap().1;
@@ -156,9 +190,12 @@ fn main() {
             );
             let mut plans: Vec<WinogradPlan> = specs
                 .iter()
-                .map(|(b, tile)| {
+                .map(|(b, tile, ftile)| {
                     let b = *b;
                     let mut p = WinogradPlan::new(&g, tile.as_deref()).unwrap();
+                    if let Some(f) = ftile {
+                        p = WinogradPlan::with_filter_tile(&g, p.tile(), f).unwrap();
+                    }
                     if b > 0 {
                         p.set_block_tiles(b).unwrap();
                     }
@@ -196,8 +233,12 @@ fn main() {
                     t[i][2].push(s.ms() / reps as f64);
                 }
             }
-            for (i, (b, _)) in specs.iter().enumerate() {
-                let mut row = format!("block {b:5} tile {:?}", plans[i].tile());
+            for (i, (b, _, _)) in specs.iter().enumerate() {
+                let mut row = format!(
+                    "block {b:5} tile {:?} filter {:?}",
+                    plans[i].tile(),
+                    plans[i].filter_tile()
+                );
                 for (j, pass) in ["fwd", "bwd-data", "bwd-filter"].iter().enumerate() {
                     let v = &mut t[i][j];
                     v.sort_by(f64::total_cmp);
