@@ -199,17 +199,23 @@ impl PartialEq for Tensor {
     }
 }
 
+/// `Ok` when `len` values fill `shape`, else the error naming both.
+fn fits(shape: &[usize], len: usize) -> Result<()> {
+    let expected = shape.iter().product::<usize>();
+    if len != expected {
+        return Err(NnError::DataLen {
+            shape: shape.to_vec(),
+            got: len,
+            expected,
+        });
+    }
+    Ok(())
+}
+
 impl Tensor {
     /// A tensor of `shape` over `data`; errors when the lengths disagree.
     pub fn new(shape: &[usize], data: Vec<f32>) -> Result<Self> {
-        let expected = shape.iter().product::<usize>();
-        if data.len() != expected {
-            return Err(NnError::DataLen {
-                shape: shape.to_vec(),
-                got: data.len(),
-                expected,
-            });
-        }
+        fits(shape, data.len())?;
         Ok(Tensor {
             shape: shape.to_vec(),
             data: Storage::Heap(data),
@@ -272,14 +278,7 @@ impl Tensor {
 
     /// The same values under another shape with the same number of values.
     pub fn reshape(mut self, shape: &[usize]) -> Result<Self> {
-        let expected = shape.iter().product::<usize>();
-        if self.len() != expected {
-            return Err(NnError::DataLen {
-                shape: shape.to_vec(),
-                got: self.len(),
-                expected,
-            });
-        }
+        fits(shape, self.len())?;
         self.shape = shape.to_vec();
         Ok(self)
     }
