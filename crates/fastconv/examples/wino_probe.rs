@@ -43,12 +43,14 @@ impl Clock {
 use conv_ops::{ConvGeometry, testing::uniform};
 use fastconv::{CostModel, WinogradPlan, choose_tile};
 
+/// A probe layer: batch `n`, `c` → `k` channels, input `i`, kernel `r`, padding `p` on every side.
+fn g(n: usize, c: usize, k: usize, i: &[usize], r: &[usize], p: usize) -> ConvGeometry {
+    ConvGeometry::new(n, c, k, i, r)
+        .and_then(|g| g.with_padding(&[p]))
+        .unwrap()
+}
+
 fn layers() -> Vec<(&'static str, ConvGeometry)> {
-    let g = |n, c, k, i: &[usize], r: &[usize], p| {
-        ConvGeometry::new(n, c, k, i, r)
-            .and_then(|g| g.with_padding(&[p]))
-            .unwrap()
-    };
     vec![
         ("paper1_b1", g(1, 32, 32, &[224, 224], &[4, 4], 0)),
         ("paper2_b1", g(1, 32, 32, &[221, 221], &[4, 4], 0)),
@@ -67,11 +69,6 @@ fn layers() -> Vec<(&'static str, ConvGeometry)> {
 
 /// More layers for `tiles` (`MORE=1`): ResNet-20 (b64), VGG-16 (b8), C3D-like 3-D layers.
 fn more_layers() -> Vec<(&'static str, ConvGeometry)> {
-    let g = |n, c, k, i: &[usize], r: &[usize], p| {
-        ConvGeometry::new(n, c, k, i, r)
-            .and_then(|g| g.with_padding(&[p]))
-            .unwrap()
-    };
     vec![
         ("r20_16", g(64, 16, 16, &[32, 32], &[3, 3], 1)),
         ("r20_32", g(64, 32, 32, &[16, 16], &[3, 3], 1)),
