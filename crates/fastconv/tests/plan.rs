@@ -260,11 +260,19 @@ fn cost_model_choices() {
 /// Thread pools of 1 to 3 threads on batches that take the image-parallel path (batch a multiple
 /// of the threads) and the wave path (batch 1, or not a multiple and small): same results as the
 /// reference, forward and backward-data (which share the tiled executor) and backward-filter.
+/// Planes of many tiles (blocks within an image) and of 2-4 tiles (blocks of 5 tiles straddling
+/// images, in a thread's range of images and across the ranges' ends).
 #[test]
 fn thread_counts_and_batch_splits() {
     let mut rng = SmallRng::seed_from_u64(99);
-    for (threads, batch) in [(1, 3), (2, 1), (2, 4), (3, 4), (3, 6), (2, 9)] {
-        let g = ConvGeometry::new(batch, 3, 4, &[rng.random_range(9..=17), 13], &[3, 2])
+    let cases = [(1, 3), (2, 1), (2, 4), (3, 4), (3, 6), (2, 9)];
+    for ((threads, batch), small) in cases.into_iter().flat_map(|c| [(c, false), (c, true)]) {
+        let dims = if small {
+            [rng.random_range(3..=5), 3]
+        } else {
+            [rng.random_range(9..=17), 13]
+        };
+        let g = ConvGeometry::new(batch, 3, 4, &dims, &[3, 2])
             .unwrap()
             .with_padding(&[1])
             .unwrap();
@@ -289,7 +297,7 @@ fn thread_counts_and_batch_splits() {
             plan.backward_data(&dy, &w, &mut dx).unwrap();
             plan.backward_filter(&x, &dy, &mut dw).unwrap();
         });
-        let ctx = format!("{threads} threads, batch {batch}");
+        let ctx = format!("{threads} threads, batch {batch}, input {dims:?}");
         let mut y_ref = vec![0.0; g.y_len()];
         reference::forward(&g, &x, &w, None, &mut y_ref).unwrap();
         assert!(max_rel_error(&y, &f64s(&y_ref)) <= TOL, "forward {ctx}");
