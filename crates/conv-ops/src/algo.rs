@@ -321,7 +321,12 @@ impl fmt::Display for Preset {
 /// 3×3: `tapwise`), under the fused algorithms, per-thread copies kept across calls of w tap
 /// by tap (the size of w, rows padded to 16) and of one block of images' input and output side
 /// position by position (256 Ki floats each, or one image's side if larger; independent of the
-/// batch: VGG-16's 512@2² runs in blocks of 128 images).
+/// batch: VGG-16's 512@2² runs in blocks of 128 images), and, for the transposed convgemm on
+/// layers of a multiple of 16 input channels per group and output lines of at least 16
+/// positions, a per-thread position-major copy of 16 channels of the input lines one packed
+/// block of B reads (kept across calls: about KC / line length + kernel height lines of 16
+/// values per input position, independent of the batch) and a copy of 16 channels of one dw
+/// row (per call and thread).
 pub fn workspace_bytes(g: &ConvGeometry, pass: Pass) -> usize {
     let (rows, cols) = crate::im2col::im2col_shape(g);
     let buffer = rows * cols * size_of::<f32>();

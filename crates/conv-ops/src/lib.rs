@@ -39,6 +39,7 @@
 //! ```
 
 mod algo;
+mod bf_blocked;
 mod convgemm;
 mod convgemm_trans;
 mod deconvgemm;

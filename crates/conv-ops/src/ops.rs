@@ -310,6 +310,15 @@ pub fn backward_filter(
                 }
                 continue;
             }
+            if algo == BackwardFilterAlgo::ConvgemmTrans && crate::bf_blocked::applies(g) {
+                // Columns in channel-block order (no per-tap transpose), then back.
+                let c = MatMut::row_major("dw", &mut *dwg, kg, wcols, wcols).map_err(gemm_err)?;
+                let mut store = DenseStore::new(c, 1.0, 0.0);
+                let b = crate::bf_blocked::Im2colTBBlocked::new(g, grp, x);
+                core_blas::gemm_with(&a, &b, &mut store).map_err(gemm_err)?;
+                crate::bf_blocked::unblock(dwg, kg, g.in_channels_per_group(), g.kernel_len());
+                continue;
+            }
             let c = MatMut::row_major("dw", dwg, kg, wcols, wcols).map_err(gemm_err)?;
             let mut store = DenseStore::new(c, 1.0, 0.0);
             match algo {
