@@ -83,14 +83,30 @@ impl PackB for MatRef<'_> {
         // B[p, j] as A'[j, p] with A' = Bᵀ: the same panel layout with the roles of the strides swapped.
         pack_panels(self.data, self.cs, self.rs, jc, nc, pc, kc, nr, dst);
     }
-    // No `prefetch_b`: the default (nothing). On the Cascade Lake guest (sessions 11-13) the
-    // dense B's `prefetcht1` of every line of the next block, issued in bursts between the
-    // micro-kernel calls, stalls the core (perf -e cpu-clock of 64×50176×576, quiet 21:40 UTC:
-    // `driver::serial` 13% of all samples, 86% of them at the prefetches; the kernel 32%, the
-    // packing 11%, the peak trials the rest). gemm_ratio 1 thread, 8 × 48, quiet 21:45 and
-    // 21:52 UTC, six pairs: 64×50176×576 34.9-37.8 → 38.2-43.8% of the peak with no prefetch
-    // (every other line 34.4-38.4, every fourth 37.7-39.5); 2048³ 57.0-62.1 vs 56.6-63.2 and
-    // 256×3136×2304 50.5-54.2 vs 50.8-55.5 (level).
+    /// Every cache line of the block's rows (row-major B only), `prefetcht2`: on Zen 4 (L2 1 MiB,
+    /// session 18) the packing of a B block streamed from L3 or memory waits on its reads unless
+    /// they were started while the micro-kernels worked on the previous block. The driver asks
+    /// only for blocks that fit L2 beside the A block. gemm_ratio 1 thread, 8 × 48, alternating,
+    /// quiet 19:04 and 19:07 UTC, none / `prefetcht1` / `prefetcht0` / `prefetcht2` / `nta`:
+    /// 64×50176×576 74.3 / 78.9 / 74.7 / 79.8 / 74.4, 72.9 / 78.1 / 73.8 / 79.9 / 73.5% of the
+    /// peak; 64×4096×576 73.1 / 79.5 / 74.1 / 79.8 / 73.5, 74.0 / 72.4 / 73.4 / 78.2 / 71.0%;
+    /// none / `prefetcht2` 73.5 / 79.6, 73.2 / 78.5% (19:07). On the Cascade Lake guest of
+    /// sessions 11-13 `prefetcht1` of every line stalled the core (64×50176×576 34.9-37.8 →
+    /// 38.2-43.8% of the peak without it, quiet 21:45 UTC, session 13).
+    #[inline]
+    fn prefetch_b(&self, pc: usize, kc: usize, jc: usize, nc: usize) {
+        if nc == 0 || self.cs != 1 {
+            return;
+        }
+        for p in pc..pc + kc {
+            let row = p * self.rs + jc;
+            for j in (0..nc).step_by(16) {
+                prefetch_t2(self.data, row + j);
+            }
+            // The row's last line when it starts off a line boundary.
+            prefetch_t2(self.data, row + nc - 1);
+        }
+    }
 }
 
 /// Hint that `data[idx]` will be read soon: brings its cache line toward L2 (`prefetcht1` on
@@ -99,6 +115,20 @@ impl PackB for MatRef<'_> {
 #[inline(always)]
 pub fn prefetch_l2(data: &[f32], idx: usize) {
     prefetch(data, idx)
+}
+
+/// `prefetcht2` of the cache line holding `data[idx]` (no-op off x86_64 or out of bounds).
+#[inline(always)]
+fn prefetch_t2(data: &[f32], idx: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if idx < data.len() {
+        use core::arch::x86_64::{_MM_HINT_T2, _mm_prefetch};
+        // SAFETY: `idx` is in bounds; prefetch has no architectural effect and needs only SSE,
+        // which every x86_64 CPU has.
+        unsafe { _mm_prefetch::<_MM_HINT_T2>(data.as_ptr().add(idx).cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, idx);
 }
 
 /// Bring the cache line holding `data[idx]` toward L2 (no-op off x86_64 or out of bounds).
