@@ -8,15 +8,19 @@
 //! bytes past a line, which is where a large `Vec<f32>` from the system allocator usually starts).
 //!
 //! **Huge pages (Linux).** A buffer whose storage reaches 2 MiB ([`AlignedVec::huge_pages`]) gets its own anonymous
-//! mapping, 2 MiB-aligned and a whole number of 2 MiB pages long, advised `MADV_HUGEPAGE` before
-//! anything touches it, so that with transparent huge pages in `madvise` (or `always`) mode its
-//! pages are 2 MiB and one TLB entry covers what 512 did. On a virtual machine a TLB miss walks
-//! two page tables (guest and host), which the packing's strided reads and the micro-kernels' C
-//! tiles pay. Costs: up to 2 MiB - 64 bytes of rounding per buffer (a 2 MiB page is filled by the
-//! kernel as soon as any byte of it is touched), and the first touch of each page zeroes 2 MiB at
-//! once; buffers reused across calls (the packing workspaces, fastconv's and conv-ops' per-thread
-//! buffers) pay both once. `CORE_BLAS_HUGEPAGES=0` turns this off (plain 64-byte-aligned heap
-//! storage, as before); elsewhere than Linux the storage is always the heap's.
+//! mapping, 2 MiB-aligned, whose whole 2 MiB pages are advised `MADV_HUGEPAGE` before anything
+//! touches it, so that with transparent huge pages in `madvise` mode its pages are 2 MiB and one
+//! TLB entry covers what 512 did. On a virtual machine a TLB miss walks two page tables (guest and
+//! host), which the packing's strided reads and the micro-kernels' C tiles pay. The last, partial
+//! 2 MiB of the buffer is not advised: the mapping ends at the next 4 KiB page and that tail keeps
+//! 4 KiB pages (a huge page is filled by the kernel as soon as any byte of it is touched, so
+//! advising the rounded-up mapping made every such buffer resident up to the next 2 MiB: +50-110
+//! MB of peak RSS on ResNet-50 training, session 17). Only a buffer smaller than one huge page
+//! (a `CORE_BLAS_HUGEPAGES_MIN_KB` below 2048) is rounded up to a whole advised page. The first
+//! touch of each huge page zeroes 2 MiB at once; buffers reused across calls (the packing
+//! workspaces, fastconv's and conv-ops' per-thread buffers) pay it once. `CORE_BLAS_HUGEPAGES=0`
+//! turns this off (plain 64-byte-aligned heap storage, as before); elsewhere than Linux the
+//! storage is always the heap's.
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
@@ -59,11 +63,38 @@ mod huge {
     use super::{HUGE_PAGE, LINE, Line};
     use std::ptr::NonNull;
 
-    /// `lines` lines of an anonymous private mapping that starts on a 2 MiB boundary and is a
-    /// multiple of 2 MiB long, advised `MADV_HUGEPAGE`; unmapped on drop. Owned like a `Box`.
+    /// `lines` lines of an anonymous private mapping that starts on a 2 MiB boundary, whose first
+    /// `advised` bytes (its whole 2 MiB pages) are advised `MADV_HUGEPAGE`; unmapped on drop.
+    /// Owned like a `Box`.
     pub(super) struct Map {
         ptr: NonNull<Line>,
         lines: usize,
+        #[cfg_attr(not(test), allow(dead_code))]
+        advised: usize,
+    }
+
+    /// The base page size (4 KiB on x86_64; read once).
+    pub(super) fn page_size() -> usize {
+        static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        *PAGE.get_or_init(|| {
+            // SAFETY: sysconf only reads a system constant.
+            let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+            usize::try_from(p)
+                .ok()
+                .filter(|p| p.is_power_of_two() && *p >= LINE && HUGE_PAGE.is_multiple_of(*p))
+                .unwrap_or(4096)
+        })
+    }
+
+    /// `(mapped, advised)` bytes for `need` bytes of storage: the whole 2 MiB pages are advised
+    /// and the rest is mapped up to the next base page (not advised), or, below one huge page,
+    /// one whole advised huge page.
+    pub(super) fn layout(need: usize, page: usize) -> Option<(usize, usize)> {
+        let whole = need / HUGE_PAGE * HUGE_PAGE;
+        if whole == 0 {
+            return Some((HUGE_PAGE, HUGE_PAGE));
+        }
+        Some((need.checked_next_multiple_of(page)?, whole))
     }
 
     // SAFETY: `Map` owns its mapping exclusively (as `Box<[Line]>` owns its allocation) and hands
@@ -74,12 +105,10 @@ mod huge {
     unsafe impl Sync for Map {}
 
     impl Map {
-        /// A zero-filled mapping of at least `lines` lines (rounded up to whole 2 MiB pages), or
-        /// `None` if the kernel refuses it.
+        /// A zero-filled mapping of at least `lines` lines ([`layout`]), or `None` if the kernel
+        /// refuses it.
         pub(super) fn new(lines: usize) -> Option<Self> {
-            let bytes = lines
-                .checked_mul(LINE)?
-                .checked_next_multiple_of(HUGE_PAGE)?;
+            let (bytes, advised) = layout(lines.checked_mul(LINE)?, page_size())?;
             let span = bytes.checked_add(HUGE_PAGE)?;
             // SAFETY: a new anonymous private mapping (no file, no fixed address): it overlaps no
             // memory the program uses; the kernel fills it with zeros on first touch.
@@ -100,9 +129,9 @@ mod huge {
             let start = base.cast::<u8>().wrapping_add(head);
             let tail = span - head - bytes;
             // SAFETY: `[base, base + head)` and `[start + bytes, base + span)` are page-aligned
-            // (mmap returns whole pages; head and bytes are multiples of 2 MiB apart from the
-            // page-aligned base) parts of the mapping just made, which nothing has used; unmapping
-            // them leaves `[start, start + bytes)` mapped.
+            // (mmap returns whole pages; head is a difference of page multiples and bytes a
+            // multiple of the page size) parts of the mapping just made, which nothing has used;
+            // unmapping them leaves `[start, start + bytes)` mapped.
             unsafe {
                 if head > 0 {
                     libc::munmap(base, head);
@@ -111,13 +140,21 @@ mod huge {
                     libc::munmap(start.wrapping_add(bytes).cast(), tail);
                 }
             }
-            // SAFETY: advice on the mapping just made (its contents are not changed); a kernel
-            // without transparent huge pages fails it with EINVAL and the pages stay 4 KiB.
-            unsafe { libc::madvise(start.cast(), bytes, libc::MADV_HUGEPAGE) };
+            // SAFETY: advice on the whole 2 MiB pages of the mapping just made (`advised <=
+            // bytes`; its contents are not changed); a kernel without transparent huge pages
+            // fails it with EINVAL and the pages stay 4 KiB.
+            unsafe { libc::madvise(start.cast(), advised, libc::MADV_HUGEPAGE) };
             Some(Self {
                 ptr: NonNull::new(start.cast::<Line>())?,
                 lines: bytes / LINE,
+                advised,
             })
+        }
+
+        /// Bytes advised `MADV_HUGEPAGE` from the start (a multiple of 2 MiB).
+        #[cfg(test)]
+        pub(super) fn advised(&self) -> usize {
+            self.advised
         }
 
         /// Lines the mapping holds.
@@ -210,6 +247,16 @@ impl AlignedVec {
     /// Values the buffer holds without reallocating.
     pub fn capacity(&self) -> usize {
         self.lines() * 16
+    }
+
+    /// Bytes of the storage advised `MADV_HUGEPAGE` (its whole 2 MiB pages; 0 on the heap).
+    #[cfg(test)]
+    fn advised_bytes(&self) -> usize {
+        match &self.storage {
+            Storage::Heap(_) => 0,
+            #[cfg(target_os = "linux")]
+            Storage::Huge(m) => m.advised(),
+        }
     }
 
     /// Whether the storage is a 2 MiB-aligned mapping advised `MADV_HUGEPAGE` (whether the kernel
@@ -400,9 +447,34 @@ mod tests {
         assert_eq!(format!("{c:?}"), "[1.0, 2.0, 3.0]");
     }
 
+    /// Only whole 2 MiB pages are advised; the partial last one is mapped to the next base page
+    /// and left to 4 KiB pages; a buffer below one huge page takes a whole advised page.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn huge_layout_advises_whole_pages_only() {
+        const M: usize = HUGE_PAGE;
+        for (need, page, want) in [
+            (M + 64, 4096, (M + 4096, M)),
+            (M, 4096, (M, M)),
+            (2 * M - 64, 4096, (2 * M, M)),
+            (5 * M + 4097, 4096, (5 * M + 8192, 5 * M)),
+            (4 * M, 65536, (4 * M, 4 * M)),
+            (4 * M + 1, 65536, (4 * M + 65536, 4 * M)),
+            (256 << 10, 4096, (M, M)),
+            (64, 4096, (M, M)),
+        ] {
+            assert_eq!(
+                huge::layout(need, page),
+                Some(want),
+                "need {need} page {page}"
+            );
+        }
+        assert_eq!(huge::layout(usize::MAX - 10, 4096), None);
+    }
+
     /// From the threshold on (if huge pages are on in this process) the storage is a 2 MiB-aligned
-    /// whole number of 2 MiB pages; growing into and within it keeps the values, shrinking keeps
-    /// the storage, and below the threshold nothing changes.
+    /// mapping whose whole 2 MiB pages are advised; growing into and within it keeps the values,
+    /// shrinking keeps the storage, and below the threshold nothing changes.
     #[test]
     fn huge_storage_alignment_growth_and_shrink() {
         let huge = AlignedVec::huge_pages().is_some();
@@ -426,8 +498,13 @@ mod tests {
         assert_eq!(v.as_ptr() as usize % 64, 0);
         if huge {
             assert_eq!(v.as_ptr() as usize % HUGE_PAGE, 0);
-            assert_eq!((v.capacity() * 4) % HUGE_PAGE, 0);
-            assert_eq!(v.capacity(), (min + LINE).next_multiple_of(HUGE_PAGE) / 4);
+            let (mapped, advised) =
+                huge::layout((min + LINE).next_multiple_of(LINE), huge::page_size())
+                    .unwrap_or_else(|| unreachable!());
+            assert_eq!(v.capacity(), mapped / 4);
+            assert_eq!(v.advised_bytes(), advised);
+            assert_eq!(advised % HUGE_PAGE, 0);
+            assert!(advised <= v.capacity() * 4);
         }
         assert!((0..below).all(|i| v[i] == i as f32));
         assert!(v[below..].iter().all(|&x| x == -2.0));
