@@ -4,7 +4,7 @@
 //! project's goals.
 //!
 //! `cargo run --release -p fastconv --example wino_probe -- tiles`
-//! `... -- blocks LAYER ROUNDS VARIANT...`, a variant `BLOCK` or `BLOCK:TILE` (`0` = the default
+//! `... -- blocks LAYER ROUNDS VARIANT...` (LAYER: any of `tiles`' layers, `MORE=1`'s too), a variant `BLOCK` or `BLOCK:TILE` (`0` = the default
 //! block, e.g. `0 96 0:4x4`); `REPS` calls per timing (3), `FWD_ONLY=1` skips the backward passes,
 //! `CPU=1` times on the thread's CPU clock instead of the wall clock (this guest's steal is not
 //! in it; at one thread every pass runs on the calling thread).
@@ -88,6 +88,16 @@ fn more_layers() -> Vec<(&'static str, ConvGeometry)> {
     ]
 }
 
+/// The probe layer `name`, from [`layers`] or [`more_layers`].
+fn layer(name: &str) -> ConvGeometry {
+    layers()
+        .into_iter()
+        .chain(more_layers())
+        .find(|(n, _)| *n == name)
+        .unwrap()
+        .1
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let (mr, nr) = core_blas::Gemm::global().unwrap().tile();
@@ -147,7 +157,7 @@ fn main() {
         }
         Some("cost") => {
             // The cost model's estimate for each tile given: `cost LAYER 6x6 3x6 ...`.
-            let g = layers().into_iter().find(|(n, _)| n == &args[2]).unwrap().1;
+            let g = layer(&args[2]);
             for t in &args[3..] {
                 let m: Vec<usize> = t.split('x').map(|v| v.parse().unwrap()).collect();
                 let c = fastconv::cost::tile_cost(&g, &m, &CostModel::default()).unwrap();
@@ -174,7 +184,7 @@ fn main() {
                     (b, t, tile())
                 })
                 .collect();
-            let g = layers().into_iter().find(|(n, _)| n == name).unwrap().1;
+            let g = layer(name);
             let (x, w, dy) = (
                 uniform(1, g.x_len()),
                 uniform(2, g.w_len()),

@@ -62,6 +62,11 @@ impl Default for CostModel {
     /// 8×56², batch 1) then takes 4×7×7 instead of 4×4×4, measured 2-14 % (median 11 %) faster over its three
     /// passes in each of six processes (`wino_probe blocks c3d`, CPU time, medians); every 2-D
     /// layer of the probes (paper, ResNet-20/-50, VGG-16) keeps its tile up to 250.
+    /// Lowered to 150 in session 18, on the Zen 4 with AVX-512 the issue targets: there C3D
+    /// runs faster on 4×4×4 (its backward-filter 1-2 ms of ~21 ms faster, forward and
+    /// backward-data level: the three passes' minima 2-3 % lower in each of six processes),
+    /// while C3D's 64→128 layer (`c3d_128`, batch 2) stays 6-7 % faster on 4×7×7 (four
+    /// processes); 140-170 picks both, and every 2-D probe layer's tile is unchanged.
     fn default() -> Self {
         CostModel {
             transform_weight: 20.0,
@@ -69,7 +74,7 @@ impl Default for CostModel {
             vector_width: 16,
             max_error: 3e-5,
             max_m: 8,
-            gather_weight: 200.0,
+            gather_weight: 150.0,
         }
     }
 }
