@@ -273,8 +273,7 @@ const PAR_UNBLOCK_MIN: usize = 1 << 16;
 
 #[cfg(test)]
 mod tests {
-    use crate::testing::{Tolerance, uniform};
-    use crate::{BackwardFilterAlgo, ConvGeometry, Workspace, backward_filter, reference};
+    use crate::ConvGeometry;
 
     /// Channels per group a multiple of 16 (the blocked packer): odd sizes, strides 1-3,
     /// padding on either side, dilation, groups, 1-3 spatial dimensions, batch 1-3, lines
@@ -328,30 +327,7 @@ mod tests {
         ];
         for g in &geoms {
             assert!(super::applies(g), "{g:?}");
-            let (x, dy) = (uniform(4, g.x_len()), uniform(5, g.y_len()));
-            let mut want = vec![0f32; g.w_len()];
-            reference::backward_filter(g, &x, &dy, &mut want).unwrap();
-            for threads in 1..=2 {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap();
-                let mut dw = vec![f32::NAN; g.w_len()];
-                pool.install(|| {
-                    backward_filter(
-                        g,
-                        &x,
-                        &dy,
-                        &mut dw,
-                        BackwardFilterAlgo::ConvgemmTrans,
-                        &mut Workspace::new(false),
-                    )
-                })
-                .unwrap();
-                Tolerance::for_f32_sum(g.batch() * g.output_spatial_len())
-                    .check(&format!("{g:?} {threads} threads"), &dw, &want)
-                    .unwrap();
-            }
+            crate::convgemm_trans::check_against_reference_on_1_and_2_threads(g);
         }
     }
 }

@@ -425,10 +425,41 @@ fn pack_lanes(
     }
 }
 
+/// Test helper shared by this module's and [`crate::bf_blocked`]'s tests: the transposed
+/// convgemm's backward-filter of `g` on pools of 1 and 2 threads against the reference.
+#[cfg(test)]
+pub(crate) fn check_against_reference_on_1_and_2_threads(g: &ConvGeometry) {
+    use crate::testing::{Tolerance, uniform};
+    use crate::{BackwardFilterAlgo, Workspace, backward_filter, reference};
+    let (x, dy) = (uniform(4, g.x_len()), uniform(5, g.y_len()));
+    let mut want = vec![0f32; g.w_len()];
+    reference::backward_filter(g, &x, &dy, &mut want).unwrap();
+    for threads in 1..=2 {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let mut dw = vec![f32::NAN; g.w_len()];
+        pool.install(|| {
+            backward_filter(
+                g,
+                &x,
+                &dy,
+                &mut dw,
+                BackwardFilterAlgo::ConvgemmTrans,
+                &mut Workspace::new(false),
+            )
+        })
+        .unwrap();
+        Tolerance::for_f32_sum(g.batch() * g.output_spatial_len())
+            .check(&format!("{g:?} {threads} threads"), &dw, &want)
+            .unwrap();
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use crate::testing::{Tolerance, uniform};
-    use crate::{BackwardFilterAlgo, ConvGeometry, Workspace, backward_filter, reference};
+    use crate::ConvGeometry;
 
     /// Lines of at least [`super::SHORT_RUN`] outputs (the transposing packer): strides 1-3,
     /// padding on either side (lanes that start or end in the padding, runs at the very start
@@ -469,30 +500,7 @@ mod tests {
         ];
         for g in &geoms {
             assert!(g.output()[g.rank() - 1] >= super::SHORT_RUN, "{g:?}");
-            let (x, dy) = (uniform(4, g.x_len()), uniform(5, g.y_len()));
-            let mut want = vec![0f32; g.w_len()];
-            reference::backward_filter(g, &x, &dy, &mut want).unwrap();
-            for threads in 1..=2 {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap();
-                let mut dw = vec![f32::NAN; g.w_len()];
-                pool.install(|| {
-                    backward_filter(
-                        g,
-                        &x,
-                        &dy,
-                        &mut dw,
-                        BackwardFilterAlgo::ConvgemmTrans,
-                        &mut Workspace::new(false),
-                    )
-                })
-                .unwrap();
-                Tolerance::for_f32_sum(g.batch() * g.output_spatial_len())
-                    .check(&format!("{g:?} {threads} threads"), &dw, &want)
-                    .unwrap();
-            }
+            super::check_against_reference_on_1_and_2_threads(g);
         }
     }
 }
