@@ -335,7 +335,7 @@ pub(crate) fn correlate(
     // slower on 2 threads than on 1, its products shrinking to one column each.
     if threads > 1 && (job.batch.is_multiple_of(threads) || job.batch >= 4 * threads) {
         let img_len = k_out * out_len;
-        let per_task = job.batch.div_ceil(threads);
+        let per_task = job.batch.div_ceil(threads).max(1);
         return y
             .par_chunks_mut(per_task * img_len)
             .enumerate()
