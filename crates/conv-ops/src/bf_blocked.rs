@@ -233,8 +233,8 @@ impl PackB for Im2colTBBlocked<'_> {
 pub(crate) fn unblock(dw: &mut [f32], k: usize, c: usize, r: usize) {
     let len = c * r;
     let gemm = core_blas::Gemm::global().ok();
-    let row_fn = |row: &mut [f32]| {
-        let mut tmp = vec![0f32; r * GROUP];
+    // `tmp`: one block's copy, allocated once per thread (not per row).
+    let row_fn = |tmp: &mut Vec<f32>, row: &mut [f32]| {
         for blk in row.chunks_exact_mut(r * GROUP) {
             tmp.copy_from_slice(blk);
             let done = r <= MAX_UNBLOCK_TAPS
@@ -256,11 +256,13 @@ pub(crate) fn unblock(dw: &mut [f32], k: usize, c: usize, r: usize) {
         }
     };
     let dw = &mut dw[..k * len];
+    let new_tmp = || vec![0f32; r * GROUP];
     if rayon::current_num_threads() > 1 && dw.len() >= PAR_UNBLOCK_MIN {
         use rayon::prelude::*;
-        dw.par_chunks_mut(len).for_each(row_fn);
+        dw.par_chunks_mut(len).for_each_init(new_tmp, row_fn);
     } else {
-        dw.chunks_mut(len).for_each(row_fn);
+        let mut tmp = new_tmp();
+        dw.chunks_mut(len).for_each(|row| row_fn(&mut tmp, row));
     }
 }
 
