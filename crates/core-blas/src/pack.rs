@@ -101,10 +101,10 @@ impl PackB for MatRef<'_> {
         for p in pc..pc + kc {
             let row = p * self.rs + jc;
             for j in (0..nc).step_by(16) {
-                prefetch_t2(self.data, row + j);
+                prefetch::<HINT_T2>(self.data, row + j);
             }
             // The row's last line when it starts off a line boundary.
-            prefetch_t2(self.data, row + nc - 1);
+            prefetch::<HINT_T2>(self.data, row + nc - 1);
         }
     }
 }
@@ -114,32 +114,26 @@ impl PackB for MatRef<'_> {
 /// implementations in crates that may not use intrinsics.
 #[inline(always)]
 pub fn prefetch_l2(data: &[f32], idx: usize) {
-    prefetch(data, idx)
+    prefetch::<HINT_T1>(data, idx)
 }
 
-/// `prefetcht2` of the cache line holding `data[idx]` (no-op off x86_64 or out of bounds).
-#[inline(always)]
-fn prefetch_t2(data: &[f32], idx: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if idx < data.len() {
-        use core::arch::x86_64::{_MM_HINT_T2, _mm_prefetch};
-        // SAFETY: `idx` is in bounds; prefetch has no architectural effect and needs only SSE,
-        // which every x86_64 CPU has.
-        unsafe { _mm_prefetch::<_MM_HINT_T2>(data.as_ptr().add(idx).cast()) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (data, idx);
-}
+/// `_mm_prefetch`'s hints `_MM_HINT_T1` and `_MM_HINT_T2` (nameable off x86_64 too).
+const HINT_T1: i32 = 2;
+const HINT_T2: i32 = 1;
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(
+    HINT_T1 == core::arch::x86_64::_MM_HINT_T1 && HINT_T2 == core::arch::x86_64::_MM_HINT_T2
+);
 
-/// Bring the cache line holding `data[idx]` toward L2 (no-op off x86_64 or out of bounds).
+/// `_mm_prefetch` with `HINT` of the cache line holding `data[idx]` (no-op off x86_64 or out of
+/// bounds).
 #[inline(always)]
-fn prefetch(data: &[f32], idx: usize) {
+fn prefetch<const HINT: i32>(data: &[f32], idx: usize) {
     #[cfg(target_arch = "x86_64")]
     if idx < data.len() {
-        use core::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
         // SAFETY: `idx` is in bounds; prefetch has no architectural effect and needs only SSE,
         // which every x86_64 CPU has.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(data.as_ptr().add(idx).cast()) };
+        unsafe { core::arch::x86_64::_mm_prefetch::<HINT>(data.as_ptr().add(idx).cast()) };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (data, idx);
