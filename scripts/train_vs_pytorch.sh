@@ -6,7 +6,8 @@
 #   scripts/train_vs_pytorch.sh resnet18 resnet50 vgg-a c3d    # 224² ImageNet models, C3D clips
 # PYTHON (default python3) needs torch (and torchvision for the torchvision models); ANCHORS points
 # to the anchors' directory (default ../shared/anchors/conv); TRAIN to the binary
-# (target/release/train). The models the shared train_bench.py lacks are measured by
+# (target/release/train). Ours prints the mean rate of the timed steps and the median step's rate
+# (`median`), to set beside PyTorch's `med`. The models the shared train_bench.py lacks are measured by
 # benches/anchors/train_more.py, which reuses its measurement. With CL=1 PyTorch also runs each model
 # in its channels-last layout (a second PyTorch line, `cl=1`): oneDNN's fast layout on AVX-512.
 set -e
@@ -23,7 +24,7 @@ pt() { # script model args...: one line per layout
     s=$1; m=$2; shift 2
     for l in "" $L; do $P $s --model $m --threads $N --no-wait $l "$@" 2>&1 | grep "^$m"; done
 }
-j() { python3 -c "import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); print('ours', d['model'], d['conv_algo'], 'samples/s', float('%.4g' % d['samples_per_sec']), 'peakRSS MiB', d['peak_rss_bytes']>>20)"; }
+j() { python3 -c "import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); print('ours', d['model'], d['conv_algo'], 'samples/s', float('%.4g' % d['samples_per_sec']), 'median', float('%.4g' % d['median_samples_per_sec']), 'peakRSS MiB', d['peak_rss_bytes']>>20)"; }
 ours() { # model batch steps
     $T --model "$1" --dataset synthetic --batch-size "$2" --steps "$3" --threads $N --json | j
     $T --model "$1" --dataset synthetic --batch-size "$2" --steps "$3" --threads $N --conv-algo convgemm --json | j

@@ -30,6 +30,7 @@ fn json_summary_is_the_last_line() {
     let v: serde_json::Value = serde_json::from_str(last).unwrap();
     for key in [
         "samples_per_sec",
+        "median_samples_per_sec",
         "train_loss",
         "test_accuracy",
         "peak_rss_bytes",
@@ -45,6 +46,7 @@ fn json_summary_is_the_last_line() {
     assert_eq!(v["world_size"], 1);
     assert_eq!(v["threads"], 1);
     assert!(v["samples_per_sec"].as_f64().unwrap() > 0.0);
+    assert!(v["median_samples_per_sec"].as_f64().unwrap() > 0.0);
     assert!(v["train_loss"].as_f64().unwrap().is_finite());
     let acc = v["test_accuracy"]
         .as_f64()

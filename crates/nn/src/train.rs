@@ -78,6 +78,23 @@ pub struct TrainReport {
     pub test_accuracy: Option<f64>,
     /// Training samples per second after the warm-up steps (all steps if there were no more).
     pub samples_per_sec: f64,
+    /// Samples per second of the median step after the warm-up steps (all steps if there were
+    /// no more): robust against the outliers a shared machine adds to the mean above.
+    pub median_samples_per_sec: f64,
+}
+
+/// The median of `v` (the mean of the middle two for an even length); 0 for an empty `v`.
+fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let h = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[h]
+    } else {
+        (v[h - 1] + v[h]) / 2.0
+    }
 }
 
 /// Mean loss and accuracy of `model` on `data`, in evaluation mode.
@@ -154,6 +171,8 @@ pub fn fit_with<E: From<NnError>>(
     }
     let (mut steps_run, mut timed, mut timed_samples, mut all, mut all_samples) =
         (0usize, Duration::ZERO, 0usize, Duration::ZERO, 0usize);
+    // Per-step rates (samples / s), of the timed steps and of all steps.
+    let (mut timed_rates, mut all_rates) = (Vec::new(), Vec::new());
     let mut last_loss = f64::NAN;
     let base_lr = opt.lr;
     let mut test_accuracy = None;
@@ -188,9 +207,12 @@ pub fn fit_with<E: From<NnError>>(
             let dt = t.elapsed();
             all += dt;
             all_samples += labels.len();
+            let rate = labels.len() as f64 / dt.as_secs_f64().max(f64::MIN_POSITIVE);
+            all_rates.push(rate);
             if steps_run >= cfg.warmup_steps {
                 timed += dt;
                 timed_samples += labels.len();
+                timed_rates.push(rate);
             }
             steps_run += 1;
             state.step += 1;
@@ -234,12 +256,31 @@ pub fn fit_with<E: From<NnError>>(
     } else {
         all_samples as f64 / all.as_secs_f64().max(f64::MIN_POSITIVE)
     };
+    let median_samples_per_sec = median(if timed_rates.is_empty() {
+        &mut all_rates
+    } else {
+        &mut timed_rates
+    });
     let report = TrainReport {
         epochs: state.epoch,
         steps: state.step,
         train_loss: last_loss,
         test_accuracy,
         samples_per_sec,
+        median_samples_per_sec,
     };
     Ok((report, state))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        assert_eq!(median(&mut []), 0.0);
+        assert_eq!(median(&mut [3.0]), 3.0);
+        assert_eq!(median(&mut [5.0, 1.0, 100.0]), 5.0);
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
 }

@@ -3,7 +3,8 @@
 //! `cargo run --release -p examples --bin train` trains LeNet-5 on the handwritten digits the
 //! repository ships (served at LeNet's 28×28 input), single process, and prints one line per
 //! epoch. With `--json` the last line of stdout is one JSON object: `samples_per_sec` (steady
-//! state, warm-up steps excluded), `train_loss`, `test_accuracy`, `peak_rss_bytes`, `steps`,
+//! state, warm-up steps excluded), `median_samples_per_sec` (the median step's rate, robust on a
+//! shared machine), `train_loss`, `test_accuracy`, `peak_rss_bytes`, `steps`,
 //! `epochs`, `world_size`, `threads`.
 //!
 //! ```text
@@ -632,6 +633,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             "model": args.model,
             "dataset": args.dataset,
             "samples_per_sec": report.samples_per_sec,
+            "median_samples_per_sec": report.median_samples_per_sec,
             "train_loss": report.train_loss,
             "test_accuracy": report.test_accuracy,
             "peak_rss_bytes": peak_rss_bytes(),
