@@ -322,6 +322,21 @@ pub(crate) fn correlate(
         let mut k0 = 0;
         while k0 < k_out {
             let kn = kg.min(k_out - k0);
+            // The next group's output lines, toward L2 while this group is transformed: its
+            // scatter then writes lines already there instead of waiting on each from L3 or
+            // memory. Measured (thread CPU time, alternating processes, quiet 21:51 UTC session
+            // 19): the paper layers' forward 6.97 -> 6.64 and 6.35 -> 6.15 ms (medians of 5);
+            // the same for the next group's rows of M (already in cache) was level or worse.
+            if k0 + kn < k_out {
+                prefetch_tiles(
+                    &og,
+                    ys,
+                    plane0,
+                    t0,
+                    t1 - t0,
+                    k0 + kn..(k0 + 2 * kn).min(k_out),
+                );
+            }
             finish(local, ys, plane0, mm, t0, t1, (t0, t1), k0..k0 + kn);
             k0 += kn;
         }
@@ -831,6 +846,56 @@ fn scatter_tiles(
                         m_last,
                     );
                 }
+            }
+        }
+        t += run;
+    }
+}
+
+/// Brings toward L2 (a prefetch, no write) the output lines that [`scatter_tiles`] writes for
+/// tiles `ta..ta + s` and channels `ks`: the same runs of tiles and rows.
+fn prefetch_tiles(
+    og: &OutGeom<'_>,
+    ys: &[f32],
+    plane0: usize,
+    ta: usize,
+    s: usize,
+    ks: std::ops::Range<usize>,
+) {
+    let m = og.m;
+    let last = m.len() - 1;
+    let prefix_n: usize = m[..last].iter().product();
+    let (m_last, out_last) = (m[last], og.output[last]);
+    let mut tidx = vec![0; m.len()];
+    let mut wi = vec![0; last];
+    let tz = ta + s;
+    let mut t = ta;
+    while t < tz {
+        let n = t / og.tiles_per_image;
+        unravel(t % og.tiles_per_image, og.tpd, &mut tidx);
+        let run = (og.tpd[last] - tidx[last]).min(tz - t);
+        let o0 = tidx[last] * m_last;
+        let end = out_last.min(o0 + run * m_last);
+        'rows: for pf in 0..prefix_n {
+            unravel(pf, &m[..last], &mut wi);
+            let mut off = 0;
+            for dd in 0..last {
+                let o = tidx[dd] * m[dd] + wi[dd];
+                if o >= og.output[dd] {
+                    continue 'rows;
+                }
+                off += o * og.out_strides[dd];
+            }
+            if o0 >= end {
+                continue;
+            }
+            for k in ks.clone() {
+                // Out-of-range indices are ignored by `prefetch_l2`.
+                let at = (n * og.k_total + k - plane0) * og.out_len + off;
+                for i in (o0..end).step_by(16) {
+                    core_blas::pack::prefetch_l2(ys, at + i);
+                }
+                core_blas::pack::prefetch_l2(ys, at + end - 1);
             }
         }
         t += run;
