@@ -25,6 +25,25 @@ const MAX_TILE: usize = 1024;
 /// `(pc, kc, jc, nc)` of a B block.
 type BlockCoords = (usize, usize, usize, usize);
 
+/// What the macro-kernel prefetches while it runs.
+#[derive(Clone, Copy)]
+enum Prefetch<'b, B> {
+    /// The next B block, in slices over the jr steps (packed up front by `pack_b`).
+    Block(&'b B, BlockCoords),
+    /// One panel ahead, for fused packing.
+    Panels(&'b B, Ahead),
+}
+
+/// The panels a fused macro-kernel prefetches: the next panel of this block (depth pass `pc`)
+/// when `within` (the first A block, whose tiles pack the panels), and after the last panel the
+/// first one of the `next` block.
+#[derive(Clone, Copy)]
+struct Ahead {
+    pc: usize,
+    within: bool,
+    next: Option<BlockCoords>,
+}
+
 /// Where tiles go: straight into a dense C, or through a store.
 struct Sink<'s, S> {
     direct: Option<DirectRaw>,
@@ -172,8 +191,9 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
         let l2_cols = (bs.mc * kc_budget / kc_max / nr).max(1) * nr;
         nc_max = nc_max.min(l2_cols);
     }
-    // The next B block is prefetched (`PackB::prefetch_b`) only when a block fits the L2 budget
-    // of the A block (the case just above): a larger one would evict the A block from L2.
+    // When B is packed up front, the next B block is prefetched (`PackB::prefetch_b`) only when
+    // a block fits the L2 budget of the A block (the case just above): a larger one would evict
+    // the A block from L2. (Fused packing prefetches one panel ahead instead, for every block.)
     // Session 18, Zen 4 (L2 1 MiB), gemm_ratio 1 thread, quiet 19:07 UTC, HEAD / every block /
     // only L2-sized blocks: 2048³ (4080-wide blocks) 93.2 / 92.4 / 92.6, 93.8 / 92.0 / 92.7% of
     // the peak; 64×50176×576 (432-wide) 73.5 / 79.6 / 78.8, 73.2 / 78.5 / 79.7%.
@@ -191,6 +211,8 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     } else {
         mc_max.min(m_pad) * kc_max
     };
+    // A dense row-major B is packed panel by panel inside the first tile of each panel.
+    let fuse = b.row_major().filter(|_| K::PACKS_B && tune::fuse());
     let bc = ws.b.get(b_len);
     let ac = ws.a.get(a_len);
 
@@ -201,7 +223,15 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
         loop {
             let kc = kc_max.min(k - pc);
             let (first, last) = (pc == 0, pc + kc >= k);
-            b.pack_b(pc, kc, jc, nc, nr, bc);
+            if fuse.is_some() {
+                // Full panels are packed by their first tiles; pack_b does the partial last one.
+                let full = nc / nr * nr;
+                if full < nc {
+                    b.pack_b(pc, kc, jc + full, nc - full, nr, &mut bc[full * kc..]);
+                }
+            } else {
+                b.pack_b(pc, kc, jc, nc, nr, bc);
+            }
             // The B block packed after this one: its reads are spread over the last ic block.
             let next = if !last {
                 Some((pc + kc, kc_max.min(k - pc - kc), jc, nc))
@@ -223,17 +253,32 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
                 } else {
                     a_block(a, ic, mc, pc, kc, mr, ac)
                 };
-                let prefetch = if ic + mc >= rows.1 && prefetch_next && tune::prefetch_enabled() {
-                    next.map(|n| (b, n))
+                let prefetch = if fuse.is_some() {
+                    // Fused packing reads each panel's source in its first tile: prefetch one
+                    // panel ahead (the next of this block in the first A block, the next
+                    // block's first from the last), not a whole block.
+                    let ahead = Ahead {
+                        pc,
+                        within: ic == rows.0,
+                        next: next.filter(|_| ic + mc >= rows.1),
+                    };
+                    tune::prefetch_enabled().then_some(Prefetch::Panels(b, ahead))
+                } else if ic + mc >= rows.1 && prefetch_next && tune::prefetch_enabled() {
+                    next.map(|n| Prefetch::Block(b, n))
                 } else {
                     None
                 };
+                // The first A block's tiles pack the B panels (fused), the others read them.
+                let src = fuse
+                    .filter(|_| ic == rows.0)
+                    .map(|(data, ld)| (&data[pc * ld + jc..], ld));
                 macro_kernel(
                     kern,
                     (ic, jc),
                     (mc, nc, kc),
                     (ablk, a_stride),
-                    bc,
+                    &mut *bc,
+                    src,
                     first,
                     last,
                     sink,
@@ -253,7 +298,8 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
 /// Switches for the tuning probes (`kernel/probe.rs`); fixed in normal builds.
 pub(crate) mod tune {
     /// 0: normal; 1: no prefetch of the next B block; 2: that prefetch in one burst per jr step;
-    /// 3: a single A block re-packed per jc block.
+    /// 3: a single A block re-packed per jc block; 4: a row-major B packed up front, not in the
+    /// first tiles.
     #[cfg(test)]
     pub(crate) static MODE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
@@ -272,6 +318,17 @@ pub(crate) mod tune {
     pub(crate) fn a_once() -> bool {
         #[cfg(test)]
         if MODE.load(std::sync::atomic::Ordering::Relaxed) == 3 {
+            return false;
+        }
+        true
+    }
+
+    /// Whether a row-major B is packed inside the first tiles of its panels (mode 4: packed
+    /// up front by `pack_b`, as before).
+    #[inline]
+    pub(crate) fn fuse() -> bool {
+        #[cfg(test)]
+        if MODE.load(std::sync::atomic::Ordering::Relaxed) == 4 {
             return false;
         }
         true
@@ -322,35 +379,69 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
     (ic, jc): (usize, usize),
     (mc, nc, kc): (usize, usize, usize),
     (ac, a_stride): (&[f32], usize),
-    bc: &[f32],
+    bc: &mut [f32],
+    src: Option<(&[f32], usize)>,
     first: bool,
     last: bool,
     sink: &Sink<'_, S>,
-    prefetch: Option<(&B, BlockCoords)>,
+    prefetch: Option<Prefetch<'_, B>>,
 ) {
     // Slices of the next B block to prefetch, one per jr iteration.
     let steps = nc.div_ceil(K::NR);
-    let slice = prefetch.map_or(0, |(_, (_, _, _, nc2))| {
-        nc2.div_ceil(steps).div_ceil(16) * 16
-    });
+    let slice = match prefetch {
+        Some(Prefetch::Block(_, (_, _, _, nc2))) => nc2.div_ceil(steps).div_ceil(16) * 16,
+        _ => 0,
+    };
     let (mr, nr) = (K::MR, K::NR);
     debug_assert!(ac.len() >= (mc.div_ceil(mr) - 1) * a_stride + mr * kc);
     debug_assert!(bc.len() >= nc.div_ceil(nr) * nr * kc);
     // The tile buffer exists only for custom stores (the dense store writes from registers).
     let mut tile_buf: Option<[f32; MAX_TILE]> = None;
     debug_assert!(mr * nr <= MAX_TILE);
+    let bc_ptr = bc.as_mut_ptr();
     let mut jr = 0;
     while jr < nc {
         let n = nr.min(nc - jr);
-        let bp = bc[jr * kc..].as_ptr();
+        // SAFETY: jr < nc and bc holds ceil(nc / nr) · nr · kc values (asserted above).
+        let bdst = unsafe { bc_ptr.add(jr * kc) };
+        let bp = bdst.cast_const();
+        // This panel's rows in a row-major source when its first tile packs it: row p at
+        // src[p · ld + jr ..][.. nr] (a full panel inside the matrix).
+        let mut pending = src.filter(|_| n == nr).map(|(data, ld)| {
+            debug_assert!(data.len() >= (kc - 1) * ld + jr + nr);
+            (data[jr..].as_ptr(), ld)
+        });
+        if sink.direct.is_none()
+            && let Some((sp, ld)) = pending.take()
+        {
+            // Stores that are not the dense one: pack the panel before its tiles.
+            for p in 0..kc {
+                // SAFETY: row p of the panel holds nr source values (the debug_assert above:
+                // the panel lies inside the source) and the packed panel kc · nr values of
+                // bc, which the source (a shared borrow) does not overlap.
+                unsafe { std::ptr::copy_nonoverlapping(sp.add(p * ld), bdst.add(p * nr), nr) };
+            }
+        }
         // This jr step's slice of the next B block: its rows spread over the step's tiles.
         let tiles = mc.div_ceil(mr);
         let spread = tune::spread();
-        let pf = prefetch.and_then(|(b, (pc2, kc2, jc2, nc2))| {
-            let lo = (jr / nr * slice).min(nc2);
-            let hi = (lo + slice).min(nc2);
-            (lo < hi).then_some((b, pc2, kc2, jc2 + lo, hi - lo))
-        });
+        let pf = match prefetch {
+            Some(Prefetch::Block(b, (pc2, kc2, jc2, nc2))) => {
+                let lo = (jr / nr * slice).min(nc2);
+                let hi = (lo + slice).min(nc2);
+                (lo < hi).then_some((b, pc2, kc2, jc2 + lo, hi - lo))
+            }
+            Some(Prefetch::Panels(b, ah)) => {
+                if jr + nr < nc {
+                    // The next panel of this block, when its first tile will pack it.
+                    (ah.within && jr + 2 * nr <= nc).then_some((b, ah.pc, kc, jc + jr + nr, nr))
+                } else {
+                    ah.next
+                        .map(|(pc2, kc2, jc2, nc2)| (b, pc2, kc2, jc2, nr.min(nc2)))
+                }
+            }
+            None => None,
+        };
         if let Some((b, pc2, kc2, j2, w2)) = pf
             && !spread
         {
@@ -378,7 +469,15 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
                     // (validated by the public entry point) and belongs to this thread's range.
                     unsafe {
                         let cp = d.ptr.add(i * d.rs + j * d.cs);
-                        kern.run(kc, d.alpha, ap, bp, beta, cp, d.rs, d.cs, m, n);
+                        if let Some((sp, ld)) = pending.take() {
+                            // The panel's first tile: the kernel packs it as it goes (the
+                            // source rows are inside the matrix, the packed panel is bc's).
+                            kern.run_packing_b(
+                                kc, d.alpha, ap, sp, ld, bdst, beta, cp, d.rs, d.cs, m,
+                            );
+                        } else {
+                            kern.run(kc, d.alpha, ap, bp, beta, cp, d.rs, d.cs, m, n);
+                        }
                         if last && d.has_epilogue() {
                             d.epilogue(i, j, m, n);
                         }
@@ -443,6 +542,56 @@ mod tests {
                     next = hi;
                 }
                 assert_eq!(next, len);
+            }
+        }
+    }
+
+    /// A row-major B packed in the first tiles of its panels (the AVX-512 family; the default
+    /// copy-then-run elsewhere is not used by the driver) against the same product with B packed
+    /// up front (mode 4) and the naive product: bitwise equal (small integers, exact in any
+    /// order). Shapes: partial last panels, first tiles shorter than MR, k not a multiple of the
+    /// 4-step unroll and below / above the C-prefetch rounds, several A blocks (M > MC) and B
+    /// blocks, a strided B (ldb > n), beta = 0 over NaN and beta = 1.
+    #[test]
+    fn fused_b_packing_matches_packing_up_front() {
+        use std::sync::atomic::Ordering;
+        for (m, n, k, ldb) in [
+            (8usize, 96usize, 37usize, 96usize),
+            (13, 100, 5, 101),
+            (5, 48, 64, 48),
+            (64, 151, 290, 160),
+            (350, 200, 133, 200),
+            (700, 97, 41, 97),
+            (24, 5000, 19, 5003),
+        ] {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
+            let b: Vec<f32> = (0..k * ldb).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();
+            let c0: Vec<f32> = (0..m * n).map(|i| (i % 9) as f32).collect();
+            let mut want = c0.clone();
+            for i in 0..m {
+                for j in 0..n {
+                    let dot: f32 = (0..k).map(|p| a[i * k + p] * b[p * ldb + j]).sum();
+                    want[i * n + j] += dot;
+                }
+            }
+            let run = |mode: usize, beta: f32| {
+                let mut c = if beta == 0.0 {
+                    vec![f32::NAN; m * n]
+                } else {
+                    c0.clone()
+                };
+                tune::MODE.store(mode, Ordering::Relaxed);
+                crate::sgemm(false, false, m, n, k, 1.0, &a, k, &b, ldb, beta, &mut c, n)
+                    .expect("valid sgemm");
+                tune::MODE.store(0, Ordering::Relaxed);
+                c
+            };
+            for beta in [0.0f32, 1.0] {
+                let (fused, up_front) = (run(0, beta), run(4, beta));
+                assert_eq!(fused, up_front, "m {m} n {n} k {k} ldb {ldb} beta {beta}");
+                if beta == 1.0 {
+                    assert_eq!(fused, want, "m {m} n {n} k {k} ldb {ldb}");
+                }
             }
         }
     }

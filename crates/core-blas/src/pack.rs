@@ -39,6 +39,16 @@ pub trait PackB: Sync {
     fn prefetch_b(&self, pc: usize, kc: usize, jc: usize, nc: usize) {
         let _ = (pc, kc, jc, nc);
     }
+    /// The matrix as dense row-major storage `(data, ld)`, element `(p, j)` at `data[p · ld + j]`,
+    /// when it is one; the default is `None`. The driver then packs a block's full `nr`-wide
+    /// micro-panels inside the micro-kernels (the first tile of each panel reads the rows from
+    /// `data` and writes the packed panel as it goes, overlapping the copy with its FMAs) and
+    /// calls [`PackB::pack_b`] only for the last, partial panel. A source whose packed values
+    /// are not its storage read row by row (im2col, a transform) must keep the default.
+    #[inline]
+    fn row_major(&self) -> Option<(&[f32], usize)> {
+        None
+    }
 }
 
 /// A source for the left operand A (`m × k`) that packs itself.
@@ -83,10 +93,15 @@ impl PackB for MatRef<'_> {
         // B[p, j] as A'[j, p] with A' = Bᵀ: the same panel layout with the roles of the strides swapped.
         pack_panels(self.data, self.cs, self.rs, jc, nc, pc, kc, nr, dst);
     }
+    #[inline]
+    fn row_major(&self) -> Option<(&[f32], usize)> {
+        (self.cs == 1).then_some((self.data, self.rs))
+    }
     /// Every cache line of the block's rows (row-major B only), `prefetcht2`: on Zen 4 (L2 1 MiB,
     /// session 18) the packing of a B block streamed from L3 or memory waits on its reads unless
     /// they were started while the micro-kernels worked on the previous block. The driver asks
-    /// only for blocks that fit L2 beside the A block. gemm_ratio 1 thread, 8 × 48, alternating,
+    /// only for blocks that fit L2 beside the A block when it packs B up front, and for the next
+    /// panel when the first tiles pack it (AVX-512, [`PackB::row_major`]). gemm_ratio 1 thread, 8 × 48, alternating,
     /// quiet 19:04 and 19:07 UTC, none / `prefetcht1` / `prefetcht0` / `prefetcht2` / `nta`:
     /// 64×50176×576 74.3 / 78.9 / 74.7 / 79.8 / 74.4, 72.9 / 78.1 / 73.8 / 79.9 / 73.5% of the
     /// peak; 64×4096×576 73.1 / 79.5 / 74.1 / 79.8 / 73.5, 74.0 / 72.4 / 73.4 / 78.2 / 71.0%;

@@ -108,6 +108,10 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
     const NR: usize;
     /// `{family}-f32-{MR}x{NR}`.
     const NAME: &'static str;
+    /// Whether [`Kernel::run_packing_b`] packs inside the k-loop (the driver then lets the first
+    /// tile of each panel pack a row-major B); `false`: its default copy-then-run, which is
+    /// slower than packing the block up front, so the driver keeps the block packing.
+    const PACKS_B: bool = false;
 
     /// The kernel if the running CPU supports it.
     fn new() -> Option<Self>;
@@ -131,6 +135,42 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
         m: usize,
         n: usize,
     );
+
+    /// [`Kernel::run`] on a full-width tile (`n == NR`) whose B micro-panel is not packed yet: row
+    /// `p` of the panel is the `NR` values at `bsrc + p · ldb` (a row-major B read in place), and
+    /// the kernel also writes the packed panel (`k · NR` values) to `bdst` for the tiles after it.
+    /// The default copies the panel, then runs [`Kernel::run`] on the copy; the AVX-512 family
+    /// packs inside its k-loop, so the copy's loads and stores overlap the FMAs.
+    ///
+    /// # Safety
+    /// As [`Kernel::run`] with `n == NR`, and for `b`: `k` rows of `NR` readable values at
+    /// `bsrc + p · ldb`, and `k · NR` writable values at `bdst` overlapping neither the source,
+    /// `a` nor the C window.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    unsafe fn run_packing_b(
+        self,
+        k: usize,
+        alpha: f32,
+        a: *const f32,
+        bsrc: *const f32,
+        ldb: usize,
+        bdst: *mut f32,
+        beta: f32,
+        c: *mut f32,
+        rs_c: usize,
+        cs_c: usize,
+        m: usize,
+    ) {
+        // SAFETY: the caller's contract: k source rows of NR values, k · NR destination values
+        // that overlap nothing read here.
+        unsafe {
+            for p in 0..k {
+                std::ptr::copy_nonoverlapping(bsrc.add(p * ldb), bdst.add(p * Self::NR), Self::NR);
+            }
+            self.run(k, alpha, a, bdst, beta, c, rs_c, cs_c, m, Self::NR);
+        }
+    }
 
     /// [`Kernel::run`] for short products (`k` up to a few hundred, operands in L1/L2) on a packed
     /// A micro-panel, alpha = 1, C row-major (row stride `ldc`): the kernel of

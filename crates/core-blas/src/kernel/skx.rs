@@ -179,6 +179,115 @@ macro_rules! kloop {
     };
 }
 
+/// One k step `u` of a packing round ([`kloop_pk`]): the B row read from the source row `u`
+/// of the round (`{s}`, `{s} + {l}`, `{s} + 2·{l}`, `{s} + {l3}`: `{l}` is the source's row
+/// stride in bytes, `{l3}` three of them) into zmm`b0..b2` and stored to the packed panel at
+/// `{b} + u · 192`, then the rows of A as in [`step`].
+macro_rules! step_pk {
+    ($u:literal, $src:literal, $b0:literal, $b1:literal, $b2:literal, [$k0:ident, $k1:ident, $k2:ident, $k3:ident, $k4:ident, $k5:ident, $k6:ident, $k7:ident]) => {
+        concat!(
+            "vmovups zmm",
+            $b0,
+            ", zmmword ptr [",
+            $src,
+            "]\n",
+            "vmovups zmm",
+            $b1,
+            ", zmmword ptr [",
+            $src,
+            " + 64]\n",
+            "vmovups zmm",
+            $b2,
+            ", zmmword ptr [",
+            $src,
+            " + 128]\n",
+            "vmovups zmmword ptr [{b} + ",
+            $u,
+            "*192], zmm",
+            $b0,
+            "\n",
+            "vmovups zmmword ptr [{b} + ",
+            $u,
+            "*192 + 64], zmm",
+            $b1,
+            "\n",
+            "vmovups zmmword ptr [{b} + ",
+            $u,
+            "*192 + 128], zmm",
+            $b2,
+            "\n",
+            $k0!($u, 0, 8, 9, 10, $b0, $b1, $b2),
+            $k1!($u, 1, 11, 12, 13, $b0, $b1, $b2),
+            $k2!($u, 2, 14, 15, 16, $b0, $b1, $b2),
+            $k3!($u, 3, 17, 18, 19, $b0, $b1, $b2),
+            $k4!($u, 4, 20, 21, 22, $b0, $b1, $b2),
+            $k5!($u, 5, 23, 24, 25, $b0, $b1, $b2),
+            $k6!($u, 6, 26, 27, 28, $b0, $b1, $b2),
+            $k7!($u, 7, 29, 30, 31, $b0, $b1, $b2),
+        )
+    };
+}
+
+/// [`kloop`] whose B rows come from a row-major source `$s` (row stride `$l` bytes) and are
+/// written to the packed panel `$b` as they are used: the first tile of a micro-panel packs it
+/// while its FMAs run (the loads and stores fill issue slots the FMAs leave free) instead of a
+/// separate packing pass over the block. Rows 2, 5, 7 embedded (variant 0).
+macro_rules! kloop_pk {
+    ($n:expr, $a:expr, $b:expr, $s:expr, $l:expr, $c:expr) => {
+        asm!(
+            ".p2align 5",
+            "2:",
+            step_pk!(0, "{s}", 0, 1, 3, [row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_eb]),
+            step_pk!(1, "{s} + {l}", 4, 5, 6, [row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_eb]),
+            step_pk!(2, "{s} + {l}*2", 0, 1, 3, [row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_eb]),
+            step_pk!(3, "{s} + {l3}", 4, 5, 6, [row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_eb]),
+            "lea {s}, [{s} + {l}*4]",
+            "add {a}, 128",
+            "add {b}, 768",
+            "dec {n}",
+            "jnz 2b",
+            n = inout(reg) $n => _,
+            a = inout(reg) $a,
+            b = inout(reg) $b,
+            s = inout(reg) $s,
+            l = in(reg) $l,
+            l3 = in(reg) 3 * $l,
+            inout("zmm8") $c[0],
+            inout("zmm9") $c[1],
+            inout("zmm10") $c[2],
+            inout("zmm11") $c[3],
+            inout("zmm12") $c[4],
+            inout("zmm13") $c[5],
+            inout("zmm14") $c[6],
+            inout("zmm15") $c[7],
+            inout("zmm16") $c[8],
+            inout("zmm17") $c[9],
+            inout("zmm18") $c[10],
+            inout("zmm19") $c[11],
+            inout("zmm20") $c[12],
+            inout("zmm21") $c[13],
+            inout("zmm22") $c[14],
+            inout("zmm23") $c[15],
+            inout("zmm24") $c[16],
+            inout("zmm25") $c[17],
+            inout("zmm26") $c[18],
+            inout("zmm27") $c[19],
+            inout("zmm28") $c[20],
+            inout("zmm29") $c[21],
+            inout("zmm30") $c[22],
+            inout("zmm31") $c[23],
+            out("zmm0") _,
+            out("zmm1") _,
+            out("zmm2") _,
+            out("zmm3") _,
+            out("zmm4") _,
+            out("zmm5") _,
+            out("zmm6") _,
+            options(nostack),
+        )
+    };
+}
+
 /// The rounds of 4 steps run after the C tile is prefetched (32 steps, ~400 cycles at peak).
 const C_PREFETCH_ROUNDS: usize = 8;
 
@@ -268,6 +377,71 @@ pub(crate) unsafe fn avx512_ukr_asm(
     }
 }
 
+/// [`avx512_ukr_asm`] on a full `8 × 48` tile whose B micro-panel is read from a row-major
+/// source and packed as it goes ([`super::Kernel::run_packing_b`]): row `p` of the panel is the
+/// 48 values at `bsrc + p · ldb`, and is written to `bdst + p · 48`.
+///
+/// # Safety
+/// As [`avx512_ukr_asm`] with `m = 8`, `n <= 48`, but `b` replaced by: `k` rows of 48 readable
+/// values at `bsrc + p · ldb` and `k · 48` writable values at `bdst` that overlap neither the
+/// source, A nor C.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn avx512_ukr_asm_pk(
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    bsrc: *const f32,
+    ldb: usize,
+    bdst: *mut f32,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+    cs_c: usize,
+    m: usize,
+    n: usize,
+) {
+    debug_assert!(m == 8 && n <= 48);
+    // SAFETY: avx512f per the caller. The asm reads 4 · rounds <= k steps of A (8 values) and
+    // of the source (48 values, one row per step), writes the same steps of the packed panel
+    // (48 values each, the caller's exclusive buffer), only the registers it declares, and
+    // touches no stack; prefetches never fault; the C window is the caller's.
+    unsafe {
+        let mut c24 = [_mm512_setzero_ps(); 24];
+        let (mut ap, mut bp, mut sp) = (a, bdst.cast_const(), bsrc);
+        let lb = ldb * 4;
+        let rounds = k / 4;
+        let tail = rounds.min(C_PREFETCH_ROUNDS);
+        let head = rounds - tail;
+        if head > 0 {
+            kloop_pk!(head, ap, bp, sp, lb, c24);
+        }
+        if cs_c == 1 {
+            for r in 0..m {
+                let row = c.wrapping_add(r * rs_c);
+                for j in [0, 16, 32, n.max(1) - 1] {
+                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(j).cast());
+                }
+            }
+        }
+        if tail > 0 {
+            kloop_pk!(tail, ap, bp, sp, lb, c24);
+        }
+        let mut acc: [[__m512; 3]; 8] = core::mem::transmute(c24);
+        for _ in 0..k % 4 {
+            let bw = bp.cast_mut();
+            for v in 0..3 {
+                _mm512_storeu_ps(bw.add(16 * v), _mm512_loadu_ps(sp.add(16 * v)));
+            }
+            super::step::<V512, 8, 3>(&mut acc, ap, bp);
+            ap = ap.add(8);
+            bp = bp.add(48);
+            sp = sp.add(ldb);
+        }
+        super::store_acc::<V512, 8, 3>(&acc, alpha, beta, c, rs_c, cs_c, m, n);
+    }
+}
+
 /// Probes only ([`crate::__set_ukr_variant`]): 0 (default) the assembly k-loop with rows 2, 5, 7
 /// embedded, 1 the intrinsics body instead of [`avx512_ukr_asm`] (and for `avx2-f32-6x16` the
 /// compiled bodies instead of its assembly k-loop), 2 the assembly k-loop with rows 1, 3, 5, 7
@@ -329,5 +503,54 @@ mod tests {
             }
         }
         UKR_VARIANT.store(0, core::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The packing kernel against the naive product, reading B from a row-major source with
+    /// row stride 53 (off any 64-byte boundary), and its packed panel against the source rows:
+    /// depths around the 4-step unroll and the C-prefetch split, alpha / beta cases (beta = 0
+    /// over NaN), unit and non-unit column strides of C.
+    #[test]
+    fn asm_packing_tile_matches_naive() {
+        if !is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        let ldb = 53;
+        for k in [0usize, 1, 3, 4, 5, 31, 32, 33, 36, 37, 64, 385] {
+            super::super::assert_tile_matches_naive(
+                (8, 48),
+                k,
+                48,
+                50,
+                "packing ",
+                |ap, bp, alpha, beta, c, rs, cs| {
+                    let mut src = vec![f32::NAN; k * ldb + 1];
+                    for p in 0..k {
+                        src[1 + p * ldb..][..48].copy_from_slice(&bp[p * 48..][..48]);
+                    }
+                    let mut dst = vec![f32::NAN; k * 48];
+                    // SAFETY: avx512f checked above; k steps of 8 values behind ap, k source
+                    // rows of 48 values (row stride ldb) behind src[1..], k · 48 values in dst
+                    // (its own allocation); the 8 × 48 window with strides (rs, cs) lies inside
+                    // `c`.
+                    unsafe {
+                        avx512_ukr_asm_pk(
+                            k,
+                            alpha,
+                            ap.as_ptr(),
+                            src[1..].as_ptr(),
+                            ldb,
+                            dst.as_mut_ptr(),
+                            beta,
+                            c.as_mut_ptr(),
+                            rs,
+                            cs,
+                            8,
+                            48,
+                        )
+                    };
+                    assert_eq!(dst, bp[..k * 48], "packed panel, k {k}");
+                },
+            );
+        }
     }
 }

@@ -655,6 +655,7 @@ impl Kernel for Avx512 {
     const MR: usize = AVX512_MR;
     const NR: usize = AVX512_NR;
     const NAME: &'static str = "avx512-f32-8x48";
+    const PACKS_B: bool = true;
 
     fn new() -> Option<Self> {
         (is_x86_feature_detected!("avx512f")
@@ -701,6 +702,43 @@ impl Kernel for Avx512 {
                     m,
                     avx512_edge::<_, 1>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n)
                 );
+            }
+        }
+    }
+
+    #[inline]
+    unsafe fn run_packing_b(
+        self,
+        k: usize,
+        alpha: f32,
+        a: *const f32,
+        bsrc: *const f32,
+        ldb: usize,
+        bdst: *mut f32,
+        beta: f32,
+        c: *mut f32,
+        rs_c: usize,
+        cs_c: usize,
+        m: usize,
+    ) {
+        // SAFETY: holding `Avx512` proves avx512f+avx2+fma; memory per contract (the full tile
+        // reads k source rows of 48 values and writes k · 48 packed values).
+        unsafe {
+            if m == AVX512_MR
+                && super::skx::UKR_VARIANT.load(std::sync::atomic::Ordering::Relaxed) != 1
+            {
+                super::skx::avx512_ukr_asm_pk(
+                    k, alpha, a, bsrc, ldb, bdst, beta, c, rs_c, cs_c, m, AVX512_NR,
+                );
+            } else {
+                for p in 0..k {
+                    std::ptr::copy_nonoverlapping(
+                        bsrc.add(p * ldb),
+                        bdst.add(p * AVX512_NR),
+                        AVX512_NR,
+                    );
+                }
+                self.run(k, alpha, a, bdst, beta, c, rs_c, cs_c, m, AVX512_NR);
             }
         }
     }
