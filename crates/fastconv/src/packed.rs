@@ -7,6 +7,7 @@
 //! driver is then, per panel, the contiguous run `[p = pc .. pc + kc)` of that panel.
 
 use core_blas::{AlignedVec, PackA};
+use rayon::prelude::*;
 
 /// A value [`PackedKernels::repack`] rounds to f32.
 pub(crate) trait ToF32 {
@@ -113,84 +114,50 @@ impl PackedKernels {
     /// matrix row are zeroed. After [`PackedKernels::reset`], repacking every column once gives
     /// exactly what [`PackedKernels::repack`] gives.
     pub(crate) fn repack_cols<T: Copy + ToF32>(&mut self, u: &[T], p0: usize, n: usize) {
-        let (mr, rows, cols) = (self.mr, self.rows, self.cols);
-        debug_assert!(p0 + n <= cols);
-        debug_assert_eq!(u.len(), self.count * n * rows);
-        let per = rows.div_ceil(mr) * mr * cols;
-        // The panels' rows as fixed-size copies for the usual heights: the run-time-length
-        // copy of 6 values per (panel, column) was a third of a weight update's time on
-        // ResNet-50's 512 × 512 3×3 layer (perf, 12:50 UTC session 10).
-        match mr {
-            4 => self.repack_cols_fixed::<T, 4>(u, p0, n, per),
-            6 => self.repack_cols_fixed::<T, 6>(u, p0, n, per),
-            8 => self.repack_cols_fixed::<T, 8>(u, p0, n, per),
-            // 12: the 12 × 32 AVX-512 tile core-blas is building (session 11).
-            12 => self.repack_cols_fixed::<T, 12>(u, p0, n, per),
-            16 => self.repack_cols_fixed::<T, 16>(u, p0, n, per),
-            _ => {
-                for xi in 0..self.count {
-                    let src = &u[xi * n * rows..][..n * rows];
-                    let dst = &mut self.data[xi * per..][..per];
-                    for (q, panel) in dst.chunks_exact_mut(mr * cols).enumerate() {
-                        let r0 = q * mr;
-                        let w = mr.min(rows - r0);
-                        for (p, out) in panel[p0 * mr..][..n * mr].chunks_exact_mut(mr).enumerate()
-                        {
-                            for (o, v) in out[..w].iter_mut().zip(&src[p * rows + r0..][..w]) {
-                                *o = v.to_f32();
-                            }
-                            out[w..].fill(0.0);
-                        }
-                    }
-                }
-            }
+        let (rows, count) = (self.rows, self.count);
+        debug_assert!(p0 + n <= self.cols);
+        debug_assert_eq!(u.len(), count * n * rows);
+        let per = self.per_matrix();
+        let shape = self.shape();
+        for (xi, dst) in self.data[..count * per].chunks_exact_mut(per).enumerate() {
+            shape.repack_matrix(dst, &u[xi * n * rows..][..n * rows], p0, n);
         }
     }
 
-    /// [`PackedKernels::repack_cols`] with the panel height `MR` known at compile time: whole
-    /// panels by fixed-size copies, the last, partial one (rows not a multiple of `MR`) value
-    /// by value with its zero padding.
-    fn repack_cols_fixed<T: Copy + ToF32, const MR: usize>(
+    /// [`PackedKernels::repack_cols`] of several pieces `(u, p0, n)` at once, the `count`
+    /// matrices split among the threads of rayon's pool (each matrix written by one thread).
+    pub(crate) fn repack_pieces<T: Copy + ToF32 + Sync>(
         &mut self,
-        u: &[T],
-        p0: usize,
-        n: usize,
-        per: usize,
+        pieces: &[(&[T], usize, usize)],
     ) {
-        let (rows, cols) = (self.rows, self.cols);
-        let full = rows / MR;
-        for xi in 0..self.count {
-            let src = &u[xi * n * rows..][..n * rows];
-            let dst = &mut self.data[xi * per..][..per];
-            // Whole panels, `PANEL_BLOCK` at a time, column by column: each column's source rows
-            // are read as one short run and the block's panels written side by side (panel by
-            // panel, the source columns lie `rows` values apart, in one L1 set for 512 rows).
-            for qb in (0..full).step_by(PANEL_BLOCK) {
-                let qe = (qb + PANEL_BLOCK).min(full);
-                for (p, col) in src.chunks_exact(rows).enumerate() {
-                    for q in qb..qe {
-                        let at = q * MR * cols + (p0 + p) * MR;
-                        let out: &mut [f32; MR] =
-                            (&mut dst[at..at + MR]).try_into().expect("MR values");
-                        let v: &[T; MR] = col[q * MR..q * MR + MR].try_into().expect("MR values");
-                        for i in 0..MR {
-                            out[i] = v[i].to_f32();
-                        }
-                    }
+        let (rows, count) = (self.rows, self.count);
+        for &(u, p0, n) in pieces {
+            debug_assert!(p0 + n <= self.cols);
+            debug_assert_eq!(u.len(), count * n * rows);
+        }
+        let per = self.per_matrix();
+        let shape = self.shape();
+        self.data[..count * per]
+            .par_chunks_exact_mut(per)
+            .enumerate()
+            .for_each(|(xi, dst)| {
+                for &(u, p0, n) in pieces {
+                    shape.repack_matrix(dst, &u[xi * n * rows..][..n * rows], p0, n);
                 }
-            }
-            // The last, partial panel: value by value, zero past the last row.
-            if full * MR < rows {
-                let (r0, w) = (full * MR, rows - full * MR);
-                let panel = &mut dst[full * MR * cols..][..MR * cols];
-                let outs = panel[p0 * MR..][..n * MR].chunks_exact_mut(MR);
-                for (out, col) in outs.zip(src.chunks_exact(rows)) {
-                    for (o, v) in out[..w].iter_mut().zip(&col[r0..]) {
-                        *o = v.to_f32();
-                    }
-                    out[w..].fill(0.0);
-                }
-            }
+            });
+    }
+
+    /// Values per packed matrix: `ceil(rows / MR)` panels of `cols · MR`.
+    fn per_matrix(&self) -> usize {
+        self.rows.div_ceil(self.mr) * self.mr * self.cols
+    }
+
+    /// The matrices' shape, for the per-matrix copies.
+    fn shape(&self) -> Shape {
+        Shape {
+            mr: self.mr,
+            rows: self.rows,
+            cols: self.cols,
         }
     }
 
@@ -235,6 +202,88 @@ impl PackedMatrix<'_> {
     #[inline]
     fn at(&self, i: usize, p: usize) -> f32 {
         self.data[((i / self.mr) * self.cols + p) * self.mr + i % self.mr]
+    }
+}
+
+/// The shape of one packed matrix: panel height, rows, columns.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    mr: usize,
+    rows: usize,
+    cols: usize,
+}
+
+impl Shape {
+    /// Columns `p0 .. p0 + n` of one packed matrix `dst` from `src` (the columns one after the
+    /// other, `rows` values each), rounded to f32, zero past the last row.
+    fn repack_matrix<T: Copy + ToF32>(self, dst: &mut [f32], src: &[T], p0: usize, n: usize) {
+        let (mr, rows, cols) = (self.mr, self.rows, self.cols);
+        // The panels' rows as fixed-size copies for the usual heights: the run-time-length
+        // copy of 6 values per (panel, column) was a third of a weight update's time on
+        // ResNet-50's 512 × 512 3×3 layer (perf, 12:50 UTC session 10).
+        match mr {
+            4 => self.repack_matrix_fixed::<T, 4>(dst, src, p0, n),
+            6 => self.repack_matrix_fixed::<T, 6>(dst, src, p0, n),
+            8 => self.repack_matrix_fixed::<T, 8>(dst, src, p0, n),
+            // 12: the 12 × 32 AVX-512 tile core-blas is building (session 11).
+            12 => self.repack_matrix_fixed::<T, 12>(dst, src, p0, n),
+            16 => self.repack_matrix_fixed::<T, 16>(dst, src, p0, n),
+            _ => {
+                for (q, panel) in dst.chunks_exact_mut(mr * cols).enumerate() {
+                    let r0 = q * mr;
+                    let w = mr.min(rows - r0);
+                    for (p, out) in panel[p0 * mr..][..n * mr].chunks_exact_mut(mr).enumerate() {
+                        for (o, v) in out[..w].iter_mut().zip(&src[p * rows + r0..][..w]) {
+                            *o = v.to_f32();
+                        }
+                        out[w..].fill(0.0);
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`Shape::repack_matrix`] with the panel height `MR` known at compile time: whole panels
+    /// by fixed-size copies, the last, partial one (rows not a multiple of `MR`) value by value
+    /// with its zero padding.
+    fn repack_matrix_fixed<T: Copy + ToF32, const MR: usize>(
+        self,
+        dst: &mut [f32],
+        src: &[T],
+        p0: usize,
+        n: usize,
+    ) {
+        let (rows, cols) = (self.rows, self.cols);
+        let full = rows / MR;
+        // Whole panels, `PANEL_BLOCK` at a time, column by column: each column's source rows
+        // are read as one short run and the block's panels written side by side (panel by
+        // panel, the source columns lie `rows` values apart, in one L1 set for 512 rows).
+        for qb in (0..full).step_by(PANEL_BLOCK) {
+            let qe = (qb + PANEL_BLOCK).min(full);
+            for (p, col) in src.chunks_exact(rows).enumerate() {
+                for q in qb..qe {
+                    let at = q * MR * cols + (p0 + p) * MR;
+                    let out: &mut [f32; MR] =
+                        (&mut dst[at..at + MR]).try_into().expect("MR values");
+                    let v: &[T; MR] = col[q * MR..q * MR + MR].try_into().expect("MR values");
+                    for i in 0..MR {
+                        out[i] = v[i].to_f32();
+                    }
+                }
+            }
+        }
+        // The last, partial panel: value by value, zero past the last row.
+        if full * MR < rows {
+            let (r0, w) = (full * MR, rows - full * MR);
+            let panel = &mut dst[full * MR * cols..][..MR * cols];
+            let outs = panel[p0 * MR..][..n * MR].chunks_exact_mut(MR);
+            for (out, col) in outs.zip(src.chunks_exact(rows)) {
+                for (o, v) in out[..w].iter_mut().zip(&col[r0..]) {
+                    *o = v.to_f32();
+                }
+                out[w..].fill(0.0);
+            }
+        }
     }
 }
 
@@ -298,8 +347,9 @@ mod tests {
     use super::*;
     use core_blas::{DenseStore, MatMut, MatRef};
 
-    /// Repacking column ranges of any sizes after `reset` gives exactly `repack`'s panels, also
-    /// over storage that held other (larger, NaN) matrices before.
+    /// Repacking column ranges of any sizes after `reset`, one by one or several at once on a
+    /// pool, gives exactly `repack`'s panels, also over storage that held other (larger, NaN)
+    /// matrices before.
     #[test]
     fn repack_cols_matches_repack() {
         // 11 rows: partial panels only for MR 12 and 16; 37: whole panels of every height.
@@ -319,22 +369,46 @@ mod tests {
         {
             let mut want = PackedKernels::empty();
             want.repack(&u, count, rows, cols, mr);
+            let bits = |k: &PackedKernels| k.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            // On 3 threads: `repack_pieces` splits the matrices among them.
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(3)
+                .build()
+                .expect("pool");
             for widths in [vec![9], vec![1; 9], vec![2, 3, 4], vec![4, 5]] {
-                let mut got = PackedKernels::new(&vec![f32::NAN; 4 * 20 * 12], 4, 20, 12, 3);
-                got.reset(count, rows, cols, mr);
+                // The columns' slices of u: (count, n, rows) each.
                 let mut p0 = 0;
+                let mut chunks = Vec::new();
                 for n in widths {
-                    // The columns' slice of u: (count, n, rows).
                     let chunk: Vec<f64> = (0..count)
                         .flat_map(|xi| u[(xi * cols + p0) * rows..][..n * rows].to_vec())
                         .collect();
-                    got.repack_cols(&chunk, p0, n);
+                    chunks.push((chunk, p0, n));
                     p0 += n;
                 }
                 assert_eq!(p0, cols);
-                let bits =
-                    |k: &PackedKernels| k.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                let stale = || PackedKernels::new(&vec![f32::NAN; 4 * 20 * 12], 4, 20, 12, 3);
+                let mut got = stale();
+                got.reset(count, rows, cols, mr);
+                for (chunk, p0, n) in &chunks {
+                    got.repack_cols(chunk, *p0, *n);
+                }
                 assert_eq!(bits(&got), bits(&want), "mr {mr} rows {rows}");
+                // All pieces at once, and in two rounds.
+                let pieces: Vec<(&[f64], usize, usize)> = chunks
+                    .iter()
+                    .map(|(c, p0, n)| (c.as_slice(), *p0, *n))
+                    .collect();
+                for round in [pieces.len(), pieces.len().div_ceil(2)] {
+                    let mut got = stale();
+                    got.reset(count, rows, cols, mr);
+                    pool.install(|| {
+                        for part in pieces.chunks(round) {
+                            got.repack_pieces(part);
+                        }
+                    });
+                    assert_eq!(bits(&got), bits(&want), "mr {mr} rows {rows} pieces");
+                }
             }
         }
     }

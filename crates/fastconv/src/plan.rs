@@ -19,6 +19,8 @@
 
 use std::cell::RefCell;
 
+use rayon::prelude::*;
+
 use conv_ops::ConvGeometry;
 
 use crate::error::{FastconvError, Result};
@@ -102,14 +104,31 @@ const KERNEL_CHUNK: usize = 1024;
 /// Fewest columns (kernels of one input channel, for the forward) per piece of the kernel
 /// transform: pieces of 2 columns (512 × 512 kernels) wrote each panel in 48-byte runs
 /// and made the transform of 512@7² 7-8 % of a call slower (09:49 UTC, session 9); with 32
-/// columns a piece of that layer holds ~7 MB of f64 values.
-const KERNEL_CHUNK_COLS: usize = 32;
+/// columns a piece of that layer held ~7 MB of f64 values, with 16 half that. Session 19 (Zen 4,
+/// `lead_t2` probe, 1 thread, quiet 22:31 UTC, two rounds): 512@7² batch 8 forward 23.3-23.5 ms
+/// with 32 columns, 21.5-21.6 with 16, 21.8-22.3 with 8; 512@4² batch 64 34.6-35.0 / 33.4-34.0
+/// / 33.2-34.1.
+const KERNEL_CHUNK_COLS: usize = 16;
+
+/// Columns (`inner` values) per piece of the kernel transform of `(inner, outer)` kernels: the
+/// f64 buffers stay about [`KERNEL_CHUNK`] kernels instead of growing to the largest layer; at
+/// least [`KERNEL_CHUNK_COLS`] columns, so the panels are written in runs of whole cache lines.
+fn piece_cols((inner, outer): (usize, usize)) -> usize {
+    (KERNEL_CHUNK / outer.max(1))
+        .max(KERNEL_CHUNK_COLS)
+        .clamp(1, inner.max(1))
+}
 
 thread_local! {
     /// The kernel transform's f64 buffers, shared by every plan that runs on this thread: they
     /// grow to the largest layer's size once and are reused by every weight update, instead of
     /// one set per plan (per-plan sets held 1.8 GB more for ResNet-34's 36 layers at 224²).
     static KERNEL_WORK: RefCell<KernelWork> = RefCell::new(KernelWork::default());
+
+    /// The parallel kernel transform's round of transformed pieces
+    /// ([`WinogradPlan::transform_into_par`]), kept on the calling thread between calls: freed
+    /// at the end of every call, they were page-faulted in again by the next.
+    static KERNEL_OUTS: RefCell<Vec<Vec<f64>>> = const { RefCell::new(Vec::new()) };
 
     /// The packed transformed kernels of the plans that do not keep theirs
     /// ([`WinogradPlan::set_keep_kernels`]`(false)`): one buffer per thread, shared by every such
@@ -159,9 +178,15 @@ fn on_every_thread(f: fn() -> usize) -> usize {
 /// Bytes held by the calling thread's workspaces (0 for one in use).
 fn thread_workspace_bytes() -> usize {
     let kw = KERNEL_WORK.with(|c| c.try_borrow().map_or(0, |w| w.bytes()));
+    let outs = KERNEL_OUTS.with(|c| c.try_borrow().map_or(0, |o| outs_bytes(&o)));
     let u = SHARED_U.with(|c| c.try_borrow().map_or(0, |u| 4 * u.capacity()));
     let fw = FILTER_WORK.with(|c| c.try_borrow().map_or(0, |w| w.bytes()));
-    kw + u + fw + crate::tiled::pool_bytes()
+    kw + outs + u + fw + crate::tiled::pool_bytes()
+}
+
+/// Bytes held by a round of transformed pieces (capacities).
+fn outs_bytes(outs: &[Vec<f64>]) -> usize {
+    outs.iter().map(|o| 8 * o.capacity()).sum()
 }
 
 /// Frees the calling thread's workspaces (not one in use); returns the bytes freed.
@@ -169,6 +194,10 @@ fn release_thread_workspaces() -> usize {
     let kw = KERNEL_WORK.with(|c| {
         c.try_borrow_mut()
             .map_or(0, |mut w| std::mem::take(&mut *w).bytes())
+    });
+    let outs = KERNEL_OUTS.with(|c| {
+        c.try_borrow_mut()
+            .map_or(0, |mut o| outs_bytes(&std::mem::take(&mut *o)))
     });
     let u = SHARED_U.with(|c| {
         c.try_borrow_mut().map_or(0, |mut u| {
@@ -179,7 +208,7 @@ fn release_thread_workspaces() -> usize {
         c.try_borrow_mut()
             .map_or(0, |mut w| std::mem::take(&mut *w).bytes())
     });
-    kw + u + fw + crate::tiled::release_pool()
+    kw + outs + u + fw + crate::tiled::release_pool()
 }
 
 /// The Winograd algorithm for one geometry: tile choice, transforms, cached kernel transforms.
@@ -411,7 +440,7 @@ impl WinogradPlan {
         tt: &TileTransforms,
         w: &[f32],
         dims: (usize, usize),
-        layout: impl Fn(&mut [f32], std::ops::Range<usize>),
+        layout: impl Fn(&mut [f32], std::ops::Range<usize>) + Sync,
         run: impl FnOnce(&PackedKernels) -> Result<R>,
     ) -> Result<R> {
         if !keep {
@@ -455,8 +484,12 @@ impl WinogradPlan {
         tt: &TileTransforms,
         w: &[f32],
         dims: (usize, usize),
-        layout: impl Fn(&mut [f32], std::ops::Range<usize>),
+        layout: impl Fn(&mut [f32], std::ops::Range<usize>) + Sync,
     ) -> Result<()> {
+        let threads = rayon::current_num_threads();
+        if threads > 1 && dims.0 > piece_cols(dims) {
+            return Self::transform_into_par(u, tt, w, dims, threads, &layout);
+        }
         KERNEL_WORK.with(|cell| match cell.try_borrow_mut() {
             Ok(mut work) => Self::transform_into(u, &mut work, tt, w, dims, layout),
             // Not reached (no transform runs inside another); a private set is still correct.
@@ -479,12 +512,7 @@ impl WinogradPlan {
         let a_n: usize = tt.in_tile().iter().product();
         let (mr, _) = core_blas::Gemm::global()?.tile();
         u.reset(a_n, outer, inner, mr);
-        // Some columns (`inner` values) at a time: the f64 buffers stay about `KERNEL_CHUNK`
-        // kernels instead of growing to the largest layer; at least `KERNEL_CHUNK_COLS` columns,
-        // so the panels are written in runs of whole cache lines.
-        let cols = (KERNEL_CHUNK / outer.max(1))
-            .max(KERNEL_CHUNK_COLS)
-            .clamp(1, inner.max(1));
+        let cols = piece_cols((inner, outer));
         // The piece's kernels in the transform's layout (taps, kernels of the piece), laid out
         // piece by piece too (a whole-layer copy of the weights was 28 MB on C3D's 512 × 512).
         let mut g = std::mem::take(&mut work.g);
@@ -503,6 +531,98 @@ impl WinogradPlan {
         }
         work.g = g;
         done
+    }
+
+    /// [`WinogradPlan::transform_into`] on the `threads` threads of rayon's pool, in rounds of
+    /// one piece per thread: each piece is transformed on its thread with that thread's
+    /// [`KERNEL_WORK`], then the round's pieces are repacked into `u` with the α^N matrices
+    /// split among the threads. Every kernel is transformed by the same operations as in the
+    /// serial transform, so `u` is the same to the bit.
+    ///
+    /// Serial, the weight transform was a third of a training forward on small planes with many
+    /// channels (VGG-16's 512@4², batch 64, F(4, 3): 35% of 43 ms on 1 thread), and it did not
+    /// shrink on 2 threads.
+    fn transform_into_par(
+        u: &mut PackedKernels,
+        tt: &TileTransforms,
+        w: &[f32],
+        (inner, outer): (usize, usize),
+        threads: usize,
+        layout: &(impl Fn(&mut [f32], std::ops::Range<usize>) + Sync),
+    ) -> Result<()> {
+        let taps: usize = tt.kernel().iter().product();
+        debug_assert_eq!(w.len(), taps * inner * outer);
+        let a_n: usize = tt.in_tile().iter().product();
+        let (mr, _) = core_blas::Gemm::global()?.tile();
+        u.reset(a_n, outer, inner, mr);
+        let cols = piece_cols((inner, outer));
+        let pieces: Vec<(usize, usize)> = (0..inner)
+            .step_by(cols)
+            .map(|p0| (p0, cols.min(inner - p0)))
+            .collect();
+        // The round's transformed pieces, (α^N, columns, `outer`) each: swapped with the
+        // thread's output buffer, so neither is allocated again after the first call.
+        KERNEL_OUTS.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut outs) => {
+                Self::transform_rounds(u, tt, (outer, taps), &pieces, threads, layout, &mut outs)
+            }
+            // Only when this runs inside another transform on this thread; private buffers are
+            // still correct.
+            Err(_) => Self::transform_rounds(
+                u,
+                tt,
+                (outer, taps),
+                &pieces,
+                threads,
+                layout,
+                &mut Vec::new(),
+            ),
+        })
+    }
+
+    /// The rounds of [`WinogradPlan::transform_into_par`] over `pieces` (first column, columns),
+    /// with the round's buffers `outs`.
+    fn transform_rounds(
+        u: &mut PackedKernels,
+        tt: &TileTransforms,
+        (outer, taps): (usize, usize),
+        pieces: &[(usize, usize)],
+        threads: usize,
+        layout: &(impl Fn(&mut [f32], std::ops::Range<usize>) + Sync),
+        outs: &mut Vec<Vec<f64>>,
+    ) -> Result<()> {
+        outs.resize_with(threads.min(pieces.len()), Vec::new);
+        for round in pieces.chunks(outs.len()) {
+            outs.par_iter_mut()
+                .zip(round)
+                .try_for_each(|(out, &(p0, pn))| {
+                    let mut run = |work: &mut KernelWork| -> Result<()> {
+                        let range = p0 * outer..(p0 + pn) * outer;
+                        let len = range.len();
+                        let mut g = std::mem::take(&mut work.g);
+                        g.resize(taps * len, 0.0);
+                        layout(&mut g, range);
+                        let done = tt.kernel_transform_f64_range(&g, len, 0..len, work);
+                        work.g = g;
+                        done?;
+                        std::mem::swap(out, &mut work.out);
+                        Ok(())
+                    };
+                    KERNEL_WORK.with(|cell| match cell.try_borrow_mut() {
+                        Ok(mut work) => run(&mut work),
+                        // Only when this runs inside another transform on this thread (a rayon
+                        // worker stealing a job while it waits); a private set is still correct.
+                        Err(_) => run(&mut KernelWork::default()),
+                    })
+                })?;
+            let parts: Vec<(&[f64], usize, usize)> = outs
+                .iter()
+                .zip(round)
+                .map(|(out, &(p0, pn))| (out.as_slice(), p0, pn))
+                .collect();
+            u.repack_pieces(&parts);
+        }
+        Ok(())
     }
 
     /// Forward pass `y = conv(x, w)` (no bias): x N×C×spatial, w K×C×kernel, y N×K×output

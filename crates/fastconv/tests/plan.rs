@@ -550,38 +550,59 @@ fn release_workspaces_frees_and_passes_stay_correct() {
     assert!(fastconv::release_workspaces() >= big_u);
 }
 
-/// More kernels (C·K) than one piece of the kernel transform (1024, at least 32 columns): the
-/// transform runs in pieces of whole columns, 32 + 8 of 40 input channels for the forward,
-/// 32 + 16 of 48 output channels for backward-data; with 1-D and 3-D tiles too.
+/// More kernels (C·K) than one piece of the kernel transform (1024, at least 16 columns): the
+/// transform runs in pieces of whole columns, 21 + 19 of 40 input channels for the forward (4
+/// pieces of 72), 25 + 23 of 48 output channels for backward-data; with 1-D and 3-D tiles too.
+/// On pools of 2 and 3 threads the pieces run in parallel rounds (2 + 2 and 3 + 1 pieces of 72):
+/// the results are the 1-thread results to the bit.
 #[test]
 fn kernel_transform_in_pieces() {
-    for (input, kernel) in [
-        (&[7usize, 6][..], &[3usize, 3][..]),
-        (&[19][..], &[4][..]),
-        (&[4, 5, 3][..], &[2, 3, 2][..]),
+    for (input, kernel, c) in [
+        (&[7usize, 6][..], &[3usize, 3][..], 40),
+        (&[7, 6][..], &[3, 3][..], 72),
+        (&[19][..], &[4][..], 40),
+        (&[4, 5, 3][..], &[2, 3, 2][..], 40),
     ] {
-        let g = ConvGeometry::new(2, 40, 48, input, kernel)
+        let g = ConvGeometry::new(2, c, 48, input, kernel)
             .unwrap()
             .with_padding(&[1])
             .unwrap();
-        for keep in [true, false] {
-            let mut plan = WinogradPlan::new(&g, None).unwrap();
-            plan.set_keep_kernels(keep);
-            let (x, w, dy) = (
-                uniform(1, g.x_len()),
-                uniform(2, g.w_len()),
-                uniform(3, g.y_len()),
-            );
-            let (mut y, mut dx) = (vec![f32::NAN; g.y_len()], vec![f32::NAN; g.x_len()]);
-            plan.forward(&x, &w, &mut y).unwrap();
-            plan.backward_data(&dy, &w, &mut dx).unwrap();
-            let (mut y_ref, mut dx_ref) = (vec![0.0; g.y_len()], vec![0.0; g.x_len()]);
-            reference::forward(&g, &x, &w, None, &mut y_ref).unwrap();
-            reference::backward_data(&g, &dy, &w, &mut dx_ref).unwrap();
-            let e = max_rel_error(&y, &f64s(&y_ref));
-            assert!(e <= TOL, "{input:?} keep {keep}: forward {e:.2e}");
-            let e = max_rel_error(&dx, &f64s(&dx_ref));
-            assert!(e <= TOL, "{input:?} keep {keep}: backward-data {e:.2e}");
+        let (x, w, dy) = (
+            uniform(1, g.x_len()),
+            uniform(2, g.w_len()),
+            uniform(3, g.y_len()),
+        );
+        let (mut y_ref, mut dx_ref) = (vec![0.0; g.y_len()], vec![0.0; g.x_len()]);
+        reference::forward(&g, &x, &w, None, &mut y_ref).unwrap();
+        reference::backward_data(&g, &dy, &w, &mut dx_ref).unwrap();
+        let mut serial: Option<(Vec<f32>, Vec<f32>)> = None;
+        for threads in [1, 2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            for keep in [true, false] {
+                let mut plan = WinogradPlan::new(&g, None).unwrap();
+                plan.set_keep_kernels(keep);
+                let (mut y, mut dx) = (vec![f32::NAN; g.y_len()], vec![f32::NAN; g.x_len()]);
+                pool.install(|| {
+                    plan.forward(&x, &w, &mut y).unwrap();
+                    plan.backward_data(&dy, &w, &mut dx).unwrap();
+                });
+                let ctx = format!("{input:?} C {c} keep {keep} {threads} threads");
+                let e = max_rel_error(&y, &f64s(&y_ref));
+                assert!(e <= TOL, "{ctx}: forward {e:.2e}");
+                let e = max_rel_error(&dx, &f64s(&dx_ref));
+                assert!(e <= TOL, "{ctx}: backward-data {e:.2e}");
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                match &serial {
+                    None => serial = Some((y, dx)),
+                    Some((y1, dx1)) => {
+                        assert_eq!(bits(&y), bits(y1), "{ctx}: forward vs 1 thread");
+                        assert_eq!(bits(&dx), bits(dx1), "{ctx}: backward-data vs 1 thread");
+                    }
+                }
+            }
         }
     }
 }
