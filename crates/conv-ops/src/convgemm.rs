@@ -109,6 +109,38 @@ unsafe fn copy_fixed<const W: usize>(d: *mut f32, from: *const f32, stride: usiz
     }
 }
 
+/// Channels of one packing pass over a tap's rows when the channel planes alias in L1 (see
+/// [`channel_block`]): the L1d's ways (8 on the machines we tune on).
+const L1_WAYS: usize = 8;
+
+/// How many channels [`Im2colB`] packs tap by tap before moving to the next channels, for
+/// `channels` channels in the block of B whose planes lie `plane_bytes` apart. Tap by tap over
+/// all of them re-reads each channel's input lines once per tap; that hits L1 unless the
+/// planes' same positions fall into the same L1 sets: with planes a multiple of 4 KiB apart
+/// (VGG's 224², 196 KiB) every channel lands in one set, and more than [`L1_WAYS`] channels
+/// per pass evict each other's lines between taps. Then the channels go in blocks that fill
+/// the ways. `probe_passes 1 64 64 224x224 3x3 1 1 3 fwd/convgemm`, quiet 21:21:33 UTC,
+/// two rounds, blocks of all (64 or KC's share) / 2 / 4 / 8 / 16 channels: 43.5-43.7 /
+/// 42.9-43.3 / 39.4-39.6 / 38.0 / 39.9-40.2 ms; ResNet-50 64@56² (planes 256 bytes off a 4
+/// KiB multiple: 16 channels before two share a set) and C3D 64@8×56² (2048 bytes off, KC
+/// holds ~13 channels) were level or slower with blocks, so they keep one pass.
+fn channel_block(channels: usize, plane_bytes: usize) -> usize {
+    // Channels whose planes start at distinct 4 KiB offsets before the offsets repeat.
+    let distinct = 4096 / gcd(plane_bytes, 4096);
+    if channels > L1_WAYS * distinct {
+        L1_WAYS * distinct
+    } else {
+        channels.max(1)
+    }
+}
+
+fn gcd(mut a: usize, mut b: usize) -> usize {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
 /// No cached entry for this position.
 const EMPTY: u32 = u32::MAX;
 
@@ -279,16 +311,22 @@ impl Im2colB<'_> {
                 let plin = &s.lin[e.lin..][..rlen];
                 let shift = n * image;
                 debug_assert!(src.segments_in_bounds(prun, psegs, &s.planes, shift));
-                // Tap by tap (the rows of one tap, one per channel, share its segments), the
-                // channels of the block in order: row `c·R + tap − pc`.
+                // By blocks of channels ([`channel_block`]: usually one), tap by tap (the rows
+                // of one tap, one per channel, share its segments), the channels of the block
+                // in order: row `c·R + tap − pc`.
                 let ilen = src.plane(1) - src.plane(0);
                 let (c_first, last) = (pc / rlen, pc + kc - 1);
-                for tap in 0..rlen {
-                    let c_lo = c_first + usize::from(tap < pc % rlen);
-                    if c_lo * rlen + tap > last {
+                let c_end = last / rlen + 1;
+                let chb = channel_block(c_end - c_first, ilen * size_of::<f32>());
+                for (tap, b0) in (c_first..c_end)
+                    .step_by(chb)
+                    .flat_map(|b0| (0..rlen).map(move |tap| (tap, b0)))
+                {
+                    let c_lo = (c_first + usize::from(tap < pc % rlen)).max(b0);
+                    if c_lo * rlen + tap > last || c_lo >= b0 + chb {
                         continue;
                     }
-                    let rows = (last - tap) / rlen + 1 - c_lo;
+                    let rows = ((last - tap) / rlen + 1).min(b0 + chb) - c_lo;
                     let tsegs = &psegs[tap * count..][..count];
                     let row0 = c_lo * rlen + tap - pc;
                     debug_assert!((row0 + (rows - 1) * rlen) < kc);

@@ -181,3 +181,36 @@ fn wide_lines_pack_block_by_block() {
         check_geometries(&geoms, nr, kc, panels, (nr * kc * panels) as u64).unwrap();
     }
 }
+
+/// Channel planes a multiple of 4 KiB apart (1024 floats): `Im2colB` packs such blocks in
+/// blocks of channels, tap by tap within each (more than 8 channels per block of B; block
+/// rows starting and ending inside a channel's taps included).
+#[test]
+fn aliasing_planes_pack_block_by_block() {
+    let geoms = [
+        ConvGeometry::new(2, 20, 3, &[16, 64], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+        ConvGeometry::new(1, 2 * 12, 4, &[32, 32], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap()
+            .with_groups(2)
+            .unwrap(),
+        ConvGeometry::new(1, 17, 2, &[4, 4, 64], &[3, 3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+    ];
+    for (nr, kc, panels) in [
+        (16, 180, 1),
+        (48, 180, 2),
+        (32, 100, 3),
+        (48, 153, 1),
+        (16, 500, 2),
+        (48, 77, 4),
+    ] {
+        check_geometries(&geoms, nr, kc, panels, (nr * kc * panels) as u64).unwrap();
+    }
+}
