@@ -29,6 +29,10 @@ pub struct Im2colB<'a> {
     cols: usize,
     /// First column (image · O) of the view: a view of images `n0..` starts at `n0 · O`.
     col0: usize,
+    /// The kernel taps of the view: `taps` of them from `tap0` on (all by default), row `p`
+    /// being channel `p / taps`, tap `tap0 + p % taps`.
+    tap0: usize,
+    taps: usize,
 }
 
 /// Scratch reused across calls on one thread: no allocation in steady state.
@@ -184,6 +188,21 @@ impl<'a> Im2colB<'a> {
             rows: g.in_channels_per_group() * g.kernel_len(),
             cols: count * g.output_spatial_len(),
             col0: n0 * g.output_spatial_len(),
+            tap0: 0,
+            taps: g.kernel_len(),
+        }
+    }
+
+    /// The rows of kernel taps `tap0..tap0 + taps` (flat, row-major over the kernel's
+    /// dimensions) only: C/G · `taps` rows, row `p` = channel `p / taps`, tap `tap0 + p %
+    /// taps` (validated by the caller: `tap0 + taps <= R`).
+    pub(crate) fn with_taps(self, tap0: usize, taps: usize) -> Self {
+        debug_assert!(tap0 + taps <= self.src.rlen);
+        Im2colB {
+            rows: self.rows / self.src.rlen * taps,
+            tap0,
+            taps,
+            ..self
         }
     }
 }
@@ -218,7 +237,7 @@ impl PackB for Im2colB<'_> {
         let src = &self.src;
         PREFETCH_RUNS.with_borrow_mut(|runs| {
             src.runs(self.col0 + jc, nc, runs);
-            src.prefetch(runs, pc / src.rlen..(pc + kc - 1) / src.rlen + 1);
+            src.prefetch(runs, pc / self.taps..(pc + kc - 1) / self.taps + 1);
         });
     }
 }
@@ -230,6 +249,8 @@ impl Im2colB<'_> {
         let src = &self.src;
         let stride = src.d.stride[2];
         let (image, olen, rlen) = (src.image_len(), src.olen(), src.rlen);
+        // Rows are (channel, tap of the view's window): `rl` per channel.
+        let (tap0, rl) = (self.tap0, self.taps);
         // Masked vector copies for full panels of 16-value chunks.
         let cp = ConvPack::global()
             .ok()
@@ -245,7 +266,7 @@ impl Im2colB<'_> {
             }
             if cfg!(debug_assertions) {
                 s.planes.clear();
-                s.planes.extend((pc..pc + kc).map(|p| src.plane(p / rlen)));
+                s.planes.extend((pc..pc + kc).map(|p| src.plane(p / rl)));
             }
             for (j0, w, panel) in micro_panels(dst, kc, nr, jc, nc) {
                 let first = self.col0 + j0;
@@ -313,27 +334,29 @@ impl Im2colB<'_> {
                 debug_assert!(src.segments_in_bounds(prun, psegs, &s.planes, shift));
                 // By blocks of channels ([`channel_block`]: usually one), tap by tap (the rows
                 // of one tap, one per channel, share its segments), the channels of the block
-                // in order: row `c·R + tap − pc`.
+                // in order: row `c·T + tap − pc` (T = `rl`, the taps of the view).
                 let ilen = src.plane(1) - src.plane(0);
-                let (c_first, last) = (pc / rlen, pc + kc - 1);
-                let c_end = last / rlen + 1;
+                let (c_first, last) = (pc / rl, pc + kc - 1);
+                let c_end = last / rl + 1;
                 let chb = channel_block(c_end - c_first, ilen * size_of::<f32>());
                 for (tap, b0) in (c_first..c_end)
                     .step_by(chb)
-                    .flat_map(|b0| (0..rlen).map(move |tap| (tap, b0)))
+                    .flat_map(|b0| (0..rl).map(move |tap| (tap, b0)))
                 {
-                    let c_lo = (c_first + usize::from(tap < pc % rlen)).max(b0);
-                    if c_lo * rlen + tap > last || c_lo >= b0 + chb {
+                    let c_lo = (c_first + usize::from(tap < pc % rl)).max(b0);
+                    if c_lo * rl + tap > last || c_lo >= b0 + chb {
                         continue;
                     }
-                    let rows = ((last - tap) / rlen + 1).min(b0 + chb) - c_lo;
-                    let tsegs = &psegs[tap * count..][..count];
-                    let row0 = c_lo * rlen + tap - pc;
-                    debug_assert!((row0 + (rows - 1) * rlen) < kc);
+                    let rows = ((last - tap) / rl + 1).min(b0 + chb) - c_lo;
+                    // The tables are indexed by the kernel's tap.
+                    let kt = tap0 + tap;
+                    let tsegs = &psegs[kt * count..][..count];
+                    let row0 = c_lo * rl + tap - pc;
+                    debug_assert!((row0 + (rows - 1) * rl) < kc);
                     let from0 = src.plane(c_lo) + shift;
                     if let (Some(cp), true) = (cp, e.chunks != NO_CHUNKS) {
-                        let chunks = &s.chunks[e.chunks + tap * nch..][..nch];
-                        // SAFETY: rows `row0 + i·R < kc` of the panel (`kc · nr` values) hold
+                        let chunks = &s.chunks[e.chunks + kt * nch..][..nch];
+                        // SAFETY: rows `row0 + i·T < kc` of the panel (`kc · nr` values) hold
                         // `nr = 16 · nch` values each; the lanes a chunk reads are the
                         // segments' positions `at + t·stride` of the plane of channel `c_lo +
                         // i` of the panel's image (`push_chunks`), inside x like the segment
@@ -341,7 +364,7 @@ impl Im2colB<'_> {
                         unsafe {
                             cp.pack_rows(
                                 panel.as_mut_ptr().add(row0 * nr),
-                                rlen * nr,
+                                rl * nr,
                                 rows,
                                 src.x.as_ptr().add(from0),
                                 ilen,
@@ -351,19 +374,19 @@ impl Im2colB<'_> {
                         }
                         continue;
                     }
-                    let lin = plin[tap];
+                    let lin = plin[kt];
                     if lin.ok {
                         // One straight stretch of the plane: a fixed-size copy per channel,
                         // then the few padded positions zeroed.
                         let at = from0 + lin.base;
                         debug_assert!(at + (rows - 1) * ilen + stride * nr <= src.x.len());
                         for i in 0..rows {
-                            // SAFETY: row `row0 + i·R < kc` of the panel (`kc · nr` values)
+                            // SAFETY: row `row0 + i·T < kc` of the panel (`kc · nr` values)
                             // holds `nr` (16, 32 or 48, `fixed_width`) values; `base + stride·nr`
                             // stays inside the plane of channel `c_lo + i` of the panel's image
                             // (`straight`), inside x; mask bits are below nr.
                             unsafe {
-                                let d = panel.as_mut_ptr().add((row0 + i * rlen) * nr);
+                                let d = panel.as_mut_ptr().add((row0 + i * rl) * nr);
                                 let from = src.x.as_ptr().add(at + i * ilen);
                                 if nr == 32 {
                                     copy_fixed::<32>(d, from, stride);
@@ -382,8 +405,8 @@ impl Im2colB<'_> {
                         continue;
                     }
                     for i in 0..rows {
-                        let out = &mut panel[(row0 + i * rlen) * nr..][..nr];
-                        if !pfull[tap] {
+                        let out = &mut panel[(row0 + i * rl) * nr..][..nr];
+                        if !pfull[kt] {
                             out.fill(0.0);
                         }
                         for (run, seg) in prun.iter().zip(tsegs) {

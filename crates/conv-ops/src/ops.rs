@@ -9,7 +9,7 @@ use crate::convgemm_trans::Im2colTB;
 use crate::error::{Result, gemm_err};
 use crate::geometry::ConvGeometry;
 use crate::im2col::{col2im_add, im2col, im2col_shape};
-use crate::layout::{ChannelMajor, ChannelMajorStore, Epilogue, forward_panels};
+use crate::layout::{ChannelMajor, ChannelMajorStore, Columns, Epilogue, forward_panels};
 
 /// The weights of group `grp` as a (K/G) × (C/G·R) row-major matrix.
 fn weights<'a>(g: &ConvGeometry, grp: usize, w: &'a [f32]) -> Result<MatRef<'a>> {
@@ -141,6 +141,100 @@ pub fn forward(
     result
 }
 
+/// One slab of output positions along the outermost spatial dimension of a per-image forward
+/// convgemm (see [`outer_slabs`]): the columns (output positions of one image) and the taps of
+/// the outermost kernel dimension that read inside the input there.
+struct Slab {
+    cols: std::ops::Range<usize>,
+    r: std::ops::Range<usize>,
+}
+
+/// Taps of the per-image forward that only multiply padding, as a fraction of all, from which
+/// [`outer_slabs`] splits the product.
+const MIN_PADDING_SHARE: f64 = 0.02;
+
+/// The output of one image cut into slabs along the outermost spatial dimension, consecutive
+/// output coordinates whose kernel taps there reach the same range of valid input coordinates
+/// (for a 3×3×3 kernel with padding 1: the first depth slice (taps 1-2), the interior (all),
+/// the last (taps 0-1)); the taps of the outermost dimension are the outermost of the flat tap
+/// index, so a slab's valid taps are one contiguous range of rows of im2col, and its product
+/// skips the rest, which only multiply padding. `None` when the skipped taps are fewer than
+/// [`MIN_PADDING_SHARE`] of all (ResNet-50's 56² planes: 1.2%; C3D's 8×56²: 8.3%), or the
+/// layer has groups (the weights of the slab's taps are copied per call).
+fn outer_slabs(g: &ConvGeometry) -> Option<Vec<Slab>> {
+    if g.groups() != 1 || g.kernel()[0] == 1 {
+        return None;
+    }
+    let (o0, k0) = (g.output()[0], g.kernel()[0]);
+    let inner = g.output_spatial_len() / o0;
+    let (s, dil, pad, len) = (
+        g.stride()[0] as isize,
+        g.dilation()[0] as isize,
+        g.pad_before()[0] as isize,
+        g.input()[0] as isize,
+    );
+    let valid = |o: usize| {
+        let ok = |r: usize| (0..len).contains(&(o as isize * s + r as isize * dil - pad));
+        let lo = (0..k0).find(|&r| ok(r)).unwrap_or(k0);
+        let hi = (lo..k0).find(|&r| !ok(r)).unwrap_or(k0);
+        lo..hi
+    };
+    let mut slabs: Vec<Slab> = Vec::new();
+    let mut skipped = 0;
+    for o in 0..o0 {
+        let r = valid(o);
+        skipped += k0 - r.len();
+        match slabs.last_mut() {
+            Some(last) if last.r == r => last.cols.end += inner,
+            _ => slabs.push(Slab {
+                cols: o * inner..(o + 1) * inner,
+                r,
+            }),
+        }
+    }
+    // An empty range (every tap in the padding: an output of bias alone) is left to the plain
+    // product, and so are slabs narrower than a few C panels (their products would run on
+    // the kernel's edges).
+    if slabs
+        .iter()
+        .any(|sl| sl.r.is_empty() || sl.cols.len() < MIN_SLAB_COLS)
+        || (skipped as f64) < MIN_PADDING_SHARE * (o0 * k0) as f64
+    {
+        return None;
+    }
+    Some(slabs)
+}
+
+/// Output positions of the narrowest slab [`outer_slabs`] takes.
+const MIN_SLAB_COLS: usize = 256;
+
+/// Per slab, `None` when it takes every tap (the product reads A itself), or A's columns of
+/// its taps, `W[k][c][tap0..tap0 + taps]` as a dense K/G × C/G·taps matrix (copied once per
+/// call and group: weights-sized, not growing with the batch).
+fn slab_weights<A: core_blas::PackA>(
+    g: &ConvGeometry,
+    a: &A,
+    slabs: &[Slab],
+) -> Vec<Option<Vec<f32>>> {
+    let (kg, cols, rlen) = (a.rows(), a.cols(), g.kernel_len());
+    let inner = rlen / g.kernel()[0];
+    // A as a dense row-major matrix: micro-panels one row tall.
+    let mut wd = vec![0f32; kg * cols];
+    a.pack_a(0, kg, 0, cols, 1, &mut wd);
+    slabs
+        .iter()
+        .map(|s| {
+            let (tap0, taps) = (s.r.start * inner, s.r.len() * inner);
+            (taps < rlen).then(|| {
+                wd.chunks_exact(rlen)
+                    .flat_map(|row| &row[tap0..tap0 + taps])
+                    .copied()
+                    .collect()
+            })
+        })
+        .collect()
+}
+
 /// The forward pass of group `grp` by a GEMM `algo` (convgemm or im2col + GEMM) whose A (the
 /// group's K/G × C/G·R weights) is `a`: the geometry's own weights, or the flipped ones of
 /// [`crate::flipped`] packed straight from w.
@@ -163,11 +257,49 @@ pub(crate) fn forward_group<A: core_blas::PackA>(
         bias,
         relu,
     };
+    // Large images whose outermost taps partly read padding: a product per output slab.
+    let slabs = (algo == ForwardAlgo::Convgemm && olen >= PER_IMAGE_MIN_PLANE && !is_pointwise(g))
+        .then(|| outer_slabs(g))
+        .flatten();
     // The whole batch's C (K/G × N·O) written into y through the channel-major map.
     let batch_store = |y| ChannelMajorStore::new(y, g.out_channels(), olen, grp * kg, kg, epi);
     match algo {
         // Large images: one GEMM per image, whose C (K/G × O of y[n]) is a dense
         // matrix, so the kernel stores straight from registers (no tile buffer).
+        ForwardAlgo::Convgemm if olen >= PER_IMAGE_MIN_PLANE && slabs.is_some() => {
+            let slabs = slabs.as_deref().unwrap_or_default();
+            let weights = slab_weights(g, a, slabs);
+            (0..g.batch()).try_for_each(|n| {
+                let yn = &mut y[(n * g.out_channels() + grp * kg) * olen..][..kg * olen];
+                let b = Im2colB::images(g, grp, x, n, 1);
+                slabs.iter().zip(&weights).try_for_each(|(s, wt)| {
+                    let inner = g.kernel_len() / g.kernel()[0];
+                    let (tap0, taps) = (s.r.start * inner, s.r.len() * inner);
+                    let (j0, cn) = (s.cols.start, s.cols.len());
+                    let c = MatMut::row_major("y", &mut yn[j0..], kg, cn, olen)?;
+                    let mut dense = DenseStore::new(c, 1.0, 0.0);
+                    if let Some(b) = bias {
+                        dense = dense.with_bias(Bias::PerRow(&b[grp * kg..][..kg]))?;
+                    }
+                    if relu {
+                        dense = dense.with_relu();
+                    }
+                    let cols_b = Columns {
+                        b: &b.with_taps(tap0, taps),
+                        j0,
+                        cols: cn,
+                    };
+                    match wt {
+                        None => core_blas::gemm_with(a, &cols_b, &mut dense),
+                        Some(wt) => {
+                            let ct = wt.len() / kg;
+                            let at = MatRef::row_major("w", wt, kg, ct, ct)?;
+                            core_blas::gemm_with(&at, &cols_b, &mut dense)
+                        }
+                    }
+                })
+            })
+        }
         ForwardAlgo::Convgemm if olen >= PER_IMAGE_MIN_PLANE => (0..g.batch()).try_for_each(|n| {
             let yn = &mut y[(n * g.out_channels() + grp * kg) * olen..][..kg * olen];
             let c = MatMut::row_major("y", yn, kg, olen, olen)?;

@@ -202,6 +202,23 @@ fn realistic_layers() {
             .unwrap()
             .with_padding(&[1])
             .unwrap(),
+        // Large planes whose outermost taps partly read padding: the forward (and the flipped
+        // backward-data) runs one product per output slab over its valid taps (3-D, a dilated
+        // and padded-per-side depth, and 2-D with long lines).
+        ConvGeometry::new(2, 5, 7, &[4, 16, 16], &[3, 3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+        ConvGeometry::new(1, 6, 9, &[5, 16, 20], &[3, 3, 3])
+            .unwrap()
+            .with_dilation(&[2, 1, 1])
+            .unwrap()
+            .with_padding_per_side(&[2, 1, 0], &[1, 1, 2])
+            .unwrap(),
+        ConvGeometry::new(2, 3, 10, &[4, 300], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
     ];
     for g in &layers {
         check_all(g, 42).unwrap_or_else(|e| panic!("{g:?}: {e}"));
