@@ -50,6 +50,7 @@ mod geometry;
 pub mod im2col;
 mod layout;
 mod ops;
+mod phased;
 pub mod reference;
 mod reindex;
 mod source;

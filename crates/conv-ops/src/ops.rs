@@ -368,6 +368,10 @@ pub fn backward_data(
         BackwardDataAlgo::Deconvgemm if crate::subsample::applies(g) => {
             crate::subsample::backward_data(g, dy, w, dx)
         }
+        // Strided layers: one stride-1 convgemm per phase of dx, no col2im.
+        BackwardDataAlgo::Deconvgemm if crate::phased::applies(g) => {
+            crate::phased::backward_data(g, dy, w, dx)
+        }
         BackwardDataAlgo::Deconvgemm => crate::deconvgemm::backward_data(g, dy, w, dx),
         BackwardDataAlgo::FlippedConvgemm => {
             crate::flipped::backward_data(g, dy, w, dx, ForwardAlgo::Convgemm, ws)

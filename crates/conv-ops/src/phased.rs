@@ -1,0 +1,316 @@
+//! Backward-data of a strided layer as one stride-1 convolution per output *phase*: with
+//! stride s along a dimension, the input positions i with the same (i + pad) mod s (the phase a)
+//! receive gradient only from the kernel taps r ≡ a (mod s), r = a + s·t, and from output o =
+//! m − t where i = s·m + a − pad. So the phase's dx is the stride-1 convolution of dy with the
+//! sub-kernel w\[a + s·(T − 1 − u)\] (taps reversed, T of them, input and output channels
+//! swapped), over dy padded by `T − 1 − m_lo` before. The phases' products cover every tap
+//! exactly once (no product of padding beyond the forward's own), each writes its own dx
+//! elements (no col2im add, no zero fill of dx), and each runs as a forward convgemm (im2col of
+//! dy fused into B packing) whose C panels are copied into dx with the phase's stride.
+//!
+//! Taken by [`crate::BackwardDataAlgo::Deconvgemm`] on strided layers ([`applies`]): no
+//! groups, no dilation, every kernel extent at least its stride (every phase has a tap).
+//! Workspace: the phases' sub-kernels (K/G·C/G·R floats in all, per call) and one C panel per
+//! thread; nothing grows with the batch.
+
+use core_blas::{DenseStore, MatMut, MatRef, PackB};
+use rayon::prelude::*;
+
+use crate::Result;
+use crate::convgemm::Im2colB;
+use crate::error::gemm_err;
+use crate::geometry::{ConvGeometry, MAX_RANK};
+use crate::layout::{Columns, OneThread, with_panel};
+
+/// Whether [`backward_data`] takes `g`: a stride above 1, one group, dilation 1, every kernel
+/// extent at least its stride, and every phase's transposed padding non-negative.
+pub(crate) fn applies(g: &ConvGeometry) -> bool {
+    g.stride().iter().any(|&s| s > 1)
+        && g.groups() == 1
+        && g.dilation().iter().all(|&d| d == 1)
+        && (0..g.rank()).all(|d| g.kernel()[d] >= g.stride()[d])
+        && phases(g).is_some_and(|ph| {
+            ph.iter()
+                .all(|p| p[..g.rank()].iter().any(|d| d.count == 0) || phase_geometry(g, p).is_ok())
+        })
+}
+
+/// The stride-1 convolution whose output is phase `ph` of dx: dy as input (K channels), C
+/// output channels, the phase's taps, its padding.
+fn phase_geometry(g: &ConvGeometry, ph: &[Dim; MAX_RANK]) -> Result<ConvGeometry> {
+    let rank = g.rank();
+    let taps: Vec<usize> = ph[..rank].iter().map(|d| d.taps).collect();
+    let before: Vec<usize> = ph[..rank].iter().map(|d| d.before).collect();
+    let after: Vec<usize> = ph[..rank].iter().map(|d| d.after).collect();
+    ConvGeometry::from_parts(
+        g.batch(),
+        g.out_channels(),
+        g.in_channels(),
+        g.output(),
+        &taps,
+        &[1],
+        &[1],
+        &before,
+        &after,
+        1,
+    )
+}
+
+/// One dimension of one phase.
+#[derive(Clone, Copy, Debug)]
+struct Dim {
+    /// Taps of the sub-kernel (`a + s·t`, `t < taps`).
+    taps: usize,
+    /// The phase's first tap.
+    a: usize,
+    /// dx positions of the phase: `first + s·m'` for `m' < count`.
+    first: usize,
+    count: usize,
+    /// The sub-convolution's padding of dy.
+    before: usize,
+    after: usize,
+}
+
+/// Every phase (row-major over the dimensions' phases) as its per-dimension description, or
+/// `None` when one has a negative padding (outside [`applies`]).
+fn phases(g: &ConvGeometry) -> Option<Vec<[Dim; MAX_RANK]>> {
+    let rank = g.rank();
+    let mut per_dim: Vec<Vec<Dim>> = Vec::with_capacity(rank);
+    for d in 0..rank {
+        let (s, k, p) = (g.stride()[d], g.kernel()[d], g.pad_before()[d] as isize);
+        let (len, out) = (g.input()[d] as isize, g.output()[d] as isize);
+        let mut dims = Vec::with_capacity(s);
+        for a in 0..s {
+            let taps = (k - a).div_ceil(s);
+            let ai = a as isize;
+            let si = s as isize;
+            // m with 0 <= s·m + a − p < len.
+            let m_lo = (p - ai + si - 1).div_euclid(si);
+            let m_hi = (len - 1 + p - ai).div_euclid(si);
+            let count = m_hi - m_lo + 1;
+            if count <= 0 {
+                // No dx position in this phase (tiny inputs): nothing to compute.
+                dims.push(Dim {
+                    taps,
+                    a,
+                    first: 0,
+                    count: 0,
+                    before: 0,
+                    after: 0,
+                });
+                continue;
+            }
+            let before = taps as isize - 1 - m_lo;
+            // dy positions read: m' + m_lo − (taps − 1) + u for m' < count, u < taps.
+            let after = (count - 1 + m_lo) - (out - 1);
+            if before < 0 || after < 0 {
+                return None;
+            }
+            dims.push(Dim {
+                taps,
+                a,
+                first: (si * m_lo + ai - p) as usize,
+                count: count as usize,
+                before: before as usize,
+                after: after as usize,
+            });
+        }
+        per_dim.push(dims);
+    }
+    let total: usize = per_dim.iter().map(Vec::len).product();
+    let empty = Dim {
+        taps: 1,
+        a: 0,
+        first: 0,
+        count: 1,
+        before: 0,
+        after: 0,
+    };
+    Some(
+        (0..total)
+            .map(|mut q| {
+                let mut ph = [empty; MAX_RANK];
+                for d in (0..rank).rev() {
+                    let s = per_dim[d].len();
+                    ph[d] = per_dim[d][q % s];
+                    q /= s;
+                }
+                ph
+            })
+            .collect(),
+    )
+}
+
+/// dx as a raw pointer shared by the column blocks of one phase, which write disjoint elements.
+#[derive(Clone, Copy)]
+struct Dx {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: the blocks holding a `Dx` at once write the dx elements of disjoint columns (image,
+// phase position) of one phase; the `&mut dx` borrow of `backward_data` outlives them.
+unsafe impl Sync for Dx {}
+
+/// Floats of one C panel (C/G rows × a block of columns), as the forward's C panels.
+const PANEL_FLOATS: usize = 128 * 1024;
+
+/// dx = backward-data(dy, w) phase by phase (inputs validated by the caller; `applies(g)`).
+pub(crate) fn backward_data(g: &ConvGeometry, dy: &[f32], w: &[f32], dx: &mut [f32]) -> Result<()> {
+    let phases = phases(g).ok_or_else(|| crate::error::ConvError::Unsupported {
+        algo: "deconvgemm (phased)",
+        reason: "a phase's padding would be negative".into(),
+    })?;
+    let rank = g.rank();
+    let (c, k) = (g.in_channels(), g.out_channels());
+    let nr = core_blas::Gemm::global().map_err(gemm_err)?.tile().1;
+    let threads = rayon::current_num_threads().max(1);
+    let in_plane = g.input_spatial_len();
+    // Input strides of dx's dimensions.
+    let mut istride = [0usize; MAX_RANK];
+    let mut acc = 1;
+    for d in (0..rank).rev() {
+        istride[d] = acc;
+        acc *= g.input()[d];
+    }
+    let out = Dx {
+        ptr: dx.as_mut_ptr(),
+        len: dx.len(),
+    };
+    let sl = g.stride()[rank - 1];
+    // The phases in groups of the innermost dimension's `sl` phases (the enumeration's
+    // innermost): when they have the same positions per line, their C panels are computed side
+    // by side and written into dx interleaved, every dx line in one pass of whole cache lines
+    // (phase by phase, each pass would write every other value of the same lines).
+    for group in phases.chunks(sl) {
+        let live: Vec<&[Dim; MAX_RANK]> = group
+            .iter()
+            .filter(|ph| ph[..rank].iter().all(|d| d.count > 0))
+            .collect();
+        let together = live.len() == sl
+            && live
+                .iter()
+                .all(|ph| ph[rank - 1].count == live[0][rank - 1].count);
+        let sets: Vec<Vec<&[Dim; MAX_RANK]>> = if together {
+            vec![live]
+        } else {
+            live.into_iter().map(|ph| vec![ph]).collect()
+        };
+        for set in sets {
+            let mut wts = Vec::with_capacity(set.len());
+            let mut gps = Vec::with_capacity(set.len());
+            for ph in &set {
+                let gp = phase_geometry(g, ph)?;
+                debug_assert!((0..rank).all(|d| gp.output()[d] == ph[d].count));
+                wts.push(sub_kernel(g, ph, gp.kernel_len(), w));
+                gps.push(gp);
+            }
+            let tl: Vec<usize> = gps.iter().map(ConvGeometry::kernel_len).collect();
+            let a: Vec<MatRef<'_>> = wts
+                .iter()
+                .zip(&tl)
+                .map(|(wt, &t)| MatRef::row_major("w", wt, c, k * t, k * t))
+                .collect::<std::result::Result<_, _>>()
+                .map_err(gemm_err)?;
+            let b: Vec<Im2colB<'_>> = gps.iter().map(|gp| Im2colB::new(gp, 0, dy)).collect();
+            let ph0 = set[0];
+            let n = b[0].cols();
+            let mplane = gps[0].output_spatial_len();
+            let m = set.len();
+            let target = (PANEL_FLOATS / (c * m)).max(4 * nr);
+            let blocks = n.div_ceil(target).div_ceil(threads) * threads;
+            let cols_max = n.div_ceil(blocks).div_ceil(nr) * nr;
+            let blocks = n.div_ceil(cols_max);
+            let last = ph0[rank - 1];
+            let firsts: Vec<usize> = set.iter().map(|ph| ph[rank - 1].first).collect();
+            let run = |blk: usize| -> Result<()> {
+                // The whole `Dx` (Sync), not its pointer field alone.
+                let dxs = out;
+                let j0 = blk * cols_max;
+                let cols = cols_max.min(n - j0);
+                with_panel(m * c * cols, |panel| {
+                    for ((a, b), p) in a.iter().zip(&b).zip(panel.chunks_exact_mut(c * cols)) {
+                        let cm = MatMut::row_major("panel", p, c, cols, cols).map_err(gemm_err)?;
+                        let mut store = OneThread(DenseStore::new(cm, 1.0, 0.0));
+                        core_blas::gemm_with(a, &Columns { b, j0, cols }, &mut store)
+                            .map_err(gemm_err)?;
+                    }
+                    // Runs along the innermost dimension: one dx line of the phases each.
+                    let mut t = 0;
+                    while t < cols {
+                        let j = j0 + t;
+                        let (img, pos) = (j / mplane, j % mplane);
+                        let ml = pos % last.count;
+                        let len = (cols - t).min(last.count - ml);
+                        // dx offset of (img, channel 0, the phases' outer position, line
+                        // position sl·ml).
+                        let mut rem = pos / last.count;
+                        let mut off = img * c * in_plane + sl * ml * istride[rank - 1];
+                        for d in (0..rank - 1).rev() {
+                            let q = rem % ph0[d].count;
+                            rem /= ph0[d].count;
+                            off += (ph0[d].first + g.stride()[d] * q) * istride[d];
+                        }
+                        for cc in 0..c {
+                            let base = off + cc * in_plane;
+                            let row = |i: usize| &panel[(i * c + cc) * cols + t..][..len];
+                            for &f in &firsts {
+                                debug_assert!(base + f + sl * (len - 1) < dxs.len);
+                            }
+                            if let [f0, f1] = firsts[..] {
+                                // Two phases: the line's values in order, whole cache lines.
+                                let (r0, r1) = (row(0), row(1));
+                                for q in 0..len {
+                                    // SAFETY: `base + f + sl·q` is dx's element of channel cc
+                                    // at the phase's position (img, pos + q): inside dx, and
+                                    // only this block writes its columns (see `Dx`).
+                                    unsafe {
+                                        *dxs.ptr.add(base + f0 + sl * q) = r0[q];
+                                        *dxs.ptr.add(base + f1 + sl * q) = r1[q];
+                                    }
+                                }
+                            } else {
+                                for (i, &f) in firsts.iter().enumerate() {
+                                    for (q, &v) in row(i).iter().enumerate() {
+                                        // SAFETY: as above.
+                                        unsafe { *dxs.ptr.add(base + f + sl * q) = v };
+                                    }
+                                }
+                            }
+                        }
+                        t += len;
+                    }
+                    Ok(())
+                })
+            };
+            if threads == 1 || blocks == 1 {
+                (0..blocks).try_for_each(run)?;
+            } else {
+                (0..blocks).into_par_iter().try_for_each(run)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The sub-kernel of phase `ph` as the A operand of its convolution, C × (K · T): row c,
+/// column kk·T + u = w\[kk\]\[c\]\[tap(u)\], tap(u) = a + s·(T − 1 − u) per dimension.
+fn sub_kernel(g: &ConvGeometry, ph: &[Dim; MAX_RANK], tl: usize, w: &[f32]) -> Vec<f32> {
+    let (rank, c, k, r) = (g.rank(), g.in_channels(), g.out_channels(), g.kernel_len());
+    let mut wt = vec![0f32; c * k * tl];
+    for u in 0..tl {
+        let (mut rem, mut tap, mut mul) = (u, 0, 1);
+        for d in (0..rank).rev() {
+            let (td, ud) = (ph[d].taps, rem % ph[d].taps);
+            rem /= ph[d].taps;
+            tap += (ph[d].a + g.stride()[d] * (td - 1 - ud)) * mul;
+            mul *= g.kernel()[d];
+        }
+        for cc in 0..c {
+            for kk in 0..k {
+                wt[(cc * k + kk) * tl + u] = w[(kk * c + cc) * r + tap];
+            }
+        }
+    }
+    wt
+}
