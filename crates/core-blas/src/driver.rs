@@ -144,6 +144,14 @@ pub(crate) fn gemm<K: Kernel, A: PackA, B: PackB, S: Store>(
     });
 }
 
+/// Whether `k ≥ 1` rows of `n` values, row `p` at `p · ld`, lie inside storage of `len` values.
+fn rows_inside(len: usize, ld: usize, k: usize, n: usize) -> bool {
+    k.checked_sub(1)
+        .and_then(|last| last.checked_mul(ld))
+        .and_then(|start| start.checked_add(n))
+        .is_some_and(|end| end <= len)
+}
+
 /// The five loops over the rows `rows` and columns `cols` of C, on the current thread.
 #[allow(clippy::too_many_arguments)]
 fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
@@ -211,8 +219,12 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     } else {
         mc_max.min(m_pad) * kc_max
     };
-    // A dense row-major B is packed panel by panel inside the first tile of each panel.
-    let fuse = b.row_major().filter(|_| K::PACKS_B && tune::fuse());
+    // A dense row-major B is packed panel by panel inside the first tile of each panel: only
+    // when the storage it hands over holds all k rows of n values (`PackB` is a safe trait, so a
+    // source that hands over less is packed by `pack_b`), and never for k = 0.
+    let fuse = b.row_major().filter(|&(data, ld)| {
+        K::PACKS_B && tune::fuse() && rows_inside(data.len(), ld, k, b.cols())
+    });
     let bc = ws.b.get(b_len);
     let ac = ws.a.get(a_len);
 
@@ -406,7 +418,8 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
         let bdst = unsafe { bc_ptr.add(jr * kc) };
         let bp = bdst.cast_const();
         // This panel's rows in a row-major source when its first tile packs it: row p at
-        // src[p · ld + jr ..][.. nr] (a full panel inside the matrix).
+        // src[p · ld + jr ..][.. nr] (a full panel inside the matrix, whose rows `serial`
+        // checked to lie inside the source's storage).
         let mut pending = src.filter(|_| n == nr).map(|(data, ld)| {
             debug_assert!(data.len() >= (kc - 1) * ld + jr + nr);
             (data[jr..].as_ptr(), ld)

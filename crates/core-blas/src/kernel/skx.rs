@@ -409,7 +409,9 @@ pub(crate) unsafe fn avx512_ukr_asm_pk(
     unsafe {
         let mut c24 = [_mm512_setzero_ps(); 24];
         let (mut ap, mut bp, mut sp) = (a, bdst.cast_const(), bsrc);
-        let lb = ldb * 4;
+        // The asm steps the source by 4 rows a round (only when rounds > 0, when 4 · ldb is
+        // within the caller's rows); wrapping, as a stride with k < 4 may be any value.
+        let lb = ldb.wrapping_mul(4);
         let rounds = k / 4;
         let tail = rounds.min(C_PREFETCH_ROUNDS);
         let head = rounds - tail;
@@ -436,7 +438,8 @@ pub(crate) unsafe fn avx512_ukr_asm_pk(
             super::step::<V512, 8, 3>(&mut acc, ap, bp);
             ap = ap.add(8);
             bp = bp.add(48);
-            sp = sp.add(ldb);
+            // Past the last row this leaves the source's storage: wrapping, never dereferenced.
+            sp = sp.wrapping_add(ldb);
         }
         super::store_acc::<V512, 8, 3>(&acc, alpha, beta, c, rs_c, cs_c, m, n);
     }
