@@ -118,6 +118,9 @@ impl PackedKernels {
         debug_assert!(p0 + n <= self.cols);
         debug_assert_eq!(u.len(), count * n * rows);
         let per = self.per_matrix();
+        if per == 0 {
+            return;
+        }
         let shape = self.shape();
         for (xi, dst) in self.data[..count * per].chunks_exact_mut(per).enumerate() {
             shape.repack_matrix(dst, &u[xi * n * rows..][..n * rows], p0, n);
@@ -136,6 +139,9 @@ impl PackedKernels {
             debug_assert_eq!(u.len(), count * n * rows);
         }
         let per = self.per_matrix();
+        if per == 0 {
+            return;
+        }
         let shape = self.shape();
         self.data[..count * per]
             .par_chunks_exact_mut(per)
@@ -358,6 +364,19 @@ mod tests {
             .flat_map(|mr| [(mr, 11), (mr, 37)])
         {
             repack_cols_case(mr, rows);
+        }
+    }
+
+    /// Matrices with no rows or no columns: nothing to write, no panic (one piece or several).
+    #[test]
+    fn repack_of_empty_matrices() {
+        for (rows, cols) in [(0, 5), (4, 0)] {
+            let mut pk = PackedKernels::empty();
+            pk.reset(3, rows, cols, 8);
+            let empty: [f64; 0] = [];
+            pk.repack_cols(&empty, 0, 0);
+            pk.repack_pieces(&[(&empty[..], 0, 0), (&empty[..], 0, 0)]);
+            assert!(pk.data.is_empty());
         }
     }
 
