@@ -153,3 +153,64 @@ fn k_one_huge_ld() {
         }
     }
 }
+
+/// A store that is not the dense one (each tile through `store_tile`, C written transposed), so
+/// the driver copies a row-major B's panels before their tiles instead of packing them inside
+/// the first tile: against the naive product, on 1 and 2 threads, with several full panels, a
+/// partial one, several A blocks and k passes.
+struct Transposed {
+    m: usize,
+    n: usize,
+    out: std::sync::Mutex<Vec<f32>>,
+}
+
+impl core_blas::Store for Transposed {
+    fn rows(&self) -> usize {
+        self.m
+    }
+    fn cols(&self) -> usize {
+        self.n
+    }
+    fn store_tile(&self, t: &core_blas::Tile<'_>) {
+        let mut out = self.out.lock().unwrap();
+        for r in 0..t.rows() {
+            for c in 0..t.cols() {
+                out[(t.j() + c) * self.m + t.i() + r] += t.get(r, c);
+            }
+        }
+    }
+}
+
+#[test]
+fn fused_source_through_a_custom_store() {
+    for threads in [1, 2] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        for &(m, n, k) in &[(20usize, 150usize, 37usize), (400, 100, 700), (8, 96, 3)] {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();
+            let av = MatRef::row_major("a", &a, m, k, k).unwrap();
+            let bv = MatRef::row_major("b", &b, k, n, n).unwrap();
+            let mut store = Transposed {
+                m,
+                n,
+                out: std::sync::Mutex::new(vec![0.0; m * n]),
+            };
+            pool.install(|| core_blas::gemm_with(&av, &bv, &mut store))
+                .unwrap();
+            let out = store.out.into_inner().unwrap();
+            for i in 0..m {
+                for j in 0..n {
+                    let want: f32 = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+                    let got = out[j * m + i];
+                    assert!(
+                        (got - want).abs() <= 1e-3 * want.abs().max(1.0),
+                        "{threads} threads {m}x{n}x{k} ({i},{j}): {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
