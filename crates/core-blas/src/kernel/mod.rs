@@ -162,14 +162,8 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
         cs_c: usize,
         m: usize,
     ) {
-        // SAFETY: the caller's contract: k source rows of NR values, k · NR destination values
-        // that overlap nothing read here.
-        unsafe {
-            for p in 0..k {
-                std::ptr::copy_nonoverlapping(bsrc.add(p * ldb), bdst.add(p * Self::NR), Self::NR);
-            }
-            self.run(k, alpha, a, bdst, beta, c, rs_c, cs_c, m, Self::NR);
-        }
+        // SAFETY: the caller's contract is `copy_then_run`'s.
+        unsafe { copy_then_run(self, k, alpha, a, bsrc, ldb, bdst, beta, c, rs_c, cs_c, m) }
     }
 
     /// [`Kernel::run`] for short products (`k` up to a few hundred, operands in L1/L2) on a packed
@@ -568,5 +562,37 @@ pub(crate) fn assert_tile_matches_naive(
                 }
             }
         }
+    }
+}
+
+/// [`Kernel::run_packing_b`] done in two steps: copy the panel's `k` source rows (`NR` values at
+/// `bsrc + p · ldb`) to `bdst`, then [`Kernel::run`] on the copy. The trait's default, and the
+/// fallback of families whose packing k-loop covers only some tiles.
+///
+/// # Safety
+/// As [`Kernel::run_packing_b`].
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub(crate) unsafe fn copy_then_run<K: Kernel>(
+    kern: K,
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    bsrc: *const f32,
+    ldb: usize,
+    bdst: *mut f32,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+    cs_c: usize,
+    m: usize,
+) {
+    // SAFETY: the caller's contract: k source rows of NR values, k · NR destination values
+    // that overlap nothing read here.
+    unsafe {
+        for p in 0..k {
+            std::ptr::copy_nonoverlapping(bsrc.add(p * ldb), bdst.add(p * K::NR), K::NR);
+        }
+        kern.run(k, alpha, a, bdst, beta, c, rs_c, cs_c, m, K::NR);
     }
 }

@@ -731,14 +731,7 @@ impl Kernel for Avx512 {
                     k, alpha, a, bsrc, ldb, bdst, beta, c, rs_c, cs_c, m, AVX512_NR,
                 );
             } else {
-                for p in 0..k {
-                    std::ptr::copy_nonoverlapping(
-                        bsrc.add(p * ldb),
-                        bdst.add(p * AVX512_NR),
-                        AVX512_NR,
-                    );
-                }
-                self.run(k, alpha, a, bdst, beta, c, rs_c, cs_c, m, AVX512_NR);
+                super::copy_then_run(self, k, alpha, a, bsrc, ldb, bdst, beta, c, rs_c, cs_c, m);
             }
         }
     }
