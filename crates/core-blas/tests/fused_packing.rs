@@ -4,6 +4,28 @@
 //! family runs them (the others pack up front).
 use core_blas::{DenseStore, MatMut, MatRef, PackB};
 
+/// `len` small integers `(i · mul) mod modulo − modulo / 2`: products exact in any order.
+fn ints(len: usize, mul: usize, modulo: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * mul) % modulo) as f32 - (modulo / 2) as f32)
+        .collect()
+}
+
+/// `A · B` through `core_blas::gemm` (beta = 0 over a C full of NaN), C row-major.
+fn product(a: MatRef<'_>, b: MatRef<'_>) -> Vec<f32> {
+    let (m, n) = (a.rows(), b.cols());
+    let mut c = vec![f32::NAN; m * n];
+    core_blas::gemm(
+        1.0,
+        a,
+        b,
+        0.0,
+        MatMut::row_major("c", &mut c, m, n, n).unwrap(),
+    )
+    .unwrap();
+    c
+}
+
 /// k = 0 with at least two full 48-wide panels and an empty B: must just scale C.
 #[test]
 fn k_zero_two_panels_empty_b() {
@@ -80,19 +102,11 @@ fn fused_offset_view_tight_end() {
         (8, 200, 6, 201, 1),
     ] {
         let len = off + (k - 1) * ld + n;
-        let buf: Vec<f32> = (0..len).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();
-        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
+        let buf: Vec<f32> = ints(len, 5, 11);
+        let a: Vec<f32> = ints(m * k, 7, 13);
         let bv = MatRef::row_major("b", &buf[off..], k, n, ld).unwrap();
         let av = MatRef::row_major("a", &a, m, k, k).unwrap();
-        let mut c = vec![f32::NAN; m * n];
-        core_blas::gemm(
-            1.0,
-            av,
-            bv,
-            0.0,
-            MatMut::row_major("c", &mut c, m, n, n).unwrap(),
-        )
-        .unwrap();
+        let c = product(av, bv);
         for i in 0..m {
             for j in 0..n {
                 let want: f32 = (0..k).map(|p| a[i * k + p] * buf[off + p * ld + j]).sum();
@@ -106,21 +120,13 @@ fn fused_offset_view_tight_end() {
 #[test]
 fn fused_overlapping_rows() {
     let (m, n, k) = (8usize, 96usize, 10usize);
-    let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
+    let a: Vec<f32> = ints(m * k, 7, 13);
     for rs in [0usize, 1, 3] {
         let len = (k - 1) * rs + n;
-        let buf: Vec<f32> = (0..len).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();
+        let buf: Vec<f32> = ints(len, 5, 11);
         let bv = MatRef::new("b", &buf, k, n, rs, 1).unwrap();
         let av = MatRef::row_major("a", &a, m, k, k).unwrap();
-        let mut c = vec![f32::NAN; m * n];
-        core_blas::gemm(
-            1.0,
-            av,
-            bv,
-            0.0,
-            MatMut::row_major("c", &mut c, m, n, n).unwrap(),
-        )
-        .unwrap();
+        let c = product(av, bv);
         for i in 0..m {
             for j in 0..n {
                 let want: f32 = (0..k).map(|p| a[i * k + p] * buf[p * rs + j]).sum();
@@ -138,15 +144,7 @@ fn k_one_huge_ld() {
     let a = vec![2.0f32; m];
     let bv = MatRef::row_major("b", &b, 1, n, usize::MAX).unwrap();
     let av = MatRef::row_major("a", &a, m, 1, 1).unwrap();
-    let mut c = vec![f32::NAN; m * n];
-    core_blas::gemm(
-        1.0,
-        av,
-        bv,
-        0.0,
-        MatMut::row_major("c", &mut c, m, n, n).unwrap(),
-    )
-    .unwrap();
+    let c = product(av, bv);
     for i in 0..m {
         for j in 0..n {
             assert_eq!(c[i * n + j], 2.0 * b[j]);
@@ -189,8 +187,8 @@ fn fused_source_through_a_custom_store() {
             .build()
             .unwrap();
         for &(m, n, k) in &[(20usize, 150usize, 37usize), (400, 100, 700), (8, 96, 3)] {
-            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
-            let b: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();
+            let a: Vec<f32> = ints(m * k, 7, 13);
+            let b: Vec<f32> = ints(k * n, 5, 11);
             let av = MatRef::row_major("a", &a, m, k, k).unwrap();
             let bv = MatRef::row_major("b", &b, k, n, n).unwrap();
             let mut store = Transposed {
