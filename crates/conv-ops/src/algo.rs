@@ -321,7 +321,13 @@ impl fmt::Display for Preset {
 /// 3×3: `tapwise`), under the fused algorithms, per-thread copies kept across calls of w tap
 /// by tap (the size of w, rows padded to 16) and of one block of images' input and output side
 /// position by position (256 Ki floats each, or one image's side if larger; independent of the
-/// batch: VGG-16's 512@2² runs in blocks of 128 images), and, for the transposed convgemm on
+/// batch: VGG-16's 512@2² runs in blocks of 128 images), and, for layers of at least 256
+/// input and output channels on small planes with at least 12% of the (position, tap) pairs
+/// in the padding (stride 1, one group, e.g. ResNet-50's 512@7²: `tapsum`), under the forward
+/// convgemm and the backward-data algorithms, per-thread copies kept across calls of w by tap
+/// (the size of w) and of one block of images' input and output side position by position
+/// (256 Ki floats each, or one image's side if larger: 512@7² runs in blocks of 10 images),
+/// and, for the transposed convgemm on
 /// layers of a multiple of 16 input channels per group and output lines of at least 16
 /// positions, a per-thread position-major copy of 16 channels of the input lines one packed
 /// block of B reads (kept across calls: about KC / line length + kernel height lines of 16

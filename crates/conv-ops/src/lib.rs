@@ -55,6 +55,7 @@ pub mod reference;
 mod reindex;
 mod source;
 mod subsample;
+mod tapsum;
 mod tapwise;
 pub mod testing;
 

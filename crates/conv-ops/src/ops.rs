@@ -129,6 +129,10 @@ pub fn forward(
         // Tiny planes: only the pairs of positions a tap joins (no padding products).
         return crate::tapwise::forward(g, x, w, bias, relu, y);
     }
+    if algo == ForwardAlgo::Convgemm && crate::tapsum::applies(g) {
+        // Many channels on small planes: one product per tap over the pairs it joins.
+        return crate::tapsum::forward(g, x, w, bias, relu, y);
+    }
     if algo == ForwardAlgo::Convgemm && crate::subsample::applies(g) {
         // 1×1 strided: the pointwise product on a subsampled block of images.
         return crate::subsample::forward(g, x, w, epi, y);
@@ -364,6 +368,12 @@ pub fn backward_data(
             if crate::tapwise::applies(g) && crate::flipped::transposed_geometry(g).is_ok() =>
         {
             crate::tapwise::backward_data(g, dy, w, dx)
+        }
+        // Many channels on small planes: one product per tap over the pairs it joins.
+        BackwardDataAlgo::Deconvgemm | BackwardDataAlgo::FlippedConvgemm
+            if crate::tapsum::applies(g) && crate::flipped::transposed_geometry(g).is_ok() =>
+        {
+            crate::tapsum::backward_data(g, dy, w, dx)
         }
         BackwardDataAlgo::Deconvgemm if crate::subsample::applies(g) => {
             crate::subsample::backward_data(g, dy, w, dx)

@@ -154,7 +154,8 @@ fn lean(pass: Pass) -> bool {
 /// Tiny planes (run pair by pair on position-major copies of a block of images): at twice the
 /// batch no algorithm's transient peak above `workspace_bytes` grows, and no lean algorithm
 /// keeps more than it kept at the first batch (the batches are at least one block: 256 images
-/// of 256 channels on 2×2, 227 of 128 on 3×3, 2730 of 96 on 1×1). The first batch's first
+/// of 256 channels on 2×2, 227 of 128 on 3×3, 2730 of 96 on 1×1; 20 of 256 on 7², run tap
+/// by tap on position-major copies too). The first batch's first
 /// calls start from a fresh thread, so that growth is what a pass keeps on a thread that ran
 /// the layer at its first batch. Fails at 3d55102 (tapwise's copies held the whole batch).
 #[test]
@@ -166,6 +167,8 @@ fn no_workspace_grows_with_the_batch_on_tiny_planes() {
         geo(256, 256, 256, &[2, 2]),
         geo(227, 128, 128, &[3, 3]),
         geo(2731, 64, 96, &[1, 1]),
+        // `tapsum` (many channels on small planes): blocks of 20 images.
+        geo(21, 256, 256, &[7, 7]),
     ];
     let mut failures = Vec::new();
     for g in layers {
@@ -177,6 +180,18 @@ fn no_workspace_grows_with_the_batch_on_tiny_planes() {
         let (small, large) =
             pool.install(|| (profile(&g), profile(&with_batch(&g, 2 * g.batch()))));
         for ((&pass, s), l) in Pass::ALL.iter().zip(small).zip(large) {
+            // On 7² only the passes that run tap by tap (the transposed convgemm's cached
+            // chunks grow with the batch there up to their cap, `CACHE_MAX_CHUNKS`).
+            if g.input() == [7, 7]
+                && !matches!(
+                    pass,
+                    Pass::Forward(ForwardAlgo::Convgemm)
+                        | Pass::BackwardData(BackwardDataAlgo::Deconvgemm)
+                        | Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm)
+                )
+            {
+                continue;
+            }
             let (Some(s), Some(l)) = (s, l) else {
                 failures.push(format!("{:?} {pass:?} refused", g.input()));
                 continue;

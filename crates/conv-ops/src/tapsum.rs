@@ -1,0 +1,636 @@
+//! Many channels on small planes: the forward and backward-data passes as one product per
+//! kernel tap over only the (output position, input position) pairs the tap joins, positions
+//! on the GEMM's rows.
+//!
+//! On ResNet-50's 512@7² (3×3, padding 1) 18% of convgemm's (position, tap) columns read the
+//! padding: the batch-wide GEMM multiplies zeros there, oneDNN skips them. Here, per block of
+//! images, the input side is copied position-major (`xt[n·I + i]` = x\[n\]\[:, i\], a row of C
+//! values) and, per tap `t`, the pairs it joins are listed as (row of the output, row of
+//! `xt`); then
+//! - forward: `yt[o] += xt[i] · W_t` over tap `t`'s pairs (`W_t[c][k] = w[k][c][t]`, C × K),
+//! - backward-data: `dxt[i] += dyt[o] · W_tᵀ` (`W_tᵀ[k][c] = w[k][c][t]`, K × C),
+//!
+//! each a GEMM whose A rows are gathered rows of the copy (packed by core-blas's lane
+//! transposes) and whose C rows are scattered rows of the position-major output (a tile of
+//! consecutive rows is stored from registers, [`Store::window`]); the first tap that joins
+//! every output position writes, the others add. The result is transposed back into y (dx),
+//! with bias and ReLU. Exactly the layer's real multiply-adds, plus copies: of w once per
+//! call (de-interleaved by tap: `w[k][t][c]`, weights-sized), of each block's input and
+//! output (at most [`BLOCK_FLOATS`] each, or one image's).
+
+use std::cell::RefCell;
+
+use core_blas::{Gemm, MatRef, PackA, Store, Tile, Window};
+use rayon::prelude::*;
+
+use crate::error::{Result, gemm_err};
+use crate::geometry::{ConvGeometry, Dims3};
+use crate::im2col::split3;
+
+/// Channels (input and output, both) from which [`applies`] takes a layer: each tap's product
+/// is C deep, and a shallow product pays the C tile's traffic too often.
+const MIN_CHANNELS: usize = 256;
+
+/// Share of (output position, tap) pairs in the padding from which [`applies`] takes a layer
+/// (3×3 kernels: 512@7² 18%, 256@14² 9.3%, 128@28² 4.7%). `probe_passes`, 1 thread, quiet
+/// 01:04:44 UTC, 3 alternations, ms, convgemm (C panels, A packed once) / tap by tap:
+/// ResNet-50 512@7² forward 18.31 / 17.01, 18.45 / 16.88, 18.64 / 17.37 (0.93×),
+/// backward-data (flipped convgemm) 18.83 / 16.46, 18.94 / 16.43, 19.20 / 16.66 (0.87×);
+/// 256@14² forward 17.29 / 17.76, 17.12 / 17.81, 18.14 / 17.51 (1.03× by the median),
+/// backward-data 17.35 / 17.34, 17.15 / 17.35, 17.33 / 17.25 (level): the copies (w
+/// transposed or de-interleaved by tap, the position-major input and output, A's gathered rows)
+/// cost about what 9% of padding products do.
+const MIN_PADDING_SHARE: f64 = 0.12;
+
+/// Floats of one block's position-major input or output copy (the block holds at least one
+/// image).
+const BLOCK_FLOATS: usize = 256 * 1024;
+
+/// Whether the forward convgemm and the backward-data algorithms run `g` tap by tap: one
+/// group, a kernel larger than 1×1, stride 1 (the strided layers were not measured), at least [`MIN_CHANNELS`] input and output channels,
+/// small planes (fewer than 1024 output positions: the batch-wide convgemm), and at least
+/// [`MIN_PADDING_SHARE`] of the (output position, tap) pairs in the padding.
+pub(crate) fn applies(g: &ConvGeometry) -> bool {
+    g.groups() == 1
+        && g.kernel_len() > 1
+        && g.stride().iter().all(|&s| s == 1)
+        && g.in_channels().min(g.out_channels()) >= MIN_CHANNELS
+        && g.output_spatial_len() < 1024
+        && !crate::tapwise::applies(g)
+        && padding_share(g) >= MIN_PADDING_SHARE
+}
+
+/// The share of (output position, tap) pairs of `g` that read the padding.
+fn padding_share(g: &ConvGeometry) -> f64 {
+    let d = g.dims3();
+    let valid: f64 = (0..3)
+        .map(|dd| {
+            let (o, k) = (d.output[dd], d.kernel[dd]);
+            let inside = (0..o)
+                .flat_map(|oc| (0..k).map(move |r| (oc, r)))
+                .filter(|&(oc, r)| {
+                    let c = d.input_coord(dd, oc, r);
+                    c >= 0 && (c as usize) < d.input[dd]
+                })
+                .count();
+            inside as f64 / (o * k).max(1) as f64
+        })
+        .product();
+    1.0 - valid
+}
+
+/// Per tap, the pairs it joins in a block of `count` images: (output row, input row) of the
+/// position-major copies (rows `n·O + o` and `n·I + i`), output rows increasing. `backward`:
+/// the roles swapped, (dx row, dy row), for backward-data.
+fn pairs(d: &Dims3, count: usize, backward: bool) -> Vec<(Vec<u32>, Vec<u32>)> {
+    let olen: usize = d.output.iter().product();
+    let ilen: usize = d.input.iter().product();
+    let rlen: usize = d.kernel.iter().product();
+    (0..rlen)
+        .map(|t| {
+            let rk = split3(t, &d.kernel);
+            let (mut to, mut from) = (Vec::new(), Vec::new());
+            for n in 0..count {
+                if !backward {
+                    for o in 0..olen {
+                        let oc = split3(o, &d.output);
+                        let mut i = 0usize;
+                        let inside = (0..3).all(|dd| {
+                            let c = d.input_coord(dd, oc[dd], rk[dd]);
+                            i = i * d.input[dd] + c.max(0) as usize;
+                            c >= 0 && (c as usize) < d.input[dd]
+                        });
+                        if inside {
+                            to.push((n * olen + o) as u32);
+                            from.push((n * ilen + i) as u32);
+                        }
+                    }
+                } else {
+                    for i in 0..ilen {
+                        let ic = split3(i, &d.input);
+                        let mut o = 0usize;
+                        let inside = (0..3).all(|dd| {
+                            // o·s + r·dil − pad = i.
+                            let num =
+                                (ic[dd] + d.pad[dd]) as isize - (rk[dd] * d.dilation[dd]) as isize;
+                            let s = d.stride[dd] as isize;
+                            let ok =
+                                num >= 0 && num % s == 0 && ((num / s) as usize) < d.output[dd];
+                            o = o * d.output[dd] + if ok { (num / s) as usize } else { 0 };
+                            ok
+                        });
+                        if inside {
+                            to.push((n * ilen + i) as u32);
+                            from.push((n * olen + o) as u32);
+                        }
+                    }
+                }
+            }
+            (to, from)
+        })
+        .collect()
+}
+
+/// Buffers kept across calls on one thread: w by tap, the block's input and output copies.
+#[derive(Default)]
+struct Buffers {
+    wd: Vec<f32>,
+    src: Vec<f32>,
+    dst: Vec<f32>,
+}
+
+thread_local! {
+    static BUFFERS: RefCell<Buffers> = RefCell::new(Buffers::default());
+}
+
+/// `wd[k][t][c] = w[k][c][t]` (K × R × C), rows over threads.
+fn by_tap(gemm: &Gemm, w: &[f32], k: usize, c: usize, r: usize, wd: &mut Vec<f32>) -> Result<()> {
+    wd.resize(k * r * c, 0.0);
+    let one =
+        |(kk, out): (usize, &mut [f32])| gemm.deinterleave(out, c, &w[kk * c * r..][..c * r], r, c);
+    if rayon::current_num_threads() > 1 {
+        wd.par_chunks_mut(r * c).enumerate().try_for_each(one)
+    } else {
+        wd.chunks_mut(r * c).enumerate().try_for_each(one)
+    }
+    .map_err(gemm_err)
+}
+
+/// `wt[c][t][k] = w[k][c][t]` ((C·R) × K): row `c·R + t` of the result is row `c` of the
+/// forward's B of tap `t` (C × K, rows `R·K` apart), which the GEMM then packs straight from
+/// rows (one pass over w here, instead of a de-interleave plus a transposing B packing per
+/// tap). Blocks of 8 channels over threads; each block 16 kernels at a time through core-blas's
+/// lane transposes (16 rows of w, the block's `8·R` values each, become 16 columns of its
+/// `8·R` rows).
+fn transposed_by_tap(
+    gemm: &Gemm,
+    w: &[f32],
+    k: usize,
+    c: usize,
+    r: usize,
+    wt: &mut Vec<f32>,
+) -> Result<()> {
+    const CB: usize = 8;
+    const KB: usize = 16;
+    wt.resize(c * r * k, 0.0);
+    let one = |(b, out): (usize, &mut [f32])| -> std::result::Result<(), core_blas::Error> {
+        let (c0, cc) = (b * CB, out.len() / (r * k));
+        let mut lanes: Vec<&[f32]> = Vec::with_capacity(KB);
+        for k0 in (0..k).step_by(KB) {
+            let nl = KB.min(k - k0);
+            lanes.clear();
+            lanes.extend((k0..k0 + nl).map(|kk| &w[(kk * c + c0) * r..][..cc * r]));
+            // Row `i·R + t` of the block, columns k0 .. k0 + nl.
+            gemm.transpose_lanes(&mut out[k0..], k, &lanes, cc * r, 1)?;
+        }
+        Ok(())
+    };
+    if rayon::current_num_threads() > 1 {
+        wt.par_chunks_mut(CB * r * k).enumerate().try_for_each(one)
+    } else {
+        wt.chunks_mut(CB * r * k).enumerate().try_for_each(one)
+    }
+    .map_err(gemm_err)
+}
+
+/// `dst[n·P + p][c] = src[n][c][p]` for `count` images of `ch` planes of `plane` values.
+fn to_rows(
+    gemm: &Gemm,
+    src: &[f32],
+    count: usize,
+    ch: usize,
+    plane: usize,
+    dst: &mut Vec<f32>,
+) -> Result<()> {
+    dst.resize(count * plane * ch, 0.0);
+    let mut lanes: Vec<&[f32]> = Vec::with_capacity(ch);
+    for (img, out) in src
+        .chunks_exact(ch * plane)
+        .zip(dst.chunks_exact_mut(plane * ch))
+    {
+        lanes.clear();
+        lanes.extend(img.chunks_exact(plane));
+        gemm.transpose_lanes(out, ch, &lanes, plane, 1)
+            .map_err(gemm_err)?;
+    }
+    Ok(())
+}
+
+/// `dst[n][c][p] = src[n·P + p][c]`, then bias and ReLU.
+#[allow(clippy::too_many_arguments)]
+fn from_rows(
+    gemm: &Gemm,
+    src: &[f32],
+    ch: usize,
+    plane: usize,
+    dst: &mut [f32],
+    bias: Option<&[f32]>,
+    relu: bool,
+) -> Result<()> {
+    let mut lanes: Vec<&[f32]> = Vec::with_capacity(plane);
+    for (rows, img) in src
+        .chunks_exact(plane * ch)
+        .zip(dst.chunks_exact_mut(ch * plane))
+    {
+        lanes.clear();
+        lanes.extend(rows.chunks_exact(ch));
+        gemm.transpose_lanes(img, plane, &lanes, ch, 1)
+            .map_err(gemm_err)?;
+        if bias.is_some() || relu {
+            for (c, p) in img.chunks_exact_mut(plane).enumerate() {
+                let add = bias.map_or(0.0, |b| b[c]);
+                for v in p {
+                    let s = *v + add;
+                    *v = if relu && s < 0.0 { 0.0 } else { s };
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The A operand of one tap: rows `rows[..]` of the row-major `data` (`ld` apart), `cols`
+/// wide, packed by core-blas's lane transposes.
+struct RowsA<'a> {
+    gemm: &'a Gemm,
+    data: &'a [f32],
+    ld: usize,
+    cols: usize,
+    rows: &'a [u32],
+}
+
+impl PackA for RowsA<'_> {
+    fn rows(&self) -> usize {
+        self.rows.len()
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn pack_a(&self, ic: usize, mc: usize, pc: usize, kc: usize, mr: usize, dst: &mut [f32]) {
+        let mut lanes: Vec<&[f32]> = Vec::with_capacity(mr);
+        for (q, panel) in dst.chunks_mut(kc * mr).take(mc.div_ceil(mr)).enumerate() {
+            let r0 = ic + q * mr;
+            let nl = mr.min(ic + mc - r0);
+            lanes.clear();
+            lanes.extend(
+                self.rows[r0..r0 + nl]
+                    .iter()
+                    .map(|&s| &self.data[s as usize * self.ld + pc..][..kc]),
+            );
+            if self.gemm.transpose_lanes(panel, mr, &lanes, kc, 1).is_err() {
+                for (l, lane) in lanes.iter().enumerate() {
+                    for (p, &v) in lane.iter().enumerate() {
+                        panel[p * mr + l] = v;
+                    }
+                }
+            }
+            if nl < mr {
+                for p in 0..kc {
+                    panel[p * mr + nl..(p + 1) * mr].fill(0.0);
+                }
+            }
+        }
+    }
+}
+
+/// C's rows scattered into the rows `rows[..]` of a row-major `ld`-wide output (`C := beta·C
+/// + A·B` there).
+struct RowStore<'a> {
+    ptr: *mut f32,
+    len: usize,
+    ld: usize,
+    cols: usize,
+    rows: &'a [u32],
+    beta: f32,
+}
+
+// SAFETY: the tiles of one product are disjoint and `rows` lists distinct rows (a tap joins an
+// output position at most once), so concurrent `store_tile` calls and windows write disjoint
+// elements; the output's `&mut` borrow outlives the product.
+unsafe impl Sync for RowStore<'_> {}
+
+impl Store for RowStore<'_> {
+    fn rows(&self) -> usize {
+        self.rows.len()
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn store_tile(&self, t: &Tile<'_>) {
+        for r in 0..t.rows() {
+            let at = self.rows[t.i() + r] as usize * self.ld + t.j();
+            debug_assert!(at + t.cols() <= self.len);
+            // SAFETY: row `rows[i + r]` of the output, columns `j .. j + cols` (inside it,
+            // `ld >= cols`), written by this tile only (see the `Sync` impl).
+            let out = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), t.cols()) };
+            if t.first() && self.beta == 0.0 {
+                out.copy_from_slice(t.row(r));
+            } else {
+                out.iter_mut().zip(t.row(r)).for_each(|(o, &v)| *o += v);
+            }
+        }
+    }
+    #[inline]
+    fn window(&self, i: usize, j: usize, rows: usize, cols: usize) -> Option<Window<'_>> {
+        let (a, b) = (self.rows[i] as usize, self.rows[i + rows - 1] as usize);
+        // Increasing rows: consecutive exactly when the span is `rows`.
+        (b - a + 1 == rows).then(|| {
+            debug_assert!((a + rows - 1) * self.ld + j + cols <= self.len);
+            // SAFETY: rows `a .. a + rows` of the output, columns `j .. j + cols`, written by
+            // this tile only (see the `Sync` impl).
+            unsafe { Window::new(self.ptr.add(a * self.ld + j), self.ld, 1.0, self.beta) }
+        })
+    }
+}
+
+/// `out` (rows × `n_out`, row-major) = Σ over taps of the gathered rows of `src` (`n_in`
+/// wide) times the tap's B (`n_in × n_out`), on the pairs `pairs`. `rows` is the number of
+/// output rows.
+fn products<'w>(
+    gemm: &Gemm,
+    src: &[f32],
+    n_in: usize,
+    b: impl Fn(usize) -> Result<MatRef<'w>>,
+    n_out: usize,
+    pairs: &[(Vec<u32>, Vec<u32>)],
+    rows: usize,
+    out: &mut Vec<f32>,
+) -> Result<()> {
+    out.resize(rows * n_out, 0.0);
+    // A tap that joins every output row writes first; without one, zeros first.
+    let full = pairs.iter().position(|(to, _)| to.len() == rows);
+    if full.is_none() {
+        out.fill(0.0);
+    }
+    let order = full
+        .into_iter()
+        .chain((0..pairs.len()).filter(|&t| Some(t) != full));
+    for t in order {
+        let (to, from) = &pairs[t];
+        if to.is_empty() {
+            continue;
+        }
+        let a = RowsA {
+            gemm,
+            data: src,
+            ld: n_in,
+            cols: n_in,
+            rows: from,
+        };
+        let mut store = RowStore {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+            ld: n_out,
+            cols: n_out,
+            rows: to,
+            beta: if Some(t) == full { 0.0 } else { 1.0 },
+        };
+        core_blas::gemm_with(&a, &b(t)?, &mut store).map_err(gemm_err)?;
+    }
+    Ok(())
+}
+
+/// Images per block: the larger position-major copy at most [`BLOCK_FLOATS`] (at least one).
+fn block_images(g: &ConvGeometry) -> usize {
+    let per =
+        g.input_spatial_len().max(g.output_spatial_len()) * g.in_channels().max(g.out_channels());
+    (BLOCK_FLOATS / per.max(1)).clamp(1, g.batch().max(1))
+}
+
+/// y = conv(x, w) (+ bias) (then ReLU) tap by tap ([`applies`]; inputs validated by the
+/// caller).
+pub(crate) fn forward(
+    g: &ConvGeometry,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    relu: bool,
+    y: &mut [f32],
+) -> Result<()> {
+    forward_in_blocks(g, x, w, bias, relu, y, block_images(g))
+}
+
+/// [`forward`] in blocks of `nb` images.
+fn forward_in_blocks(
+    g: &ConvGeometry,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    relu: bool,
+    y: &mut [f32],
+    nb: usize,
+) -> Result<()> {
+    let gemm = Gemm::global().map_err(gemm_err)?;
+    let (c, k, r) = (g.in_channels(), g.out_channels(), g.kernel_len());
+    let (ilen, olen) = (g.input_spatial_len(), g.output_spatial_len());
+    let mut bufs = BUFFERS.with_borrow_mut(std::mem::take);
+    let result = (|| {
+        transposed_by_tap(gemm, w, k, c, r, &mut bufs.wd)?;
+        let wd = &bufs.wd;
+        let mut block_pairs = None;
+        for n0 in (0..g.batch()).step_by(nb) {
+            let count = nb.min(g.batch() - n0);
+            if block_pairs.as_ref().is_none_or(|(cnt, _)| *cnt != count) {
+                // The last block's pairs replace the others' (never both held).
+                drop(block_pairs.take());
+                block_pairs = Some((count, pairs(&g.dims3(), count, false)));
+            }
+            let pr = &block_pairs.as_ref().expect("set above").1;
+            to_rows(
+                gemm,
+                &x[n0 * c * ilen..][..count * c * ilen],
+                count,
+                c,
+                ilen,
+                &mut bufs.src,
+            )?;
+            // B of tap t: W_t (C × K), w[kk][cc][t] at (cc·R + t)·K + kk.
+            let b = |t: usize| MatRef::row_major("w", &wd[t * k..], c, k, r * k).map_err(gemm_err);
+            products(gemm, &bufs.src, c, b, k, pr, count * olen, &mut bufs.dst)?;
+            let yb = &mut y[n0 * k * olen..][..count * k * olen];
+            from_rows(gemm, &bufs.dst, k, olen, yb, bias, relu)?;
+        }
+        Ok(())
+    })();
+    BUFFERS.with_borrow_mut(|kept| *kept = bufs);
+    result
+}
+
+/// dx = backward-data(dy, w) tap by tap ([`applies`]; inputs validated by the caller).
+pub(crate) fn backward_data(g: &ConvGeometry, dy: &[f32], w: &[f32], dx: &mut [f32]) -> Result<()> {
+    backward_data_in_blocks(g, dy, w, dx, block_images(g))
+}
+
+/// [`backward_data`] in blocks of `nb` images.
+fn backward_data_in_blocks(
+    g: &ConvGeometry,
+    dy: &[f32],
+    w: &[f32],
+    dx: &mut [f32],
+    nb: usize,
+) -> Result<()> {
+    let gemm = Gemm::global().map_err(gemm_err)?;
+    let (c, k, r) = (g.in_channels(), g.out_channels(), g.kernel_len());
+    let (ilen, olen) = (g.input_spatial_len(), g.output_spatial_len());
+    let mut bufs = BUFFERS.with_borrow_mut(std::mem::take);
+    let result = (|| {
+        by_tap(gemm, w, k, c, r, &mut bufs.wd)?;
+        let wd = &bufs.wd;
+        let mut block_pairs = None;
+        for n0 in (0..g.batch()).step_by(nb) {
+            let count = nb.min(g.batch() - n0);
+            if block_pairs.as_ref().is_none_or(|(cnt, _)| *cnt != count) {
+                drop(block_pairs.take());
+                block_pairs = Some((count, pairs(&g.dims3(), count, true)));
+            }
+            let pr = &block_pairs.as_ref().expect("set above").1;
+            to_rows(
+                gemm,
+                &dy[n0 * k * olen..][..count * k * olen],
+                count,
+                k,
+                olen,
+                &mut bufs.src,
+            )?;
+            // B of tap t: W_tᵀ (K × C), rows R·C apart.
+            let b = |t: usize| MatRef::row_major("w", &wd[t * c..], k, c, r * c).map_err(gemm_err);
+            products(gemm, &bufs.src, k, b, c, pr, count * ilen, &mut bufs.dst)?;
+            let xb = &mut dx[n0 * c * ilen..][..count * c * ilen];
+            from_rows(gemm, &bufs.dst, c, ilen, xb, None, false)?;
+        }
+        Ok(())
+    })();
+    BUFFERS.with_borrow_mut(|kept| *kept = bufs);
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{Tolerance, uniform};
+    use crate::{BackwardDataAlgo, ForwardAlgo, Workspace, reference};
+
+    /// Odd sizes, strides, padding per side, dilation, 1-D / 2-D / 3-D, blocks of 1, 2 and 4
+    /// images (a short last block); forward (without and with bias + ReLU) and backward-data
+    /// against the reference, run directly (also on layers [`applies`] would not take).
+    #[test]
+    fn tap_products_match_the_reference() {
+        let geoms = [
+            ConvGeometry::new(3, 32, 40, &[7, 7], &[3, 3])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+            ConvGeometry::new(5, 21, 19, &[5, 6], &[3, 3])
+                .unwrap()
+                .with_padding_per_side(&[1, 2], &[0, 1])
+                .unwrap(),
+            ConvGeometry::new(5, 7, 9, &[6, 5], &[3, 2])
+                .unwrap()
+                .with_stride(&[2, 1])
+                .unwrap()
+                .with_dilation(&[1, 2])
+                .unwrap()
+                .with_padding(&[2])
+                .unwrap(),
+            ConvGeometry::new(2, 5, 6, &[3, 4, 5], &[3, 3, 3])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+            ConvGeometry::new(3, 4, 3, &[11], &[5])
+                .unwrap()
+                .with_stride(&[3])
+                .unwrap()
+                .with_padding(&[2])
+                .unwrap(),
+            // No tap joins every output position (dilation 2 on a 3-wide plane).
+            ConvGeometry::new(2, 3, 5, &[3, 3], &[3, 3])
+                .unwrap()
+                .with_padding(&[2])
+                .unwrap()
+                .with_dilation(&[2])
+                .unwrap(),
+        ];
+        for g in &geoms {
+            let x = uniform(1, g.x_len());
+            let w = uniform(2, g.w_len());
+            let dy = uniform(3, g.y_len());
+            let bias = uniform(4, g.out_channels());
+            for nb in [1, 2, 4] {
+                for (b, relu) in [(None, false), (Some(&bias[..]), true)] {
+                    let mut want = vec![0.0; g.y_len()];
+                    reference::forward(g, &x, &w, b, &mut want).unwrap();
+                    if relu {
+                        want.iter_mut().for_each(|v| *v = v.max(0.0));
+                    }
+                    let mut y = vec![f32::NAN; g.y_len()];
+                    forward_in_blocks(g, &x, &w, b, relu, &mut y, nb).unwrap();
+                    Tolerance::for_f32_sum(g.in_channels() * g.kernel_len())
+                        .check("y", &y, &want)
+                        .unwrap_or_else(|e| panic!("{g:?} nb {nb}: {e}"));
+                }
+                let mut want = vec![0.0; g.x_len()];
+                reference::backward_data(g, &dy, &w, &mut want).unwrap();
+                let mut dx = vec![f32::NAN; g.x_len()];
+                backward_data_in_blocks(g, &dy, &w, &mut dx, nb).unwrap();
+                Tolerance::for_f32_sum(g.out_channels() * g.kernel_len())
+                    .check("dx", &dx, &want)
+                    .unwrap_or_else(|e| panic!("{g:?} nb {nb}: {e}"));
+            }
+        }
+    }
+
+    /// The public passes take this path where [`applies`] says so (a 512@7²-like layer: 18%
+    /// of the pairs in the padding), and not elsewhere.
+    #[test]
+    fn public_passes_take_the_tap_products() {
+        let g = ConvGeometry::new(2, 256, 264, &[7, 7], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap();
+        assert!(applies(&g));
+        let x = uniform(5, g.x_len());
+        let w = uniform(6, g.w_len());
+        let dy = uniform(7, g.y_len());
+        let mut ws = Workspace::new(false);
+        let mut want = vec![0.0; g.y_len()];
+        reference::forward(&g, &x, &w, None, &mut want).unwrap();
+        let mut y = vec![f32::NAN; g.y_len()];
+        crate::forward(
+            &g,
+            &x,
+            &w,
+            None,
+            false,
+            &mut y,
+            ForwardAlgo::Convgemm,
+            &mut ws,
+        )
+        .unwrap();
+        Tolerance::for_f32_sum(256 * 9)
+            .check("y", &y, &want)
+            .unwrap();
+        let mut want = vec![0.0; g.x_len()];
+        reference::backward_data(&g, &dy, &w, &mut want).unwrap();
+        for algo in [
+            BackwardDataAlgo::Deconvgemm,
+            BackwardDataAlgo::FlippedConvgemm,
+        ] {
+            let mut dx = vec![f32::NAN; g.x_len()];
+            crate::backward_data(&g, &dy, &w, &mut dx, algo, &mut ws).unwrap();
+            Tolerance::for_f32_sum(264 * 9)
+                .check("dx", &dx, &want)
+                .unwrap();
+        }
+        let pad1 = |n, c: usize, s: usize| {
+            ConvGeometry::new(n, c, c, &[s, s], &[3, 3])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap()
+        };
+        // Large planes, few channels, little padding.
+        for g in [pad1(2, 256, 56), pad1(2, 128, 7), pad1(2, 256, 14)] {
+            assert!(!applies(&g), "{g:?}");
+        }
+        assert!(applies(&pad1(8, 256, 7)));
+    }
+}
