@@ -125,24 +125,13 @@ macro_rules! step {
     };
 }
 
-/// `$n >= 1` rounds of 4 k steps on the accumulators `$c` (zmm8-zmm31), rows in the forms
-/// `$rows`, advancing `$a` by 4 · 8 and `$b` by 4 · 48 values per round.
-macro_rules! kloop {
-    ($n:expr, $a:expr, $b:expr, $c:expr, $rows:tt) => {
+/// `asm!` on the 8 × 48 tile's registers, shared by [`kloop`] and [`kloop_pk`]: the templates
+/// and named operands in brackets, then the 24 accumulators `$c` (zmm8-zmm31, in and out), the
+/// B rows and broadcasts zmm0-zmm6 as scratch, and the options.
+macro_rules! tile_asm {
+    ([$($body:tt)*], $c:expr, $opts:ident $o:tt) => {
         asm!(
-            ".p2align 5",
-            "2:",
-            step!(0, 0, 1, 3, $rows),
-            step!(1, 4, 5, 6, $rows),
-            step!(2, 0, 1, 3, $rows),
-            step!(3, 4, 5, 6, $rows),
-            "add {a}, 128",
-            "add {b}, 768",
-            "dec {n}",
-            "jnz 2b",
-            n = inout(reg) $n => _,
-            a = inout(reg) $a,
-            b = inout(reg) $b,
+            $($body)*
             inout("zmm8") $c[0],
             inout("zmm9") $c[1],
             inout("zmm10") $c[2],
@@ -174,8 +163,32 @@ macro_rules! kloop {
             out("zmm4") _,
             out("zmm5") _,
             out("zmm6") _,
-            options(nostack, readonly),
+            $opts $o,
         )
+    };
+}
+
+/// `$n >= 1` rounds of 4 k steps on the accumulators `$c` (zmm8-zmm31), rows in the forms
+/// `$rows`, advancing `$a` by 4 · 8 and `$b` by 4 · 48 values per round.
+macro_rules! kloop {
+    ($n:expr, $a:expr, $b:expr, $c:expr, $rows:tt) => {
+        tile_asm!([
+            ".p2align 5",
+            "2:",
+            step!(0, 0, 1, 3, $rows),
+            step!(1, 4, 5, 6, $rows),
+            step!(2, 0, 1, 3, $rows),
+            step!(3, 4, 5, 6, $rows),
+            "add {a}, 128",
+            "add {b}, 768",
+            "dec {n}",
+            "jnz 2b",
+            n = inout(reg) $n => _,
+            a = inout(reg) $a,
+            b = inout(reg) $b,
+        ],
+        $c,
+        options(nostack, readonly))
     };
 }
 
@@ -234,7 +247,7 @@ macro_rules! step_pk {
 /// separate packing pass over the block. Rows 2, 5, 7 embedded (variant 0).
 macro_rules! kloop_pk {
     ($n:expr, $a:expr, $b:expr, $s:expr, $l:expr, $c:expr) => {
-        asm!(
+        tile_asm!([
             ".p2align 5",
             "2:",
             step_pk!(0, "{s}", 0, 1, 3, [row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_eb]),
@@ -252,39 +265,9 @@ macro_rules! kloop_pk {
             s = inout(reg) $s,
             l = in(reg) $l,
             l3 = in(reg) 3 * $l,
-            inout("zmm8") $c[0],
-            inout("zmm9") $c[1],
-            inout("zmm10") $c[2],
-            inout("zmm11") $c[3],
-            inout("zmm12") $c[4],
-            inout("zmm13") $c[5],
-            inout("zmm14") $c[6],
-            inout("zmm15") $c[7],
-            inout("zmm16") $c[8],
-            inout("zmm17") $c[9],
-            inout("zmm18") $c[10],
-            inout("zmm19") $c[11],
-            inout("zmm20") $c[12],
-            inout("zmm21") $c[13],
-            inout("zmm22") $c[14],
-            inout("zmm23") $c[15],
-            inout("zmm24") $c[16],
-            inout("zmm25") $c[17],
-            inout("zmm26") $c[18],
-            inout("zmm27") $c[19],
-            inout("zmm28") $c[20],
-            inout("zmm29") $c[21],
-            inout("zmm30") $c[22],
-            inout("zmm31") $c[23],
-            out("zmm0") _,
-            out("zmm1") _,
-            out("zmm2") _,
-            out("zmm3") _,
-            out("zmm4") _,
-            out("zmm5") _,
-            out("zmm6") _,
-            options(nostack),
-        )
+        ],
+        $c,
+        options(nostack))
     };
 }
 
@@ -320,8 +303,10 @@ macro_rules! kloop_variant {
 }
 
 /// The full `8 × 48` tile of `avx512-f32-8x48`: `C[0..8, 0..n] := alpha · Ap · Bp + beta · C`
-/// ([`super::Kernel::run`]'s contract with `m = 8`), the k-loop in assembly, the `k % 4` last
-/// steps and the store in the intrinsics of [`super::ukr`].
+/// ([`super::Kernel::run`]'s contract with `m = 8`), the k-loop in assembly in the row forms of
+/// variant `v` ([`UKR_VARIANT`]: 2 rows 1, 3, 5, 7 embedded, else rows 2, 5, 7; the caller
+/// passes it, so a test picks its variant per call without touching the global), the `k % 4`
+/// last steps and the store in the intrinsics of [`super::ukr`].
 ///
 /// # Safety
 /// As [`super::Kernel::run`] with `m = 8`, `n <= 48`: `k · 8` values behind `a`, `k · 48`
@@ -329,6 +314,7 @@ macro_rules! kloop_variant {
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn avx512_ukr_asm(
+    v: u8,
     k: usize,
     alpha: f32,
     a: *const f32,
@@ -341,7 +327,6 @@ pub(crate) unsafe fn avx512_ukr_asm(
     n: usize,
 ) {
     debug_assert!(m == 8 && n <= 48);
-    let v = UKR_VARIANT.load(core::sync::atomic::Ordering::Relaxed);
     // SAFETY: avx512f per the caller. The asm reads 4 · rounds <= k steps of the panels (8 and
     // 48 values per step, unaligned loads), writes only the registers it declares and touches
     // no stack; prefetches never fault; the C window is the caller's.
@@ -455,8 +440,9 @@ pub(crate) static UKR_VARIANT: core::sync::atomic::AtomicU8 = core::sync::atomic
 mod tests {
     use super::*;
 
-    /// The kernel against a naive product (small integers: exact in any order): full and narrow
-    /// tiles (n = 17..32), depths around the 4-step unroll and the C-prefetch split, alpha /
+    /// The kernel against a naive product (small integers: exact in any order), each row-form
+    /// variant passed per call (the global [`UKR_VARIANT`] stays untouched, so the tests
+    /// running beside this one keep the default kernel): full and narrow tiles (n = 17..32), depths around the 4-step unroll and the C-prefetch split, alpha /
     /// beta cases (beta = 0 over NaN), unit and non-unit column strides of C, panels off any
     /// 64-byte boundary.
     #[test]
@@ -476,7 +462,6 @@ mod tests {
                 (48, 0),
                 (48, 2),
             ] {
-                UKR_VARIANT.store(v, core::sync::atomic::Ordering::Relaxed);
                 let label = format!("v {v} ");
                 super::super::assert_tile_matches_naive(
                     (8, 48),
@@ -489,6 +474,7 @@ mod tests {
                         // bp; the 8 × n window with strides (rs, cs) lies inside `c`.
                         unsafe {
                             avx512_ukr_asm(
+                                v,
                                 k,
                                 alpha,
                                 ap.as_ptr(),
@@ -505,7 +491,6 @@ mod tests {
                 );
             }
         }
-        UKR_VARIANT.store(0, core::sync::atomic::Ordering::Relaxed);
     }
 
     /// The packing kernel against the naive product, reading B from a row-major source with

@@ -682,10 +682,11 @@ impl Kernel for Avx512 {
         // kernel reads the first `R >= m` rows and `NV` vectors of the 8 × 48 panels).
         unsafe {
             if m == AVX512_MR && n > 32 {
-                if super::skx::UKR_VARIANT.load(std::sync::atomic::Ordering::Relaxed) == 1 {
+                let v = super::skx::UKR_VARIANT.load(std::sync::atomic::Ordering::Relaxed);
+                if v == 1 {
                     avx512_ukr(k, alpha, a, b, beta, c, rs_c, cs_c, m, n);
                 } else {
-                    super::skx::avx512_ukr_asm(k, alpha, a, b, beta, c, rs_c, cs_c, m, n);
+                    super::skx::avx512_ukr_asm(v, k, alpha, a, b, beta, c, rs_c, cs_c, m, n);
                 }
             } else if n > 32 {
                 by_rows!(
