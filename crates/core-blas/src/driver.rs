@@ -201,7 +201,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     }
     // When B is packed up front, the next B block is prefetched (`PackB::prefetch_b`) only when
     // a block fits the L2 budget of the A block (the case just above): a larger one would evict
-    // the A block from L2. (Fused packing prefetches one panel ahead instead, for every block.)
+    // the A block from L2. (Fused packing prefetches one panel or group ahead instead, for every block.)
     // Session 18, Zen 4 (L2 1 MiB), gemm_ratio 1 thread, quiet 19:07 UTC, HEAD / every block /
     // only L2-sized blocks: 2048³ (4080-wide blocks) 93.2 / 92.4 / 92.6, 93.8 / 92.0 / 92.7% of
     // the peak; 64×50176×576 (432-wide) 73.5 / 79.6 / 78.8, 73.2 / 78.5 / 79.7%.
@@ -219,7 +219,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     } else {
         mc_max.min(m_pad) * kc_max
     };
-    // A dense row-major B is packed panel by panel inside the first tile of each panel: only
+    // A dense row-major B is packed inside the first tile of each panel (or group of `PACK_GROUP` panels): only
     // when the storage it hands over holds all k rows of n values (`PackB` is a safe trait, so a
     // source that hands over less is packed by `pack_b`), and never for k = 0.
     let fuse = b.row_major().filter(|&(data, ld)| {
@@ -236,8 +236,9 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
             let kc = kc_max.min(k - pc);
             let (first, last) = (pc == 0, pc + kc >= k);
             if fuse.is_some() {
-                // Full panels are packed by their first tiles; pack_b does the partial last one.
-                let full = nc / nr * nr;
+                // Whole groups of full panels are packed by their first tiles; pack_b does the
+                // rest (the partial last panel, full panels past the last whole group).
+                let full = nc / (nr * K::PACK_GROUP) * (nr * K::PACK_GROUP);
                 if full < nc {
                     b.pack_b(pc, kc, jc + full, nc - full, nr, &mut bc[full * kc..]);
                 }
@@ -411,28 +412,43 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
     let mut tile_buf: Option<[f32; MAX_TILE]> = None;
     debug_assert!(mr * nr <= MAX_TILE);
     let bc_ptr = bc.as_mut_ptr();
+    // Panels packed by first tiles come in groups of `g` (the columns past the last whole group
+    // were packed by `pack_b`).
+    let (g, gw) = (K::PACK_GROUP, K::PACK_GROUP * K::NR);
+    let grouped = nc / gw * gw;
     let mut jr = 0;
     while jr < nc {
         let n = nr.min(nc - jr);
         // SAFETY: jr < nc and bc holds ceil(nc / nr) · nr · kc values (asserted above).
         let bdst = unsafe { bc_ptr.add(jr * kc) };
         let bp = bdst.cast_const();
-        // This panel's rows in a row-major source when its first tile packs it: row p at
-        // src[p · ld + jr ..][.. nr] (a full panel inside the matrix, whose rows `serial`
-        // checked to lie inside the source's storage).
-        let mut pending = src.filter(|_| n == nr).map(|(data, ld)| {
-            debug_assert!(data.len() >= (kc - 1) * ld + jr + nr);
-            (data[jr..].as_ptr(), ld)
-        });
+        // This group's rows in a row-major source when the first tile of its first panel packs
+        // it: row p at src[p · ld + jr ..][.. gw] (whole panels inside the matrix, whose rows
+        // `serial` checked to lie inside the source's storage).
+        let mut pending = src
+            .filter(|_| jr < grouped && (jr / nr).is_multiple_of(g))
+            .map(|(data, ld)| {
+                debug_assert!(data.len() >= (kc - 1) * ld + jr + gw);
+                (data[jr..].as_ptr(), ld)
+            });
         if sink.direct.is_none()
             && let Some((sp, ld)) = pending.take()
         {
-            // Stores that are not the dense one: pack the panel before its tiles.
-            for p in 0..kc {
-                // SAFETY: row p of the panel holds nr source values (the debug_assert above:
-                // the panel lies inside the source) and the packed panel kc · nr values of
-                // bc, which the source (a shared borrow) does not overlap.
-                unsafe { std::ptr::copy_nonoverlapping(sp.add(p * ld), bdst.add(p * nr), nr) };
+            // Stores that are not the dense one: pack the group's panels before its tiles.
+            for q in 0..g {
+                for p in 0..kc {
+                    // SAFETY: row p of the group holds gw source values (the debug_assert
+                    // above: the group lies inside the source) and its packed panels
+                    // g · kc · nr values of bc, which the source (a shared borrow) does not
+                    // overlap.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            sp.add(p * ld + q * nr),
+                            bdst.add((q * kc + p) * nr),
+                            nr,
+                        )
+                    };
+                }
             }
         }
         // This jr step's slice of the next B block: its rows spread over the step's tiles.
@@ -446,11 +462,21 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
             }
             Some(Prefetch::Panels(b, ah)) => {
                 if jr + nr < nc {
-                    // The next panel of this block, when its first tile will pack it.
-                    (ah.within && jr + 2 * nr <= nc).then_some((b, ah.pc, kc, jc + jr + nr, nr))
+                    // The next group of this block, when a first tile will pack it: its rows
+                    // split over the panels of this group (part `q` in the group's panel `q`).
+                    let q = (jr / nr) % g;
+                    let jn = jr - q * nr + gw;
+                    let (r0, r1) = (kc * q / g, kc * (q + 1) / g);
+                    (ah.within && jn < grouped && r0 < r1).then_some((
+                        b,
+                        ah.pc + r0,
+                        r1 - r0,
+                        jc + jn,
+                        gw,
+                    ))
                 } else {
                     ah.next
-                        .map(|(pc2, kc2, jc2, nc2)| (b, pc2, kc2, jc2, nr.min(nc2)))
+                        .map(|(pc2, kc2, jc2, nc2)| (b, pc2, kc2, jc2, gw.min(nc2)))
                 }
             }
             None => None,
@@ -559,9 +585,9 @@ mod tests {
         }
     }
 
-    /// A row-major B packed in the first tiles of its panels (the AVX-512 family; the default
-    /// copy-then-run elsewhere is not used by the driver) against the same product with B packed
-    /// up front (mode 4) and the naive product: bitwise equal (small integers, exact in any
+    /// A row-major B packed in the first tiles of its panels (the AVX-512 and AVX2 families; the
+    /// default copy-then-run elsewhere is not used by the driver) against the same product with B
+    /// packed up front (mode 4) and the naive product: bitwise equal (small integers, exact in any
     /// order). Shapes: partial last panels, first tiles shorter than MR, k not a multiple of the
     /// 4-step unroll and below / above the C-prefetch rounds, several A blocks (M > MC) and B
     /// blocks, a strided B (ldb > n), beta = 0 over NaN and beta = 1.

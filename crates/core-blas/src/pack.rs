@@ -101,8 +101,8 @@ impl PackB for MatRef<'_> {
     /// session 18) the packing of a B block streamed from L3 or memory waits on its reads unless
     /// they were started while the micro-kernels worked on the previous block. The driver asks
     /// only for blocks that fit L2 beside the A block when it packs B up front, and for the next
-    /// panel when the first tiles pack it (AVX-512, [`PackB::row_major`]). gemm_ratio 1 thread, 8 × 48, alternating,
-    /// quiet 19:04 and 19:07 UTC, none / `prefetcht1` / `prefetcht0` / `prefetcht2` / `nta`:
+    /// panel when the first tiles pack it (AVX-512 and AVX2, [`PackB::row_major`]). gemm_ratio 1
+    /// thread, 8 × 48, alternating, quiet 19:04 and 19:07 UTC, none / `prefetcht1` / `prefetcht0` / `prefetcht2` / `nta`:
     /// 64×50176×576 74.3 / 78.9 / 74.7 / 79.8 / 74.4, 72.9 / 78.1 / 73.8 / 79.9 / 73.5% of the
     /// peak; 64×4096×576 73.1 / 79.5 / 74.1 / 79.8 / 73.5, 74.0 / 72.4 / 73.4 / 78.2 / 71.0%;
     /// none / `prefetcht2` 73.5 / 79.6, 73.2 / 78.5% (19:07). On the Cascade Lake guest of

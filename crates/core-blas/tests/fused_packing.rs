@@ -1,7 +1,7 @@
-//! The fused B packing (a row-major B packed inside the first tile of each panel, AVX-512) at
-//! its edges: k = 0, a `PackB` whose `row_major` hands over less than the matrix, B views at an
-//! offset with a tight end and ld > n, overlapping rows, k = 1 with a huge row stride. Every
-//! family runs them (the others pack up front).
+//! The fused B packing (a row-major B packed inside the first tile of each panel, AVX-512 and
+//! AVX2) at its edges: k = 0, a `PackB` whose `row_major` hands over less than the matrix, B
+//! views at an offset with a tight end and ld > n, overlapping rows, k = 1 with a huge row
+//! stride. Every family runs them (scalar packs up front).
 use core_blas::{DenseStore, MatMut, MatRef, PackB};
 
 /// `len` small integers `(i · mul) mod modulo − modulo / 2`: products exact in any order.

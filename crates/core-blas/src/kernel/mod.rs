@@ -112,6 +112,11 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
     /// tile of each panel pack a row-major B); `false`: its default copy-then-run, which is
     /// slower than packing the block up front, so the driver keeps the block packing.
     const PACKS_B: bool = false;
+    /// How many consecutive `NR`-wide panels [`Kernel::run_packing_b`] packs (`>= 1`): the first
+    /// tile of the first panel of each group of `PACK_GROUP` full panels packs them all (fewer
+    /// packing tiles and source rows visited per column for a narrow `NR`); the driver packs
+    /// the columns past the last whole group with [`crate::PackB::pack_b`].
+    const PACK_GROUP: usize = 1;
 
     /// The kernel if the running CPU supports it.
     fn new() -> Option<Self>;
@@ -138,14 +143,16 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
 
     /// [`Kernel::run`] on a full-width tile (`n == NR`) whose B micro-panel is not packed yet: row
     /// `p` of the panel is the `NR` values at `bsrc + p · ldb` (a row-major B read in place), and
-    /// the kernel also writes the packed panel (`k · NR` values) to `bdst` for the tiles after it.
-    /// The default copies the panel, then runs [`Kernel::run`] on the copy; the AVX-512 family
-    /// packs inside its k-loop, so the copy's loads and stores overlap the FMAs.
+    /// the kernel also writes the packed panel (`k · NR` values) to `bdst` for the tiles after it,
+    /// and likewise the next `PACK_GROUP − 1` panels (panel `g`: row `p` at
+    /// `bsrc + p · ldb + g · NR`, packed to `bdst + g · k · NR`), whose FMAs it does not do.
+    /// The default copies the panel, then runs [`Kernel::run`] on the copy; the AVX-512 and AVX2
+    /// families pack inside their k-loops, so the copy's loads and stores overlap the FMAs.
     ///
     /// # Safety
-    /// As [`Kernel::run`] with `n == NR`, and for `b`: `k` rows of `NR` readable values at
-    /// `bsrc + p · ldb`, and `k · NR` writable values at `bdst` overlapping neither the source,
-    /// `a` nor the C window.
+    /// As [`Kernel::run`] with `n == NR`, and for `b`: `k` rows of `PACK_GROUP · NR` readable
+    /// values at `bsrc + p · ldb`, and `PACK_GROUP · k · NR` writable values at `bdst`
+    /// overlapping neither the source, `a` nor the C window.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     unsafe fn run_packing_b(
@@ -565,9 +572,10 @@ pub(crate) fn assert_tile_matches_naive(
     }
 }
 
-/// [`Kernel::run_packing_b`] done in two steps: copy the panel's `k` source rows (`NR` values at
-/// `bsrc + p · ldb`) to `bdst`, then [`Kernel::run`] on the copy. The trait's default, and the
-/// fallback of families whose packing k-loop covers only some tiles.
+/// [`Kernel::run_packing_b`] done in two steps: copy the `PACK_GROUP` panels' `k` source rows
+/// (`NR` values at `bsrc + p · ldb + g · NR`) to `bdst + g · k · NR`, then [`Kernel::run`] on
+/// the first. The trait's default, and the fallback of families whose packing k-loop covers
+/// only some tiles.
 ///
 /// # Safety
 /// As [`Kernel::run_packing_b`].
@@ -587,11 +595,17 @@ pub(crate) unsafe fn copy_then_run<K: Kernel>(
     cs_c: usize,
     m: usize,
 ) {
-    // SAFETY: the caller's contract: k source rows of NR values, k · NR destination values
-    // that overlap nothing read here.
+    // SAFETY: the caller's contract: k source rows of PACK_GROUP · NR values, PACK_GROUP ·
+    // k · NR destination values that overlap nothing read here.
     unsafe {
-        for p in 0..k {
-            std::ptr::copy_nonoverlapping(bsrc.add(p * ldb), bdst.add(p * K::NR), K::NR);
+        for g in 0..K::PACK_GROUP {
+            for p in 0..k {
+                std::ptr::copy_nonoverlapping(
+                    bsrc.add(p * ldb + g * K::NR),
+                    bdst.add((g * k + p) * K::NR),
+                    K::NR,
+                );
+            }
         }
         kern.run(k, alpha, a, bdst, beta, c, rs_c, cs_c, m, K::NR);
     }
