@@ -6,7 +6,7 @@
 //! `cargo run --release -p fastconv --example wino_probe -- tiles`
 //! `... -- blocks LAYER ROUNDS VARIANT...` (LAYER: any of `tiles`' layers, `MORE=1`'s too), a variant `BLOCK` or `BLOCK:TILE` (`0` = the default
 //! block, e.g. `0 96 0:4x4`); `REPS` calls per timing (3), `FWD_ONLY=1` skips the backward passes,
-//! `CPU=1` times on the thread's CPU clock instead of the wall clock (this guest's steal is not
+//! `KEEP=0` transforms the kernels on every call (as in training), `CPU=1` times on the thread's CPU clock instead of the wall clock (this guest's steal is not
 //! in it; at one thread every pass runs on the calling thread).
 //! `... -- plans [ROUNDS]`: plan-creation time per layer (first and second plan, `choose_tile`).
 //! `... -- acc`: F(4,3) and F(6,3) in 2-D against an f64 direct sum (the layer of
@@ -79,6 +79,8 @@ fn more_layers() -> Vec<(&'static str, ConvGeometry)> {
         ("vgg_256", g(8, 256, 256, &[56, 56], &[3, 3], 1)),
         ("vgg_512a", g(8, 512, 512, &[28, 28], &[3, 3], 1)),
         ("vgg_512b", g(8, 512, 512, &[14, 14], &[3, 3], 1)),
+        // CIFAR-size VGG-16's last layers (32² input): 512@4², batch 64.
+        ("vgg_512c", g(64, 512, 512, &[4, 4], &[3, 3], 1)),
         ("c3d_3", g(2, 3, 64, &[16, 112, 112], &[3, 3, 3], 1)),
         ("c3d_128", g(2, 64, 128, &[8, 56, 56], &[3, 3, 3], 1)),
         ("c3d_256", g(2, 128, 256, &[4, 28, 28], &[3, 3, 3], 1)),
@@ -205,6 +207,10 @@ fn main() {
                     }
                     if b > 0 {
                         p.set_block_tiles(b).unwrap();
+                    }
+                    // `KEEP=0`: the kernels transformed on every call, as in training.
+                    if std::env::var("KEEP").is_ok_and(|v| v == "0") {
+                        p.set_keep_kernels(false);
                     }
                     p
                 })

@@ -310,7 +310,7 @@ pub(crate) fn backward_filter(
     let mut c0 = 0;
     while c0 < kc_len {
         let cn = cols.min(kc_len - c0);
-        transform_from_rows(
+        let len = transform_from_rows(
             &acc[c0..],
             kc_len,
             &alpha,
@@ -320,8 +320,8 @@ pub(crate) fn backward_filter(
             &mut ws.tmp,
             &mut ws.out,
         );
-        let out = &ws.out;
-        debug_assert_eq!(out.len(), taps * cn);
+        let out = &ws.out[..len];
+        debug_assert_eq!(len, taps * cn);
         for (j, dk) in dw[c0 * taps..(c0 + cn) * taps]
             .chunks_exact_mut(taps)
             .enumerate()

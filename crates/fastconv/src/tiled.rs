@@ -27,8 +27,8 @@ use core_blas::{AlignedVec, DenseStore, Gemm, MatMut, MatRef};
 
 use crate::error::Result;
 use crate::ntransform::{
-    RowsDest, SparseTransform, TileTransforms, last_mode_rows, multi_mode_product_unchecked,
-    strided_product, transform_from_rows, transform_into_rows,
+    Buffer, RowsDest, SparseTransform, TileTransforms, last_mode_rows,
+    multi_mode_product_unchecked, strided_product, transform_from_rows, transform_into_rows,
 };
 use crate::packed::{PackedKernels, PackedMatrix};
 
@@ -300,7 +300,7 @@ pub(crate) fn correlate(
         let Local {
             scratch, tmp, out, ..
         } = local;
-        transform_from_rows(
+        let len = transform_from_rows(
             &mm[ks.start * tb + (ta - t0)..],
             k_out * tb,
             &alpha,
@@ -310,7 +310,7 @@ pub(crate) fn correlate(
             tmp,
             out,
         );
-        scatter_tiles(&og, ys, plane0, out, ta, s, ks);
+        scatter_tiles(&og, ys, plane0, &out[..len], ta, s, ks);
     };
     // All channels of a block, a group at a time.
     let finish_all = |bufs: &mut Buffers, ys: &mut [f32], plane0: usize, t0: usize, t1: usize| {
@@ -616,7 +616,8 @@ pub(crate) fn input_side_phased(
         dims.clear();
         dims.extend_from_slice(&alpha[..last]);
         dims.push(s * cn * n_ph);
-        multi_mode_product_unchecked(dph, &dims, prefix, scratch, pt);
+        let pt_len = multi_mode_product_unchecked(dph, &dims, prefix, scratch, pt);
+        let pt = &pt[..pt_len];
         // The tiles: every mode before the last; the last of them writes rows r < s of each ξ′
         // of `ex`.
         let inner = s * cn * tbp;
@@ -628,8 +629,8 @@ pub(crate) fn input_side_phased(
             dims.clear();
             dims.extend_from_slice(&alpha[..last - 1]);
             dims.push(a_p * inner);
-            multi_mode_product_unchecked(d, &dims, before, scratch, tmp);
-            tmp
+            let len = multi_mode_product_unchecked(d, &dims, before, scratch, tmp);
+            &tmp[..len]
         };
         for o2 in 0..outer / a_p {
             strided_product(
@@ -662,7 +663,7 @@ pub(crate) fn input_side_phased(
         }
         // The last mode.
         if let RowsDest::Panels { .. } = dest(c0) {
-            scratch.resize(b_last.rows() * ex_row, 0.0);
+            scratch.grow_to(b_last.rows() * ex_row);
         }
         for o in 0..outer {
             last_mode_rows(
