@@ -770,6 +770,64 @@ struct OutGeom<'a> {
     k_total: usize,
 }
 
+/// One output line of a run of tiles (see [`OutGeom::for_each_line`]).
+#[derive(Clone, Copy)]
+struct Line {
+    /// The run's image.
+    n: usize,
+    /// The run's first tile, relative to the first tile visited.
+    j: usize,
+    /// Tiles in the run (neighbours along the last dimension).
+    run: usize,
+    /// Flat index of the line's position in the tile over the dimensions before the last.
+    pf: usize,
+    /// Offset of the line within an output plane.
+    off: usize,
+    /// First output column of the run.
+    o0: usize,
+}
+
+impl OutGeom<'_> {
+    /// Calls `f` for every in-range output line that tiles `ta..ta + s` write: the tiles in runs
+    /// sharing the image and every tile index but the last (as in [`gather_tiles`]), each run's
+    /// lines (positions over the dimensions before the last that fall inside the output).
+    fn for_each_line(&self, ta: usize, s: usize, mut f: impl FnMut(Line)) {
+        let m = self.m;
+        let last = m.len() - 1;
+        let prefix_n: usize = m[..last].iter().product();
+        let mut tidx = vec![0; m.len()];
+        let mut wi = vec![0; last];
+        let tz = ta + s;
+        let mut t = ta;
+        while t < tz {
+            let n = t / self.tiles_per_image;
+            unravel(t % self.tiles_per_image, self.tpd, &mut tidx);
+            let run = (self.tpd[last] - tidx[last]).min(tz - t);
+            let o0 = tidx[last] * m[last];
+            'rows: for pf in 0..prefix_n {
+                unravel(pf, &m[..last], &mut wi);
+                let mut off = 0;
+                for dd in 0..last {
+                    let o = tidx[dd] * m[dd] + wi[dd];
+                    if o >= self.output[dd] {
+                        continue 'rows;
+                    }
+                    off += o * self.out_strides[dd];
+                }
+                f(Line {
+                    n,
+                    j: t - ta,
+                    run,
+                    pf,
+                    off,
+                    o0,
+                });
+            }
+            t += run;
+        }
+    }
+}
+
 /// Scatters the outputs of tiles `ta..ta + s` and channels `ks`, `yb` laid out
 /// (m^N, ks.len(), s), into `ys`: the output planes (image, channel) from plane `plane0` on. Only
 /// the in-range part of edge tiles is written, in runs of tiles along the last dimension as in
@@ -784,38 +842,25 @@ fn scatter_tiles(
     s: usize,
     ks: std::ops::Range<usize>,
 ) {
-    let m = og.m;
-    let rank = m.len();
-    let last = rank - 1;
-    let prefix_n: usize = m[..last].iter().product();
-    let m_last = m[last];
-    let out_last = og.output[last];
+    let m_last = og.m[og.m.len() - 1];
+    let out_last = og.output[og.m.len() - 1];
     let kn = ks.len();
-    let mut tidx = vec![0; rank];
-    let mut wi = vec![0; last];
-    let tz = ta + s;
-    let mut t = ta;
-    while t < tz {
-        let j = t - ta;
-        let n = t / og.tiles_per_image;
-        unravel(t % og.tiles_per_image, og.tpd, &mut tidx);
-        let run = (og.tpd[last] - tidx[last]).min(tz - t);
-        let o0 = tidx[last] * m_last;
-        'rows: for pf in 0..prefix_n {
-            unravel(pf, &m[..last], &mut wi);
-            let mut off = 0;
-            for dd in 0..last {
-                let o = tidx[dd] * m[dd] + wi[dd];
-                if o >= og.output[dd] {
-                    continue 'rows;
-                }
-                off += o * og.out_strides[dd];
-            }
+    let row_stride = kn * s;
+    og.for_each_line(
+        ta,
+        s,
+        |Line {
+             n,
+             j,
+             run,
+             pf,
+             off,
+             o0,
+         }| {
             // Tiles 0..full of the run have all m columns in range: written tile by tile as
-            // contiguous runs of m values interleaving the m rows of `yb` (one pass over the
-            // output line instead of m strided ones); the rest column by column.
+            // contiguous runs of m values interleaving the m rows of `yb` (one pass over the output
+            // line instead of m strided ones); the rest column by column.
             let full = ((out_last - o0.min(out_last)) / m_last).min(run);
-            let row_stride = kn * s;
             for (kl, k) in ks.clone().enumerate() {
                 let plane = n * og.k_total + k - plane0;
                 let row = &mut ys[plane * og.out_len + off..][..out_last];
@@ -824,8 +869,8 @@ fn scatter_tiles(
                 if full == run {
                     continue;
                 }
-                // The run's tiles past `full` (in a whole tile row, only its last, partial
-                // tile): column by column.
+                // The run's tiles past `full` (in a whole tile row, only its last, partial tile):
+                // column by column.
                 let end = out_last.min(o0 + run * m_last);
                 if run - full == 1 {
                     let col0 = o0 + full * m_last;
@@ -848,13 +893,12 @@ fn scatter_tiles(
                     );
                 }
             }
-        }
-        t += run;
-    }
+        },
+    );
 }
 
 /// Brings toward L2 (a prefetch, no write) the output lines that [`scatter_tiles`] writes for
-/// tiles `ta..ta + s` and channels `ks`: the same runs of tiles and rows.
+/// tiles `ta..ta + s` and channels `ks`: the same lines ([`OutGeom::for_each_line`]).
 fn prefetch_tiles(
     og: &OutGeom<'_>,
     ys: &[f32],
@@ -863,32 +907,17 @@ fn prefetch_tiles(
     s: usize,
     ks: std::ops::Range<usize>,
 ) {
-    let m = og.m;
-    let last = m.len() - 1;
-    let prefix_n: usize = m[..last].iter().product();
-    let (m_last, out_last) = (m[last], og.output[last]);
-    let mut tidx = vec![0; m.len()];
-    let mut wi = vec![0; last];
-    let tz = ta + s;
-    let mut t = ta;
-    while t < tz {
-        let n = t / og.tiles_per_image;
-        unravel(t % og.tiles_per_image, og.tpd, &mut tidx);
-        let run = (og.tpd[last] - tidx[last]).min(tz - t);
-        let o0 = tidx[last] * m_last;
-        let end = out_last.min(o0 + run * m_last);
-        'rows: for pf in 0..prefix_n {
-            unravel(pf, &m[..last], &mut wi);
-            let mut off = 0;
-            for dd in 0..last {
-                let o = tidx[dd] * m[dd] + wi[dd];
-                if o >= og.output[dd] {
-                    continue 'rows;
-                }
-                off += o * og.out_strides[dd];
-            }
+    let m_last = og.m[og.m.len() - 1];
+    let out_last = og.output[og.m.len() - 1];
+    og.for_each_line(
+        ta,
+        s,
+        |Line {
+             n, run, off, o0, ..
+         }| {
+            let end = out_last.min(o0 + run * m_last);
             if o0 >= end {
-                continue;
+                return;
             }
             for k in ks.clone() {
                 // Out-of-range indices are ignored by `prefetch_l2`.
@@ -898,9 +927,8 @@ fn prefetch_tiles(
                 }
                 core_blas::pack::prefetch_l2(ys, at + end - 1);
             }
-        }
-        t += run;
-    }
+        },
+    );
 }
 
 /// One contiguous destination run of a gather: for each channel, `dst` row `row` (tile position)
