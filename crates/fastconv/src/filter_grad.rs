@@ -61,6 +61,14 @@ impl ThreadState {
 /// accumulator ([`backward_filter`]'s `shared_acc_above`).
 pub(crate) const SHARED_ACC_BYTES: usize = 16 << 20;
 
+/// Largest α^N whose per-thread backward-filter products are packed per ξ (`pack_rows` +
+/// `gemm_packed_batched`) rather than run through `sgemm_batched`'s driver. Larger ones (3-D
+/// tiles, α^N 216-486, in blocks of 48 tiles) keep the driver: C3D's 64→128 layer (batch 2,
+/// 4×7×7, α^N = 486) measured 3-15 % slower packed (`wino_probe blocks c3d_128`, 1 thread, CPU
+/// time, alternating processes, quiet 02:08:55 UTC session 20: 71.0 / 73.2, 71.7 / 82.5,
+/// 73.0 / 82.4 ms), C3D's 64→64 (α^N = 216) level to faster.
+const PACKED_MAX_ALPHA_N: usize = 100;
+
 /// Values per slice of the output transform's input (α^N rows × the slice's columns).
 const OUT_CHUNK_FLOATS: usize = 1 << 16;
 
@@ -258,8 +266,8 @@ pub(crate) fn backward_filter(
     // processes, quiet 01:35:20, medians): paper layers 1 and 3 backward-filter 9.68 / 8.60,
     // 9.75 / 8.35, 11.62 / 8.30 and 9.43 / 8.65, 9.56 / 7.82, 9.85 / 8.10 ms; ResNet-50's
     // 64@56², 128@28², 512@7² and C3D level to 2-13 % faster. Used by the per-thread
-    // accumulators; the shared one keeps the driver, which spreads the α^N products over the
-    // threads.
+    // accumulators with α^N ≤ `PACKED_MAX_ALPHA_N`; the shared one keeps the driver, which
+    // spreads the α^N products over the threads.
     let accumulate_packed =
         |bufs: &mut BlockBufs, acc: &mut AlignedVec, b: usize, first: bool| -> Result<()> {
             let tb = block_len(b);
@@ -339,7 +347,11 @@ pub(crate) fn backward_filter(
             let (b0, b1) = range(t);
             for b in b0..b1 {
                 transform_block(&mut st.bufs, b);
-                accumulate_packed(&mut st.bufs, &mut st.acc, b, b == b0)?;
+                if a_n <= PACKED_MAX_ALPHA_N {
+                    accumulate_packed(&mut st.bufs, &mut st.acc, b, b == b0)?;
+                } else {
+                    accumulate(&st.bufs, &mut st.acc, b, b == b0)?;
+                }
             }
             Ok(())
         };
