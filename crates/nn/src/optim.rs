@@ -41,7 +41,9 @@ impl Sgd {
         })
     }
 
-    /// One update of every parameter from its gradient.
+    /// One update of every parameter from its gradient. It also ends a training step for the
+    /// recycling of tensor buffers ([`crate::Tensor`]'s module documentation): lengths no step
+    /// asked for lately stop holding memory.
     pub fn step<'a>(&mut self, params: impl IntoIterator<Item = &'a mut Parameter>) -> Result<()> {
         for (i, p) in params.into_iter().enumerate() {
             if self.buffers.len() <= i {
@@ -72,6 +74,7 @@ impl Sgd {
                 *w -= lr * d;
             }
         }
+        crate::tensor::step_done();
         Ok(())
     }
 
