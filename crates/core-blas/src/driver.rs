@@ -166,6 +166,25 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     ws: &mut Workspace,
 ) {
     let (mr, nr) = (K::MR, K::NR);
+    // Several A blocks and several passes ([`Kernel::DEEPER_PASSES`]): passes 4/3 deeper (KC
+    // rounded down to 16) and A blocks as much shorter (the same L2 budget MC·KC): a quarter
+    // fewer C-tile loads and stores, B blocks (in L3) read in fewer, longer passes. Shapes with
+    // one A block keep the table's sizes (64×50176×576 lost 4-5 points at KC 512 / MC 256).
+    // Session 20, avx512, gemm_ratio 1 thread, `CORE_BLAS_KC=512 CORE_BLAS_MC=256` against the
+    // table's 384 / 336, quiet 01:53 and 01:55 UTC: 2048³ 92.9/94.3, 92.3/95.7, 91.0/94.0,
+    // 92.0/94.7, 91.8/93.7, 91.2/93.8%; 3136×256×2304 80.3/81.2, 79.2/81.9%; 1024³ 85.8/85.9,
+    // 88.6/91.1%; this rule against the table, 2048³, quiet 02:00 and 02:01 (noisy host, peaks
+    // 110-114): 88.8/89.8, 90.0/90.2, 88.6/89.1, 87.9/90.5, 89.2/89.7, 91.1/91.1, 88.5/90.5%.
+    let bs = if K::DEEPER_PASSES && rows.1 - rows.0 > bs.mc && k > bs.kc && tune::deep() {
+        let kc = (bs.kc * 4 / 3 / 16 * 16).max(bs.kc);
+        BlockSizes {
+            kc,
+            mc: (bs.mc * bs.kc / kc).div_ceil(mr).max(1) * mr,
+            nc: bs.nc,
+        }
+    } else {
+        bs
+    };
     // Balance the blocks: k = 1000 with KC = 256 runs four passes of 250, not 256 + 256 + 256 +
     // 232 (a short last pass pays the C-tile traffic for little work); likewise for mc. A
     // product of two or three passes may run passes up to KC/8 deeper when that saves one (the
@@ -312,7 +331,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
 pub(crate) mod tune {
     /// 0: normal; 1: no prefetch of the next B block; 2: that prefetch in one burst per jr step;
     /// 3: a single A block re-packed per jc block; 4: a row-major B packed up front, not in the
-    /// first tiles.
+    /// first tiles; 5: the table's block sizes also with several A blocks.
     #[cfg(test)]
     pub(crate) static MODE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
@@ -342,6 +361,16 @@ pub(crate) mod tune {
     pub(crate) fn fuse() -> bool {
         #[cfg(test)]
         if MODE.load(std::sync::atomic::Ordering::Relaxed) == 4 {
+            return false;
+        }
+        true
+    }
+
+    /// Whether products with several A blocks run deeper passes (mode 5: the table's sizes).
+    #[inline]
+    pub(crate) fn deep() -> bool {
+        #[cfg(test)]
+        if MODE.load(std::sync::atomic::Ordering::Relaxed) == 5 {
             return false;
         }
         true
@@ -633,6 +662,34 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Several A blocks and passes (the deeper passes of `Kernel::DEEPER_PASSES`, AVX-512)
+    /// against the table's block sizes (mode 5) and the naive product: bitwise equal (small
+    /// integers). m = 700 > MC, k = 1100 > KC: passes 4/3 deeper, a short last one, edge rows.
+    #[test]
+    fn deeper_passes_match_the_table_sizes() {
+        use std::sync::atomic::Ordering;
+        let (m, n, k) = (700usize, 100usize, 1100usize);
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 5) as f32 - 2.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 3) as f32 - 1.0).collect();
+        let mut want = vec![0.0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                want[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+            }
+        }
+        let run = |mode: usize| {
+            let mut c = vec![f32::NAN; m * n];
+            tune::MODE.store(mode, Ordering::Relaxed);
+            crate::sgemm(false, false, m, n, k, 1.0, &a, k, &b, n, 0.0, &mut c, n)
+                .expect("valid sgemm");
+            tune::MODE.store(0, Ordering::Relaxed);
+            c
+        };
+        let (deep, table) = (run(0), run(5));
+        assert_eq!(deep, want);
+        assert_eq!(table, want);
     }
 
     #[test]

@@ -117,6 +117,12 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
     /// packing tiles and source rows visited per column for a narrow `NR`); the driver packs
     /// the columns past the last whole group with [`crate::PackB::pack_b`].
     const PACK_GROUP: usize = 1;
+    /// Whether products with several A blocks and several passes run passes 4/3 deeper than
+    /// the table's KC, with A blocks as much shorter (the driver's `serial`). Measured a gain
+    /// on the AVX-512 family (2048³ +1-3 points on Zen 4, session 20); the AVX2 family was level
+    /// to worse (2048³ 88.1/78.0, 81.4/81.8, 84.6/80.0, 75.6/76.5, 73.8/76.8, 83.6/78.9,
+    /// 76.9/76.4%, quiet 02:00-02:01), so it keeps the table.
+    const DEEPER_PASSES: bool = false;
 
     /// The kernel if the running CPU supports it.
     fn new() -> Option<Self>;

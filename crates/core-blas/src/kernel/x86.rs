@@ -887,6 +887,7 @@ impl Kernel for Avx512 {
     const NR: usize = AVX512_NR;
     const NAME: &'static str = "avx512-f32-8x48";
     const PACKS_B: bool = true;
+    const DEEPER_PASSES: bool = true;
 
     fn new() -> Option<Self> {
         (is_x86_feature_detected!("avx512f")
