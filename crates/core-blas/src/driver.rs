@@ -30,7 +30,7 @@ type BlockCoords = (usize, usize, usize, usize);
 enum Prefetch<'b, B> {
     /// The next B block, in slices over the jr steps (packed up front by `pack_b`).
     Block(&'b B, BlockCoords),
-    /// One panel ahead, for fused packing.
+    /// One panel (or group of panels) ahead, for fused packing.
     Panels(&'b B, Ahead),
 }
 

@@ -43,8 +43,10 @@ pub trait PackB: Sync {
     /// when it is one; the default is `None`. The driver then packs a block's full `nr`-wide
     /// micro-panels inside the micro-kernels (the first tile of each panel reads the rows from
     /// `data` and writes the packed panel as it goes, overlapping the copy with its FMAs) and
-    /// calls [`PackB::pack_b`] only for the last, partial panel. A source whose packed values
-    /// are not its storage read row by row (im2col, a transform) must keep the default.
+    /// calls [`PackB::pack_b`] only for the last, partial panel and the full panels past the
+    /// last whole group of panels the kernel family packs in one tile (3 for AVX2). A source
+    /// whose packed values are not its storage read row by row (im2col, a transform) must keep
+    /// the default.
     #[inline]
     fn row_major(&self) -> Option<(&[f32], usize)> {
         None

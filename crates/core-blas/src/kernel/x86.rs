@@ -685,7 +685,8 @@ impl Kernel for Avx2 {
         m: usize,
     ) {
         // SAFETY: holding `Avx2` proves avx2+fma; memory per contract (the full tile reads k
-        // source rows of 16 values and writes k · 16 packed values).
+        // source rows of `PACK_GROUP · 16` values and writes `PACK_GROUP · k · 16` packed
+        // values).
         unsafe {
             if m == AVX2_MR
                 && super::skx::UKR_VARIANT.load(std::sync::atomic::Ordering::Relaxed) != 1
