@@ -436,12 +436,19 @@ fn forward_in_blocks(
     let gemm = Gemm::global().map_err(gemm_err)?;
     let (c, k, r) = (g.in_channels(), g.out_channels(), g.kernel_len());
     let (ilen, olen) = (g.input_spatial_len(), g.output_spatial_len());
-    let mut wd = WEIGHTS.with_borrow_mut(std::mem::take);
-    let result = transposed_by_tap(gemm, w, k, c, r, &mut wd).and_then(|()| {
+    with_weights(|wd| {
+        transposed_by_tap(gemm, w, k, c, r, wd)?;
         // B of tap t: W_t (C × K), w[kk][cc][t] at (cc·R + t)·K + kk.
         let b = |t: usize| MatRef::row_major("w", &wd[t * k..], c, k, r * k).map_err(gemm_err);
         blocks(g, false, x, (c, ilen), y, (k, olen), &b, (bias, relu), nb)
-    });
+    })
+}
+
+/// `f` on this thread's weight copy buffer, taken out of [`WEIGHTS`] for the call (so that the
+/// blocks' closures may borrow it) and put back after, whatever `f` returns.
+fn with_weights(f: impl FnOnce(&mut Vec<f32>) -> Result<()>) -> Result<()> {
+    let mut wd = WEIGHTS.with_borrow_mut(std::mem::take);
+    let result = f(&mut wd);
     WEIGHTS.with_borrow_mut(|kept| *kept = wd);
     result
 }
@@ -462,14 +469,12 @@ fn backward_data_in_blocks(
     let gemm = Gemm::global().map_err(gemm_err)?;
     let (c, k, r) = (g.in_channels(), g.out_channels(), g.kernel_len());
     let (ilen, olen) = (g.input_spatial_len(), g.output_spatial_len());
-    let mut wd = WEIGHTS.with_borrow_mut(std::mem::take);
-    let result = by_tap(gemm, w, k, c, r, &mut wd).and_then(|()| {
+    with_weights(|wd| {
+        by_tap(gemm, w, k, c, r, wd)?;
         // B of tap t: W_tᵀ (K × C), rows R·C apart.
         let b = |t: usize| MatRef::row_major("w", &wd[t * c..], k, c, r * c).map_err(gemm_err);
         blocks(g, true, dy, (k, olen), dx, (c, ilen), &b, (None, false), nb)
-    });
-    WEIGHTS.with_borrow_mut(|kept| *kept = wd);
-    result
+    })
 }
 
 /// The products of every block of (at most) `nb` images of `input` (`ch` channels of

@@ -273,11 +273,11 @@ fn recycle(v: Storage) {
             return;
         };
         let bytes = len * size_of::<f32>();
-        if d.live > 0 {
-            d.live -= 1;
+        let (was_live, peak) = (d.live > 0, d.peak);
+        d.live = d.live.saturating_sub(1);
+        if was_live {
             r.live_bytes -= bytes;
         }
-        let peak = r.demand[&len].peak;
         let Recycler {
             free, bytes: total, ..
         } = &mut *r;
