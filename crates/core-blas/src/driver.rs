@@ -241,6 +241,13 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     // A dense row-major B is packed inside the first tile of each panel (or group of `PACK_GROUP` panels): only
     // when the storage it hands over holds all k rows of n values (`PackB` is a safe trait, so a
     // source that hands over less is packed by `pack_b`), and never for k = 0.
+    // (Groups are whole panels: `full` below and `macro_kernel` divide by the group.)
+    const {
+        assert!(
+            K::PACK_GROUP >= 1,
+            "a packing group holds at least one panel"
+        )
+    };
     let fuse = b.row_major().filter(|&(data, ld)| {
         K::PACKS_B && tune::fuse() && rows_inside(data.len(), ld, k, b.cols())
     });

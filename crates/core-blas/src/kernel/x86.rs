@@ -549,7 +549,13 @@ unsafe fn avx2_ukr_asm_pk<const G: usize>(
     m: usize,
     n: usize,
 ) {
-    debug_assert!(m == AVX2_MR && n <= 16 && (1..=3).contains(&G));
+    const {
+        assert!(
+            1 <= G && G <= 3,
+            "hsw_kloop_pk has forms for groups of 1, 2 and 3 panels"
+        )
+    };
+    debug_assert!(m == AVX2_MR && n <= 16);
     // SAFETY: avx2+fma per the caller. The asm reads 4 · rounds <= k steps of A (6 values) and
     // of the source (16 · G values, one row per step), writes the same steps of the G packed
     // panels (16 values each, the caller's exclusive buffer), only the registers it declares,
