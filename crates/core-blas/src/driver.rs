@@ -36,7 +36,8 @@ enum Prefetch<'b, B> {
 
 /// The panels a fused macro-kernel prefetches: the next panel of this block (depth pass `pc`)
 /// when `within` (the first A block, whose tiles pack the panels), and after the last panel the
-/// first one of the `next` block.
+/// first one of the `next` block (before it, the `next` block's columns past its last whole
+/// group, which are packed up front).
 #[derive(Clone, Copy)]
 struct Ahead {
     pc: usize,
@@ -503,13 +504,32 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
                     let q = (jr / nr) % g;
                     let jn = jr - q * nr + gw;
                     let (r0, r1) = (kc * q / g, kc * (q + 1) / g);
-                    (ah.within && jn < grouped && r0 < r1).then_some((
+                    let group = (ah.within && jn < grouped && r0 < r1).then_some((
                         b,
                         ah.pc + r0,
                         r1 - r0,
                         jc + jn,
                         gw,
-                    ))
+                    ));
+                    // Else, on the panel before the last: the next block's columns past its
+                    // last whole group, which `serial` packs up front (`pack_b`) from a source
+                    // nothing prefetched (the AVX2 family's 31st panel of its 496-wide blocks).
+                    // Session 21, `CORE_BLAS_ISA=avx2 gemm_ratio`, 1 thread, without / with:
+                    // 64×50176×576 79.7/81.2, 80.2/81.2, 79.4/81.0, 79.6/80.9, 80.0/80.5%
+                    // (quiet 04:10 UTC), 80.4/81.5, 79.8/81.6, 79.1/80.4, 79.8/81.2% (04:14);
+                    // 256×3136×2304 level (87.3/88.1, 88.4/89.0, 87.9/88.0, 87.3/87.9,
+                    // 87.4/86.6%; 87.9/87.4, 87.9/86.6, 86.5/85.6%); avx512 2048³ (a 32-wide
+                    // last panel) level (94.4/94.0, 94.1/94.4, 93.7/95.4, 94.2/93.9, 94.2/92.8%;
+                    // 94.9/95.4, 93.6/93.7, 93.7/93.5, 93.8/94.2%).
+                    let rest = || {
+                        ah.next
+                            .filter(|&(_, _, _, nc2)| jr + 2 * nr >= nc && nc2 % gw != 0)
+                            .map(|(pc2, kc2, jc2, nc2)| {
+                                let full = nc2 / gw * gw;
+                                (b, pc2, kc2, jc2 + full, nc2 - full)
+                            })
+                    };
+                    group.or_else(rest)
                 } else {
                     ah.next
                         .map(|(pc2, kc2, jc2, nc2)| (b, pc2, kc2, jc2, gw.min(nc2)))
