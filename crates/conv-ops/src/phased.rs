@@ -257,7 +257,34 @@ pub(crate) fn backward_data(g: &ConvGeometry, dy: &[f32], w: &[f32], dx: &mut [f
                             for &f in &firsts {
                                 debug_assert!(base + f + sl * (len - 1) < dxs.len);
                             }
-                            if let [f0, f1] = firsts[..] {
+                            if let [f0, f1] = firsts[..]
+                                && sl == 2
+                                && f0.abs_diff(f1) == 1
+                            {
+                                // Stride 2, the two phases side by side: the 2·len values
+                                // from the first one's position are exactly theirs, in
+                                // order; written as one slice so that the interleave is
+                                // vector shuffles and whole-vector stores.
+                                let (lo, hi) = if f0 < f1 {
+                                    (row(0), row(1))
+                                } else {
+                                    (row(1), row(0))
+                                };
+                                // SAFETY: `base + min(f0, f1) + q`, q < 2·len, are the two
+                                // phases' elements of channel cc at positions pos..pos + len
+                                // (inside dx, checked above), written only by this block (see
+                                // `Dx`); nothing else reads or writes them during the loop.
+                                let d = unsafe {
+                                    std::slice::from_raw_parts_mut(
+                                        dxs.ptr.add(base + f0.min(f1)),
+                                        2 * len,
+                                    )
+                                };
+                                for ((pair, &a), &b) in d.chunks_exact_mut(2).zip(lo).zip(hi) {
+                                    pair[0] = a;
+                                    pair[1] = b;
+                                }
+                            } else if let [f0, f1] = firsts[..] {
                                 // Two phases: the line's values in order, whole cache lines.
                                 let (r0, r1) = (row(0), row(1));
                                 for q in 0..len {
