@@ -16,11 +16,12 @@
 //! Small output planes (at most [`SMALL_PLANE`] positions) and strided layers instead take
 //! core-blas's [`ConvPack::pack_transposed`]: a [`Chunk`] per (16 rows, tap) says how 16
 //! consecutive positions read a channel plane (masked loads, padding never read); 16 columns'
-//! chunks are loaded and transposed in registers. The chunks of every `(pc, kc)` block are built
-//! once per layer and thread and cached (the GEMM packs each block once per column block).
+//! chunks are loaded and transposed in registers. The chunks of 16 rows depend only on the
+//! position of the first row in its image: they are built once per layer and thread for every
+//! position of an image, relative to image 0 (a table of O · R chunks, whatever the batch), and
+//! each block's chunks are copied from the table with its images' offsets added.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 
 use core_blas::{CHUNK_LANES, Chunk, ConvPack, PackB};
 
@@ -43,9 +44,10 @@ const SHORT_RUN: usize = 12;
 /// AVX-512's 32, or 48 for an 8×48 GEMM tile.
 const MAX_LANES: usize = 48;
 
-/// The most chunks cached per thread (24 bytes each): a layer whose blocks need more (`N·O / 16
-/// · R` and then some) keeps the transposing copies below. The GEMM packs every `(pc, kc)`
-/// block of B once per column block, so the chunks of all of them are built once and reused.
+/// The most chunks cached per thread (24 bytes each): a layer whose table needs more (`O · R`:
+/// one per output position of an image and tap) keeps the transposing copies below. The GEMM
+/// packs every `(pc, kc)` block of B once per column block, and blocks at the same positions
+/// of other images read the same chunks shifted, so the table is built once per layer.
 const CACHE_MAX_CHUNKS: usize = 1 << 16;
 
 /// Output planes of at most this many positions (and every strided layer) are packed from the
@@ -64,16 +66,25 @@ struct Scratch {
     zeros: Vec<f32>,
     /// Runs `a..b` transposed together (consecutive lines of one straight stretch).
     groups: Vec<(usize, usize)>,
-    /// The geometry (dims, image and plane length) the cached chunks below belong to.
+    /// The geometry (dims, image and plane length) the table below belongs to.
     key: Option<(Dims3, usize, usize)>,
-    /// Cached blocks: `(pc, kc)` → first of their chunks in `chunks`.
-    blocks: HashMap<(usize, usize), usize>,
-    /// Per cached block, per 16 of its rows and tap (`[start + q·R + tap]`), the [`Chunk`]
-    /// reading those positions from a channel plane; the gathers' index rows; per-row offsets
-    /// of one tap.
-    chunks: Vec<Chunk>,
+    /// Per output position `s` of an image and tap (`[s·R + tap]`), the [`Chunk`] reading the 16
+    /// rows from `s` (in image 0, and on into image 1) from a channel plane; empty when the
+    /// layer is not cached. `built[s]`: whether position `s` is in the table (not when its 16
+    /// rows pass the end of the batch it was built for, or a gather's offset does not fit).
+    table: Vec<Chunk>,
+    built: Vec<bool>,
+    /// The table's gathers' index rows.
     gidx: Vec<[i32; CHUNK_LANES]>,
+    /// The chunks of the block being packed (`[q·R + tap]` for its 16-row blocks `q`): copied
+    /// from the table with the block's images' offsets added, or built for the block's last
+    /// rows; their gathers' index rows.
+    block: Vec<Chunk>,
+    block_idx: Vec<[i32; CHUNK_LANES]>,
+    /// Per-row offsets of one tap; the runs and segments of 16 rows.
     offs: Vec<Option<isize>>,
+    runs16: Vec<Run>,
+    segs16: Vec<Seg>,
     /// Per column of the panel being packed: (plane offset, tap).
     cols: Vec<(isize, u32)>,
 }
@@ -112,48 +123,76 @@ impl PackB for Im2colTB<'_> {
                 zeros,
                 groups,
                 key,
-                blocks,
-                chunks,
+                table,
+                built,
                 gidx,
+                block,
+                block_idx,
                 offs,
+                runs16,
+                segs16,
                 cols,
             } = s;
+            // Room for the most runs `kc` rows can cross (a line each, and a partial one at
+            // each end), reserved whole: what the buffers keep then depends on the depth only,
+            // not on which of the batch's blocks crossed the most lines.
+            let most_runs = kc / src.d.output[2].max(1) + 2;
+            runs.clear();
+            runs.reserve_exact(most_runs);
+            segs.clear();
+            segs.reserve_exact(most_runs * src.rlen);
             src.runs(pc, kc, runs);
             src.segments(runs, segs);
             let count = runs.len();
             let rlen = src.rlen;
             let k = (src.d, src.image_len(), src.plane(1) - src.plane(0));
+            let olen = src.olen();
+            let small = olen <= SMALL_PLANE || stride != 1;
             if *key != Some(k) {
                 *key = Some(k);
-                blocks.clear();
-                chunks.clear();
+                table.clear();
+                built.clear();
                 gidx.clear();
-            }
-            let fits =
-                (self.rows / CHUNK_LANES + self.rows / kc.max(1) + 2) * rlen <= CACHE_MAX_CHUNKS;
-            let small = src.olen() <= SMALL_PLANE || stride != 1;
-            let cached = match blocks.get(&(pc, kc)) {
-                _ if !small => None,
-                Some(&at) => Some(at),
-                None if fits => {
-                    let at = chunks.len();
-                    if push_chunks(src, runs, segs, kc, chunks, gidx, offs) {
-                        blocks.insert((pc, kc), at);
-                        Some(at)
-                    } else {
-                        chunks.truncate(at);
-                        None
+                if small && olen * rlen <= CACHE_MAX_CHUNKS {
+                    // Every position of an image at once: the table's size depends on the
+                    // layer only (not on the batch, nor on which blocks the GEMM asks for).
+                    table.reserve_exact(olen * rlen);
+                    built.reserve_exact(olen);
+                    for at in 0..olen {
+                        let before = (table.len(), gidx.len());
+                        let ok = at + CHUNK_LANES <= self.rows && {
+                            src.runs(at, CHUNK_LANES, runs16);
+                            src.segments(runs16, segs16);
+                            push_chunks(src, runs16, segs16, CHUNK_LANES, table, gidx, offs)
+                        };
+                        if !ok {
+                            table.truncate(before.0);
+                            gidx.truncate(before.1);
+                            table.resize(before.0 + rlen, Chunk::ZERO);
+                        }
+                        built.push(ok);
                     }
+                    gidx.shrink_to_fit();
                 }
-                None => None,
-            };
-            if let (Some(cp), Some(at)) = (
+            }
+            let cached = !table.is_empty()
+                && block_chunks(
+                    src,
+                    (pc, kc),
+                    self.rows,
+                    (table, built, gidx),
+                    (block, block_idx),
+                    offs,
+                    (runs16, segs16),
+                );
+            if let (Some(cp), true) = (
                 ConvPack::global()
                     .ok()
                     .filter(|_| nr.is_multiple_of(CHUNK_LANES)),
                 cached,
             ) {
-                let chunks = &chunks[at..][..kc.div_ceil(CHUNK_LANES) * rlen];
+                let chunks = &block[..kc.div_ceil(CHUNK_LANES) * rlen];
+                let gidx: &[[i32; CHUNK_LANES]] = block_idx;
                 for (j0, w, panel) in micro_panels(dst, kc, nr, jc, nc) {
                     debug_assert!({
                         let planes: Vec<usize> =
@@ -335,6 +374,80 @@ impl PackB for Im2colTB<'_> {
             }
         });
     }
+}
+
+/// The chunks of block `(pc, kc)` of the `rows` rows into `block` (`[q·R + tap]`) and their
+/// gathers' index rows into `idx`: each whole 16-row block `q` copied from the table at its
+/// first row's position in its image `n`, its offsets moved by `n` images; the others (the
+/// block's last rows, positions not in the table) built for their rows. `false` when an offset
+/// does not fit (an `i32` gather index): the block is then packed without chunks.
+#[allow(clippy::type_complexity)]
+fn block_chunks(
+    src: &Source<'_>,
+    (pc, kc): (usize, usize),
+    rows: usize,
+    (table, built, gidx): (&[Chunk], &[bool], &[[i32; CHUNK_LANES]]),
+    (block, idx): (&mut Vec<Chunk>, &mut Vec<[i32; CHUNK_LANES]>),
+    offs: &mut Vec<Option<isize>>,
+    (runs, segs): (&mut Vec<Run>, &mut Vec<Seg>),
+) -> bool {
+    let (rlen, olen, image) = (src.rlen, src.olen(), src.image_len());
+    block.clear();
+    idx.clear();
+    // At most one gather row per chunk: reserved whole, so that what the buffers keep depends
+    // on the block's depth only (not on which of the batch's blocks had the most gathers).
+    let most = kc.div_ceil(CHUNK_LANES) * rlen;
+    block.reserve_exact(most);
+    idx.reserve_exact(most);
+    for r0 in (pc..pc + kc).step_by(CHUNK_LANES) {
+        let count = CHUNK_LANES.min(pc + kc - r0);
+        let (n, at) = (r0 / olen, r0 % olen);
+        if count == CHUNK_LANES && r0 + CHUNK_LANES <= rows && built[at] {
+            let Ok(shift) = isize::try_from(n * image) else {
+                return false;
+            };
+            for c in &table[at * rlen..][..rlen] {
+                block.push(match *c {
+                    Chunk::Lines {
+                        step,
+                        m1,
+                        m2,
+                        off1,
+                        off2,
+                    } => Chunk::Lines {
+                        step,
+                        m1,
+                        m2,
+                        off1: off1 + shift,
+                        off2: off2 + shift,
+                    },
+                    Chunk::Gather { mask, at } => {
+                        let mut row = gidx[at as usize];
+                        for (l, v) in row.iter_mut().enumerate() {
+                            if mask & (1 << l) != 0 {
+                                match i32::try_from(*v as isize + shift) {
+                                    Ok(x) => *v = x,
+                                    Err(_) => return false,
+                                }
+                            }
+                        }
+                        idx.push(row);
+                        Chunk::Gather {
+                            mask,
+                            at: (idx.len() - 1) as u32,
+                        }
+                    }
+                });
+            }
+        } else {
+            src.runs(r0, count, runs);
+            src.segments(runs, segs);
+            if !push_chunks(src, runs, segs, count, block, idx, offs) {
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// Appends the chunks of the rows `0..kc` of a block (runs `runs`, segments `segs`, tap-major): for

@@ -155,7 +155,8 @@ fn lean(pass: Pass) -> bool {
 /// batch no algorithm's transient peak above `workspace_bytes` grows, and no lean algorithm
 /// keeps more than it kept at the first batch (the batches are at least one block: 256 images
 /// of 256 channels on 2×2, 227 of 128 on 3×3, 2730 of 96 on 1×1; 20 of 256 on 7², run tap
-/// by tap on position-major copies too). The first batch's first
+/// by tap on position-major copies too, and the transposed convgemm there, whose chunk table
+/// is per position of an image). The first batch's first
 /// calls start from a fresh thread, so that growth is what a pass keeps on a thread that ran
 /// the layer at its first batch. Fails at 3d55102 (tapwise's copies held the whole batch).
 #[test]
@@ -180,14 +181,16 @@ fn no_workspace_grows_with_the_batch_on_tiny_planes() {
         let (small, large) =
             pool.install(|| (profile(&g), profile(&with_batch(&g, 2 * g.batch()))));
         for ((&pass, s), l) in Pass::ALL.iter().zip(small).zip(large) {
-            // On 7² only the passes that run tap by tap (the transposed convgemm's cached
-            // chunks grow with the batch there up to their cap, `CACHE_MAX_CHUNKS`).
+            // On 7² the passes that run tap by tap, and the transposed convgemm (its chunks
+            // cached per position of an image; cached per block of rows until session 21,
+            // they grew with the batch).
             if g.input() == [7, 7]
                 && !matches!(
                     pass,
                     Pass::Forward(ForwardAlgo::Convgemm)
                         | Pass::BackwardData(BackwardDataAlgo::Deconvgemm)
                         | Pass::BackwardData(BackwardDataAlgo::FlippedConvgemm)
+                        | Pass::BackwardFilter(BackwardFilterAlgo::ConvgemmTrans)
                 )
             {
                 continue;
