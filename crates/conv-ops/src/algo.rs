@@ -133,7 +133,9 @@ impl Preset {
     /// The memory-lean preset for one geometry: `cgt+dg`'s fused algorithms (no workspace at
     /// all), each pass choosing the faster for `g`
     /// as measured on the layers of the conv-ops bench (docs/PERFORMANCE.md, session 5):
-    /// - forward: [`ForwardAlgo::Direct`] when [`direct_applies`], else convgemm;
+    /// - forward: [`ForwardAlgo::Direct`] when [`direct_applies`], or with AVX-512's wide GEMM
+    ///   tile on 2-D layers of 97-128 channels with output lines of at least 28 (measured
+    ///   faster there), else convgemm;
     /// - backward-data: [`BackwardDataAlgo::FlippedDirect`] when the transposed (stride-1)
     ///   form exists and [`direct_applies`]; else the flipped convgemm for stride-1 "same"
     ///   convolutions (output at least as large as the input), deconvgemm otherwise;
@@ -148,7 +150,7 @@ impl Preset {
         let flipped = crate::flipped::transposed_geometry(g).is_ok();
         let same = g.output_spatial_len() >= g.input_spatial_len();
         Preset {
-            forward: if direct_applies(g) {
+            forward: if direct_applies(g) || direct_forward_wins(g) {
                 ForwardAlgo::Direct
             } else {
                 ForwardAlgo::Convgemm
@@ -224,6 +226,27 @@ pub fn direct_applies(g: &ConvGeometry) -> bool {
                 && kg <= 128
                 && g.output().last().is_some_and(|&w| w >= 16)
                 && crate::direct::flat_line_pitch(g).is_some()))
+}
+
+/// Whether the direct forward (pixel tiles) beats convgemm on `g` where [`direct_applies`]
+/// does not hold: with the wide GEMM tile (AVX-512), 2-D layers of one group with 97-128
+/// input and output channels on output lines of at least 28 (ResNet-50's 128@28² and its
+/// stride-2 128@56²), forward only. Measured on the Zen 4 (AVX-512, 8×48 GEMM tile; probe,
+/// thread-CPU min of 3 rounds, 1 thread, convgemm / direct alternating, quiet 03:50:02 UTC
+/// session 21, ms): 128@28² 17.95 / 17.37, 17.89 / 17.18, 17.78 / 17.31 (0.97×); stride-2
+/// 128@56² 19.12 / 18.91, 19.36 / 18.49, 19.10 / 18.83 (0.98×). Not taken: 64@56² (level:
+/// 19.63 / 20.15, 18.84 / 20.19, 18.65 / 18.26), 256@14² (slower: 19.2 against 19.9-20.2, quiet
+/// 03:33:23), VGG's 64@224² (38.2 against 48.7, quiet 03:25), and 128@28²'s backward-data
+/// (the flipped direct 17.39-19.29 against the flipped convgemm's 17.80-17.97).
+pub(crate) fn direct_forward_wins(g: &ConvGeometry) -> bool {
+    let (cg, kg) = (g.in_channels_per_group(), g.out_channels_per_group());
+    gemm_wider_than_direct()
+        && g.rank() == 2
+        && g.groups() == 1
+        && g.kernel_len() > 1
+        && (97..=128).contains(&cg)
+        && (97..=128).contains(&kg)
+        && g.output().last().is_some_and(|&w| w >= 28)
 }
 
 /// Whether the process-wide GEMM's register tile is wider than 16 channels, the width the
