@@ -133,10 +133,15 @@ impl PackB for Im2colTB<'_> {
                 segs16,
                 cols,
             } = s;
-            // Room for the most runs `kc` rows can cross (a line each, and a partial one at
-            // each end), reserved whole: what the buffers keep then depends on the depth only,
-            // not on which of the batch's blocks crossed the most lines.
-            let most_runs = kc / src.d.output[2].max(1) + 2;
+            // Room for the most runs a block can cross (a line each, and a partial one at each
+            // end) at the deepest pass the GEMM runs (its KC, 4/3 deeper with several A blocks,
+            // 9/8 deeper to save a pass: 3/2 KC), reserved whole: what the buffers keep then
+            // depends on the layer only, not on the batch (the passes' depth follows N·O) nor
+            // on which of its blocks crossed the most lines.
+            let deepest = core_blas::Gemm::global()
+                .map_or(kc, |g| g.block_sizes().kc * 3 / 2)
+                .max(kc);
+            let most_runs = deepest / src.d.output[2].max(1) + 2;
             runs.clear();
             runs.reserve_exact(most_runs);
             segs.clear();
@@ -178,7 +183,7 @@ impl PackB for Im2colTB<'_> {
             let cached = !table.is_empty()
                 && block_chunks(
                     src,
-                    (pc, kc),
+                    (pc, kc, deepest),
                     self.rows,
                     (table, built, gidx),
                     (block, block_idx),
@@ -376,7 +381,7 @@ impl PackB for Im2colTB<'_> {
     }
 }
 
-/// The chunks of block `(pc, kc)` of the `rows` rows into `block` (`[q·R + tap]`) and their
+/// The chunks of block `(pc, kc)` of the `rows` rows (passes at most `deepest` deep) into `block` (`[q·R + tap]`) and their
 /// gathers' index rows into `idx`: each whole 16-row block `q` copied from the table at its
 /// first row's position in its image `n`, its offsets moved by `n` images; the others (the
 /// block's last rows, positions not in the table) built for their rows. `false` when an offset
@@ -384,7 +389,7 @@ impl PackB for Im2colTB<'_> {
 #[allow(clippy::type_complexity)]
 fn block_chunks(
     src: &Source<'_>,
-    (pc, kc): (usize, usize),
+    (pc, kc, deepest): (usize, usize, usize),
     rows: usize,
     (table, built, gidx): (&[Chunk], &[bool], &[[i32; CHUNK_LANES]]),
     (block, idx): (&mut Vec<Chunk>, &mut Vec<[i32; CHUNK_LANES]>),
@@ -394,9 +399,9 @@ fn block_chunks(
     let (rlen, olen, image) = (src.rlen, src.olen(), src.image_len());
     block.clear();
     idx.clear();
-    // At most one gather row per chunk: reserved whole, so that what the buffers keep depends
-    // on the block's depth only (not on which of the batch's blocks had the most gathers).
-    let most = kc.div_ceil(CHUNK_LANES) * rlen;
+    // At most one gather row per chunk: reserved whole for the deepest pass (`deepest >= kc`
+    // rows), so that what the buffers keep does not depend on the batch.
+    let most = deepest.div_ceil(CHUNK_LANES) * rlen;
     block.reserve_exact(most);
     idx.reserve_exact(most);
     for r0 in (pc..pc + kc).step_by(CHUNK_LANES) {
