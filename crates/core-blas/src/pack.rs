@@ -447,9 +447,55 @@ pub(crate) fn with_workspace<R>(f: impl FnOnce(&mut Workspace) -> R) -> R {
     r
 }
 
+/// Frees the packing buffers of the calling thread and of every thread of the current rayon
+/// pool; returns the bytes freed. They grow to the largest blocks a thread has packed and stay
+/// at that size, so that the next product allocates nothing; a caller that ran large products
+/// once (`nn`'s `auto` algorithm choice tries every candidate on every layer, sizes the run may
+/// never use again) can give them back. Buffers in use by a product running at the time (on
+/// another thread of the pool) are left as they are. The next product grows them again;
+/// results do not change.
+pub fn release_workspaces() -> usize {
+    let release = || {
+        WORKSPACE
+            .take()
+            .map_or(0, |ws| 4 * (ws.a.capacity() + ws.b.capacity()))
+    };
+    let pool: usize = rayon::broadcast(|_| release()).into_iter().sum();
+    if rayon::current_thread_index().is_some() {
+        pool
+    } else {
+        pool + release()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `release_workspaces` frees what a product grew on this thread, and the next product
+    /// grows the buffers again with the same result.
+    #[test]
+    fn released_workspaces_regrow() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let (m, n, k) = (200, 300, 260);
+            let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 - 2.0).collect();
+            let run = || {
+                let mut c = vec![f32::NAN; m * n];
+                crate::sgemm(false, false, m, n, k, 1.0, &a, k, &b, n, 0.0, &mut c, n).unwrap();
+                c
+            };
+            let first = run();
+            assert!(release_workspaces() > 0);
+            assert_eq!(release_workspaces(), 0);
+            assert_eq!(run(), first);
+            assert!(release_workspaces() > 0);
+        });
+    }
 
     /// `pack_panels` on a unit p-stride (a transposed view: x runs are contiguous over p, as B = Vᵀ
     /// of fastconv's backward-filter), for every panel width of `gather_runs` (24 and 32 included)
