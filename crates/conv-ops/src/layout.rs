@@ -295,6 +295,18 @@ thread_local! {
     static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Frees this thread's C panel and [`Prepacked`] buffer ([`crate::release_workspaces`]) and
+/// returns their bytes; one in use counts 0.
+pub(crate) fn release_thread() -> usize {
+    PANEL.with(|c| {
+        c.try_borrow_mut()
+            .map_or(0, |mut v| 4 * std::mem::take(&mut *v).capacity())
+    }) + PREPACKED.with(|c| {
+        c.try_borrow_mut()
+            .map_or(0, |mut v| 4 * std::mem::take(&mut *v).capacity())
+    })
+}
+
 /// Runs `f` on this thread's C panel of at least `len` values (contents unspecified).
 pub(crate) fn with_panel<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     PANEL.with_borrow_mut(|panel| {

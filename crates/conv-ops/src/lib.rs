@@ -69,3 +69,28 @@ pub use error::{ConvError, Result};
 pub use flipped::transposed_geometry;
 pub use geometry::{ConvGeometry, Dims3, MAX_RANK};
 pub use ops::{backward_data, backward_filter, bias_grad, forward};
+
+/// Frees conv-ops' per-thread buffers (the direct convolution's padded copies and packed
+/// weights, the C panels of deconvgemm and the small-plane forward, the tap-by-tap forms'
+/// copies, the subsampled inputs) on the calling thread and on every thread of the current
+/// rayon pool; returns the bytes freed. They grow to the largest layer a thread has run and
+/// stay at that size, so that the next call allocates nothing. For a caller that ran large
+/// layers or algorithms once and will not again (`nn`'s `auto` algorithm choice tries every
+/// candidate on every layer): the next call grows them again to what it needs; results do not
+/// change. A buffer in use by a pass running at the time (on another thread) is left as it is.
+/// The packing buffers of the GEMMs are core-blas's ([`core_blas::pack::release_workspaces`]).
+pub fn release_workspaces() -> usize {
+    let release = || {
+        direct::release_thread()
+            + layout::release_thread()
+            + subsample::release_thread()
+            + tapsum::release_thread()
+            + tapwise::release_thread()
+    };
+    let pool: usize = rayon::broadcast(|_| release()).into_iter().sum();
+    if rayon::current_thread_index().is_some() {
+        pool
+    } else {
+        pool + release()
+    }
+}

@@ -52,6 +52,15 @@ thread_local! {
     static XS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Frees this thread's subsample buffer ([`crate::release_workspaces`]) and returns its bytes;
+/// 0 when in use.
+pub(crate) fn release_thread() -> usize {
+    XS.with(|c| {
+        c.try_borrow_mut()
+            .map_or(0, |mut v| 4 * std::mem::take(&mut *v).capacity())
+    })
+}
+
 /// Runs `f` on this thread's subsample buffer of at least `len` values (contents unspecified).
 fn with_xs<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     XS.with_borrow_mut(|xs| {

@@ -148,6 +148,21 @@ thread_local! {
     static BUFFERS: RefCell<Buffers> = RefCell::new(Buffers::default());
 }
 
+/// Frees this thread's weight copy and block copies ([`crate::release_workspaces`]) and returns
+/// their bytes; one in use counts 0.
+pub(crate) fn release_thread() -> usize {
+    let buffers = BUFFERS.with(|c| {
+        c.try_borrow_mut().map_or(0, |mut b| {
+            let b = std::mem::take(&mut *b);
+            4 * (b.src.capacity() + b.dst.capacity())
+        })
+    });
+    WEIGHTS.with(|c| {
+        c.try_borrow_mut()
+            .map_or(0, |mut v| 4 * std::mem::take(&mut *v).capacity())
+    }) + buffers
+}
+
 /// `wd[k][t][c] = w[k][c][t]` (K × R × C), rows over threads.
 fn by_tap(gemm: &Gemm, w: &[f32], k: usize, c: usize, r: usize, wd: &mut Vec<f32>) -> Result<()> {
     wd.resize(k * r * c, 0.0);

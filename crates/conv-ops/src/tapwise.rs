@@ -147,6 +147,19 @@ thread_local! {
     static BUFS: RefCell<[Vec<f32>; 3]> = const { RefCell::new([Vec::new(), Vec::new(), Vec::new()]) };
 }
 
+/// Frees this thread's position-major copies ([`crate::release_workspaces`]) and returns their
+/// bytes; 0 when in use.
+pub(crate) fn release_thread() -> usize {
+    BUFS.with(|c| {
+        c.try_borrow_mut().map_or(0, |mut b| {
+            std::mem::take(&mut *b)
+                .iter()
+                .map(|v| 4 * v.capacity())
+                .sum()
+        })
+    })
+}
+
 /// Runs `f` on this thread's three buffers of at least `lens` values (contents unspecified).
 fn with_bufs<R>(lens: [usize; 3], f: impl FnOnce(&mut [f32], &mut [f32], &mut [f32]) -> R) -> R {
     BUFS.with_borrow_mut(|b| {
