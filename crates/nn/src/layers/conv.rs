@@ -647,12 +647,15 @@ impl Conv {
         preset.forward = forward;
         preset.backward_data = data;
         preset.backward_filter = filter;
-        if wino.is_some() {
-            // Winograd's per-thread workspaces now have this layer's size; a layer that takes
-            // another algorithm must not keep them for the run (C3D's 512→512 3×3×3 layers:
-            // +235 MiB), and one that takes Winograd regrows them to what its passes need.
-            fastconv::release_workspaces();
-        }
+        // The candidates grew the per-thread buffers of every algorithm they tried to this
+        // layer's size; the layer takes one, and the run must not keep the others' (C3D,
+        // batch 2: Winograd's on the 512→512 3×3×3 layers 235 MiB; the direct convolution's
+        // padded copies and core-blas's packing buffers +164 MiB of peak memory against the
+        // same choices loaded from a `--tune-cache` file, session 21). What the layer's own
+        // passes need, they grow again.
+        fastconv::release_workspaces();
+        conv_ops::release_workspaces();
+        core_blas::pack::release_workspaces();
         Ok((
             Choice { algo, preset },
             race.passes.into_iter().zip(race.best).collect(),
