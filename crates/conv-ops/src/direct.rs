@@ -488,21 +488,10 @@ thread_local! {
 /// Frees this thread's buffers (polyphase copy, packed Wᵀ panels, the weight gradient's
 /// copies; [`crate::release_workspaces`]) and returns their bytes; one in use counts 0.
 pub(crate) fn release_thread() -> usize {
-    let xq = XQ.with(|c| {
-        c.try_borrow_mut()
-            .map_or(0, |mut v| 4 * std::mem::take(&mut *v).capacity())
-    });
-    let panels = PANELS.with(|c| {
-        c.try_borrow_mut()
-            .map_or(0, |mut v| 4 * std::mem::take(&mut *v).capacity())
-    });
-    let fq = FQ.with(|c| {
-        c.try_borrow_mut().map_or(0, |mut v| {
-            let (x, dy) = std::mem::take(&mut *v);
-            4 * (x.capacity() + dy.capacity())
-        })
-    });
-    xq + panels + fq
+    use crate::{take_thread_buffer, vec_bytes};
+    take_thread_buffer(&XQ, |x| 4 * x.capacity())
+        + take_thread_buffer(&PANELS, vec_bytes)
+        + take_thread_buffer(&FQ, |(x, dy)| 4 * x.capacity() + vec_bytes(dy))
 }
 
 /// The per-call constants shared by all threads.

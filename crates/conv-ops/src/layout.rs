@@ -298,13 +298,8 @@ thread_local! {
 /// Frees this thread's C panel and [`Prepacked`] buffer ([`crate::release_workspaces`]) and
 /// returns their bytes; one in use counts 0.
 pub(crate) fn release_thread() -> usize {
-    PANEL.with(|c| {
-        c.try_borrow_mut()
-            .map_or(0, |mut v| 4 * std::mem::take(&mut *v).capacity())
-    }) + PREPACKED.with(|c| {
-        c.try_borrow_mut()
-            .map_or(0, |mut v| 4 * std::mem::take(&mut *v).capacity())
-    })
+    use crate::{take_thread_buffer, vec_bytes};
+    take_thread_buffer(&PANEL, vec_bytes) + take_thread_buffer(&PREPACKED, vec_bytes)
 }
 
 /// Runs `f` on this thread's C panel of at least `len` values (contents unspecified).

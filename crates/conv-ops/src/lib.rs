@@ -94,3 +94,20 @@ pub fn release_workspaces() -> usize {
         pool + release()
     }
 }
+
+/// Takes this thread's buffer out of `key` and returns its bytes (`bytes` of it), or 0 when a
+/// call on this thread is using it: each module's part of [`release_workspaces`].
+fn take_thread_buffer<T: Default>(
+    key: &'static std::thread::LocalKey<std::cell::RefCell<T>>,
+    bytes: impl FnOnce(T) -> usize,
+) -> usize {
+    key.with(|c| {
+        c.try_borrow_mut()
+            .map_or(0, |mut v| bytes(std::mem::take(&mut *v)))
+    })
+}
+
+/// Bytes of a buffer of f32 values (its capacity).
+fn vec_bytes(v: Vec<f32>) -> usize {
+    4 * v.capacity()
+}

@@ -55,10 +55,7 @@ thread_local! {
 /// Frees this thread's subsample buffer ([`crate::release_workspaces`]) and returns its bytes;
 /// 0 when in use.
 pub(crate) fn release_thread() -> usize {
-    XS.with(|c| {
-        c.try_borrow_mut()
-            .map_or(0, |mut v| 4 * std::mem::take(&mut *v).capacity())
-    })
+    crate::take_thread_buffer(&XS, crate::vec_bytes)
 }
 
 /// Runs `f` on this thread's subsample buffer of at least `len` values (contents unspecified).

@@ -151,16 +151,9 @@ thread_local! {
 /// Frees this thread's weight copy and block copies ([`crate::release_workspaces`]) and returns
 /// their bytes; one in use counts 0.
 pub(crate) fn release_thread() -> usize {
-    let buffers = BUFFERS.with(|c| {
-        c.try_borrow_mut().map_or(0, |mut b| {
-            let b = std::mem::take(&mut *b);
-            4 * (b.src.capacity() + b.dst.capacity())
-        })
-    });
-    WEIGHTS.with(|c| {
-        c.try_borrow_mut()
-            .map_or(0, |mut v| 4 * std::mem::take(&mut *v).capacity())
-    }) + buffers
+    use crate::{take_thread_buffer, vec_bytes};
+    take_thread_buffer(&WEIGHTS, vec_bytes)
+        + take_thread_buffer(&BUFFERS, |b| vec_bytes(b.src) + vec_bytes(b.dst))
 }
 
 /// `wd[k][t][c] = w[k][c][t]` (K × R × C), rows over threads.

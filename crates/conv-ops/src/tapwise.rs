@@ -150,14 +150,7 @@ thread_local! {
 /// Frees this thread's position-major copies ([`crate::release_workspaces`]) and returns their
 /// bytes; 0 when in use.
 pub(crate) fn release_thread() -> usize {
-    BUFS.with(|c| {
-        c.try_borrow_mut().map_or(0, |mut b| {
-            std::mem::take(&mut *b)
-                .iter()
-                .map(|v| 4 * v.capacity())
-                .sum()
-        })
-    })
+    crate::take_thread_buffer(&BUFS, |b| b.into_iter().map(crate::vec_bytes).sum())
 }
 
 /// Runs `f` on this thread's three buffers of at least `lens` values (contents unspecified).
