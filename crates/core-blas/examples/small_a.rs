@@ -193,24 +193,38 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     for (name, a, p, q) in mats {
-        let sa = core_blas::SmallA::new(a, p, q)?;
-        for n in [37usize, 80, 400, 3600] {
-            let ld = n;
-            let x: Vec<f32> = (0..q * ld).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
-            let mut y = vec![0.0f32; p * ld];
-            let calls = (4_000_000 / (n * p)).max(100);
-            let mut best = f64::MAX;
-            for _ in 0..5 {
-                let t = cpu_time::ThreadTime::now();
-                for _ in 0..calls {
-                    sa.apply_strided(n, &x, ld, &mut y, ld)?;
+        for form in ["new", "unpaired"] {
+            let sa = if form == "new" {
+                core_blas::SmallA::new(a, p, q)?
+            } else {
+                core_blas::SmallA::unpaired(a, p, q)?
+            };
+            let name = format!(
+                "{name} {form}{}",
+                if sa.column_paired() {
+                    " (column-paired)"
+                } else {
+                    ""
                 }
-                best = best.min(t.elapsed().as_secs_f64() * 1e9 / calls as f64);
-            }
-            println!(
-                "{name} n {n:5}: {best:8.1} ns/call, {:.3} ns/output",
-                best / (p * n) as f64
             );
+            for n in [37usize, 80, 400, 3600] {
+                let ld = n;
+                let x: Vec<f32> = (0..q * ld).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
+                let mut y = vec![0.0f32; p * ld];
+                let calls = (4_000_000 / (n * p)).max(100);
+                let mut best = f64::MAX;
+                for _ in 0..5 {
+                    let t = cpu_time::ThreadTime::now();
+                    for _ in 0..calls {
+                        sa.apply_strided(n, &x, ld, &mut y, ld)?;
+                    }
+                    best = best.min(t.elapsed().as_secs_f64() * 1e9 / calls as f64);
+                }
+                println!(
+                    "{name} n {n:5}: {best:8.1} ns/call, {:.3} ns/output",
+                    best / (p * n) as f64
+                );
+            }
         }
     }
     Ok(())

@@ -181,9 +181,13 @@ impl Gemm {
 /// ([`SmallA::apply_strided`], [`Gemm::small_a_apply`]): its exact zeros dropped and its rows
 /// grouped in twos. Two rows with the same nonzero columns and coefficients of equal magnitude
 /// (the ±x rows of Winograd matrices) are computed together as `s ± d` (half the multiply-adds);
-/// other rows go two at a time. Rows computed as `s ± d` are rounded in that order, which may
-/// differ in the last bits from summing the row directly ([`SmallA::unpaired`] keeps the direct
-/// order; [`small_a_rows`] and [`small_a_strided`] use it).
+/// other rows go two at a time. When A has ± *column* pairs instead (Winograd's Aᵀ: columns `k`,
+/// `l` with `a[i][l] = (−1)^i · a[i][k]`, all nonzero) and that needs fewer multiply-adds, and
+/// `2 <= p <= 8`, the product runs column-paired: per pair `x_k + x_l` feeds the even rows and
+/// `x_k − x_l` the odd ones, all rows accumulated at once ([`SmallA::column_paired`]). Paired
+/// rows or columns are rounded in that order, which may differ in the last bits from summing the
+/// row directly ([`SmallA::unpaired`] keeps the direct order; [`small_a_rows`] and
+/// [`small_a_strided`] use it).
 #[derive(Clone, Debug)]
 pub struct SmallA {
     plan: Plan,
@@ -217,6 +221,11 @@ impl SmallA {
     /// Columns of A (`q`, the rows of X).
     pub fn cols(&self) -> usize {
         self.plan.q
+    }
+
+    /// Whether the product runs in the column-paired form (see [`SmallA::new`]).
+    pub fn column_paired(&self) -> bool {
+        self.plan.cols.is_some()
     }
 
     /// `Y := A · X` with the process-wide kernel family: X row `i` is `x[i * ldx ..][.. n]`, Y

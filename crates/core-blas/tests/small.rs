@@ -291,3 +291,133 @@ fn prepared_small_a_errors_and_zero_skips() {
         Err(Error::SliceTooShort { arg: "y", .. })
     ));
 }
+
+/// A p × q Winograd-like Aᵀ with ± column pairs: columns `2t, 2t + 1` hold `x^i` and `(−x)^i`
+/// (times a random scale) for rows i, then optionally the point 0 (`e_0`) and ∞ (`e_{p−1}`), and
+/// with `extra` a dense random column; columns shuffled by a rotation.
+fn column_paired_a(
+    p: usize,
+    pairs: usize,
+    zero: bool,
+    inf: bool,
+    extra: bool,
+    seed: u64,
+) -> (Vec<f32>, usize) {
+    let pts = random(pairs, seed);
+    let scales = random(pairs, seed + 1);
+    let mut cols: Vec<Vec<f32>> = Vec::new();
+    for t in 0..pairs {
+        let x = 0.25 + pts[t].abs() * 2.0;
+        let sc = 0.5 + scales[t].abs();
+        cols.push((0..p).map(|i| sc * x.powi(i as i32)).collect());
+        cols.push((0..p).map(|i| sc * (-x).powi(i as i32)).collect());
+    }
+    if zero {
+        cols.push((0..p).map(|i| if i == 0 { 1.0 } else { 0.0 }).collect());
+    }
+    if inf {
+        cols.push((0..p).map(|i| if i == p - 1 { 1.0 } else { 0.0 }).collect());
+    }
+    if extra {
+        cols.push(random(p, seed + 2));
+    }
+    let q = cols.len();
+    let rot = seed as usize % q;
+    let mut a = vec![0.0f32; p * q];
+    for (k, col) in cols.iter().enumerate() {
+        let kk = (k + rot) % q;
+        for i in 0..p {
+            a[i * q + kk] = col[i];
+        }
+    }
+    (a, q)
+}
+
+#[test]
+fn prepared_small_a_matches_naive_with_column_pairs() {
+    for isa in common::families() {
+        let g = Gemm::new(isa).unwrap();
+        let mut seed = 9000;
+        for p in 1..=9 {
+            for pairs in 1..=7 {
+                for (zero, inf, extra) in [
+                    (false, false, false),
+                    (false, true, false),
+                    (true, true, false),
+                    (true, true, true),
+                ] {
+                    seed += 1;
+                    let (a, q) = column_paired_a(p, pairs, zero, inf, extra, seed);
+                    if q > SMALL_MAX {
+                        continue;
+                    }
+                    let prepared = SmallA::new(&a, p, q).unwrap();
+                    assert_eq!(
+                        prepared.column_paired(),
+                        (2..=8).contains(&p),
+                        "{p}x{q}, {pairs} pairs"
+                    );
+                    for n in [1, 5, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 100, 203] {
+                        seed += 1;
+                        let what = format!(
+                            "{} column-paired {p}x{q} ({pairs} pairs) n={n}",
+                            g.kernel_name()
+                        );
+                        let (ldx, ldy) = (n + 2, n + 3);
+                        let x = random(q * ldx, seed);
+                        let mut y = vec![f32::NAN; p * ldy];
+                        g.small_a_apply(&prepared, n, &x, ldx, &mut y, ldy).unwrap();
+                        check(&what, &a, p, q, n, &x, ldx, &y, ldy);
+                        for j in 0..p {
+                            assert!(
+                                y[j * ldy + n..(j + 1) * ldy].iter().all(|v| v.is_nan()),
+                                "{what}: write outside row {j}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn column_paired_small_a_skips_exact_zeros() {
+    // Aᵀ of F(2, 3) (points 0, 1, −1, ∞): X rows of the point 0 and ∞ are NaN where their
+    // coefficient is zero, and must reach only the row that uses them.
+    let a = [1.0, 1.0, 1.0, 0.0, 0.0, 1.0, -1.0, 1.0];
+    for isa in common::families() {
+        let g = Gemm::new(isa).unwrap();
+        let s = SmallA::new(&a, 2, 4).unwrap();
+        assert!(s.column_paired());
+        for n in [3, 16, 37, 64] {
+            let x: Vec<f32> =
+                [vec![2.0; n], vec![3.0; n], vec![5.0; n], vec![f32::NAN; n]].concat();
+            let mut y = vec![0.0; 2 * n];
+            g.small_a_apply(&s, n, &x, n, &mut y, n).unwrap();
+            assert!(
+                y[..n].iter().all(|&v| v == 10.0),
+                "{isa} row 0: {:?}",
+                &y[..n]
+            );
+            assert!(
+                y[n..].iter().all(|v| v.is_nan()),
+                "{isa} row 1: {:?}",
+                &y[n..]
+            );
+            let x: Vec<f32> =
+                [vec![f32::NAN; n], vec![3.0; n], vec![5.0; n], vec![7.0; n]].concat();
+            g.small_a_apply(&s, n, &x, n, &mut y, n).unwrap();
+            assert!(
+                y[..n].iter().all(|v| v.is_nan()),
+                "{isa} row 0: {:?}",
+                &y[..n]
+            );
+            assert!(
+                y[n..].iter().all(|&v| v == 5.0),
+                "{isa} row 1: {:?}",
+                &y[n..]
+            );
+        }
+    }
+}

@@ -51,7 +51,7 @@ impl Default for CostModel {
     /// a transform flop costs 20 GEMM flops (the transforms run at SSE2 width, without FMA,
     /// streaming their blocks, while the GEMM runs at ~70 GFLOP/s), 2 flops per byte of block
     /// traffic, panels of 16 tiles, and the accuracy budget 3e-5, which admits the α = 9 sets
-    /// F(6, 4) (tabulated 2-D error 2.5e-5), F(7, 3), F(4, 6), F(3, 7), F(5, 5). With these the
+    /// F(6, 4) (tabulated 2-D error 2.8e-5), F(7, 3), F(4, 6), F(3, 7), F(5, 5). With these the
     /// model picks the measured best of the tiles tried on the paper's 4×4 layer (6×6, 16 %
     /// faster than 5×5), the ResNet-50 3×3 layers (4×4, 4×4, 7×7, 4×4) and C3D (4×4×4).
     /// A gathered source value costs 80 GEMM flops (Cascade Lake, session 16: `gather_apply`

@@ -342,3 +342,64 @@ fn errors_name_the_argument() {
         Err(FastconvError::Shape { arg: "g_dims", .. })
     ));
 }
+
+/// Every transform the crate synthesizes (Aᵀ, Bᵀ, G of F(m, r), m, r ≤ 8), prepared for the
+/// f32 kernels as the plans use them (`core_blas::SmallA::new`: ± row or column pairs), against
+/// the dense form (`SmallA::unpaired`, every row summed in column order) and an f64 product:
+/// both within a few roundings of the sum of absolute terms, for the process's kernel family
+/// (run the suite under `CORE_BLAS_ISA=avx2` and `=scalar` for the others).
+#[test]
+fn prepared_transforms_match_the_dense_form() {
+    let mut rng = SmallRng::seed_from_u64(23);
+    let mut column_paired = 0;
+    for m in 1..=8 {
+        for r in 1..=8 {
+            let Ok(t) = fastconv::points::transform_for(m, r) else {
+                continue;
+            };
+            for (name, d) in [
+                ("at", t.at().to_f32()),
+                ("bt", t.bt().to_f32()),
+                ("g", t.g().to_f32()),
+            ] {
+                let (p, q) = (d.rows, d.cols);
+                if p > core_blas::SMALL_MAX || q > core_blas::SMALL_MAX {
+                    continue;
+                }
+                let paired = core_blas::SmallA::new(&d.data, p, q).unwrap();
+                let dense = core_blas::SmallA::unpaired(&d.data, p, q).unwrap();
+                if name == "at" && paired.column_paired() {
+                    column_paired += 1;
+                }
+                for n in [1, 16, 33, 70, 131] {
+                    let x: Vec<f32> = (0..q * n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+                    let mut y1 = vec![f32::NAN; p * n];
+                    let mut y2 = vec![f32::NAN; p * n];
+                    paired.apply_strided(n, &x, n, &mut y1, n).unwrap();
+                    dense.apply_strided(n, &x, n, &mut y2, n).unwrap();
+                    for j in 0..p {
+                        for c in 0..n {
+                            let (mut s, mut sabs) = (0.0f64, 0.0f64);
+                            for i in 0..q {
+                                let v = d.data[j * q + i] as f64 * x[i * n + c] as f64;
+                                s += v;
+                                sabs += v.abs();
+                            }
+                            let bound = (q as f64 + 2.0) * f32::EPSILON as f64 * sabs + 1e-30;
+                            for (form, y) in [("paired", &y1), ("dense", &y2)] {
+                                let got = y[j * n + c] as f64;
+                                assert!(
+                                    (got - s).abs() <= bound,
+                                    "F({m},{r}) {name} {form} n={n}: Y[{j},{c}] = {got}, expected {s} ± {bound}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Every Aᵀ of F(m ≥ 2, r ≥ 2) has ± column pairs; the count guards against the form silently
+    // not being used.
+    assert!(column_paired >= 50, "only {column_paired} Aᵀ column-paired");
+}

@@ -18,28 +18,37 @@ fn table_covers_m2_8_r2_7_alpha_le_12() {
     assert_eq!(TABLE.len(), 39);
 }
 
+/// The table is measured with the FMA families (avx512 and avx2 round identically). The portable
+/// `scalar` family (`CORE_BLAS_ISA=scalar`) multiplies and adds separately, a second rounding per
+/// term: measured up to 2.25× the tabulated value (F(8,5) 1-D, session 22), so it gets 2.5× the
+/// table instead of the 1.5× of [`fastconv::points::TableEntry::bound_1d`]. The accuracy goals
+/// below hold in every family.
 #[test]
 fn tabulated_sets_meet_documented_bounds() {
+    let slack = match core_blas::Gemm::global().unwrap().isa() {
+        core_blas::Isa::Scalar => 2.5 / 1.5,
+        _ => 1.0,
+    };
     for e in TABLE {
         let t = e.transform().unwrap();
         assert_eq!(t.points().len(), e.m + e.r - 1);
         let e1 = measure_error(std::slice::from_ref(&t), TABLE_TRIALS, TABLE_SEED).unwrap();
         let e2 = measure_error(&[t.clone(), t], TABLE_TRIALS, TABLE_SEED).unwrap();
         assert!(
-            e1.max_rel <= e.bound_1d(),
+            e1.max_rel <= slack * e.bound_1d(),
             "F({},{}) 1-D {:.3e} > {:.3e}",
             e.m,
             e.r,
             e1.max_rel,
-            e.bound_1d()
+            slack * e.bound_1d()
         );
         assert!(
-            e2.max_rel <= e.bound_2d(),
+            e2.max_rel <= slack * e.bound_2d(),
             "F({},{}) 2-D {:.3e} > {:.3e}",
             e.m,
             e.r,
             e2.max_rel,
-            e.bound_2d()
+            slack * e.bound_2d()
         );
     }
 }

@@ -12,6 +12,10 @@
 //! - two unrelated rows: one half each;
 //! - a last single row: one half.
 //!
+//! A with ± *column* pairs and no cheaper row grouping (Winograd's Aᵀ) runs instead in the
+//! column-paired form ([`ColPlan`]): every row's accumulators held in registers at once, each
+//! pair's `x_k ± x_l` formed once per column chunk (two adds) and each X row read once per chunk.
+//!
 //! The body is written once against [`Simd`] and wrapped per ISA like the micro-kernels. Columns
 //! are walked in chunks of `CHUNK` vectors, outermost, so the `q` row pieces of X a chunk reads
 //! stay in L1; each output row is stored once per chunk. The last `n % LANES` columns use masked
@@ -56,6 +60,9 @@ pub(crate) struct Plan {
     pub(crate) groups: Vec<Group>,
     pub(crate) idx: Vec<usize>,
     pub(crate) val: Vec<f32>,
+    /// The column-paired form, when it needs fewer multiply-adds than the row groups (then the
+    /// body runs it instead of `groups`).
+    pub(crate) cols: Option<ColPlan>,
 }
 
 impl Plan {
@@ -77,6 +84,7 @@ impl Plan {
             groups: Vec::with_capacity(p),
             idx: Vec::with_capacity(p * q),
             val: Vec::with_capacity(p * q),
+            cols: None,
         };
         let mut used = [false; SMALL_MAX];
         let mut single: Option<usize> = None;
@@ -142,6 +150,11 @@ impl Plan {
             }
             seen[..p].iter().all(|&x| x)
         });
+        if pairs {
+            // The column-paired form replaces the row groups when it needs fewer multiply-adds
+            // (Winograd's Aᵀ: no ± row pairs, but ± column pairs).
+            plan.cols = ColPlan::new(a, p, q).filter(|c| c.fmas(p) < plan.idx.len());
+        }
         plan
     }
 
@@ -152,6 +165,206 @@ impl Plan {
                 self.idx.push(i);
                 self.val.push(v);
             }
+        }
+    }
+}
+
+/// Most rows of a column-paired A: its accumulators (`p` rows × 2 vectors on 512 bits) stay in
+/// registers.
+pub(crate) const COLPAIR_MAX_P: usize = 8;
+
+/// A column-paired A (Winograd's Aᵀ, whose columns for the points ±x are equal up to the sign
+/// `(−1)^row`): `y_i = Σ_pairs a_ik (x_k ± x_l) + Σ_singles a_ik x_k`, with `s = x_k + x_l` for the
+/// even rows and `d = x_k − x_l` for the odd ones formed once per pair (two adds on the add pipes)
+/// instead of two multiply-adds per row. All `p` rows' accumulators are held at once.
+#[derive(Clone, Debug)]
+pub(crate) struct ColPlan {
+    /// X rows `(k, l)` of each pair: `a[i][l] = (−1)^i · a[i][k]`, every `a[i][k]` nonzero.
+    pub(crate) pairs: Vec<(usize, usize)>,
+    /// `a[i][k]` of pair `j` at `pair_coef[j * COLPAIR_MAX_P + i]` (`i < p`).
+    pub(crate) pair_coef: Vec<f32>,
+    /// X rows of the other columns that have a nonzero.
+    pub(crate) singles: Vec<usize>,
+    /// `a[i][k]` of single `j` at `single_coef[j * COLPAIR_MAX_P + i]` (zeros skipped at run time).
+    pub(crate) single_coef: Vec<f32>,
+}
+
+impl ColPlan {
+    /// The column-paired form of a row-major `p × q` A, if it has at least one pair and
+    /// `2 <= p <=` [`COLPAIR_MAX_P`].
+    pub(crate) fn new(a: &[f32], p: usize, q: usize) -> Option<Self> {
+        if !(2..=COLPAIR_MAX_P).contains(&p) {
+            return None;
+        }
+        let at = |i: usize, k: usize| a[i * q + k];
+        let full = |k: usize| (0..p).all(|i| at(i, k) != 0.0);
+        let mirrors = |k: usize, l: usize| {
+            (0..p).all(|i| at(i, l) == if i % 2 == 0 { at(i, k) } else { -at(i, k) })
+        };
+        let mut plan = ColPlan {
+            pairs: Vec::new(),
+            pair_coef: Vec::new(),
+            singles: Vec::new(),
+            single_coef: Vec::new(),
+        };
+        let mut used = [false; SMALL_MAX];
+        for k in 0..q {
+            if used[k] {
+                continue;
+            }
+            used[k] = true;
+            let partner = full(k)
+                .then(|| (k + 1..q).find(|&l| !used[l] && mirrors(k, l)))
+                .flatten();
+            let mut coef = [0.0f32; COLPAIR_MAX_P];
+            for (i, c) in coef.iter_mut().enumerate().take(p) {
+                *c = at(i, k);
+            }
+            if let Some(l) = partner {
+                used[l] = true;
+                plan.pairs.push((k, l));
+                plan.pair_coef.extend_from_slice(&coef);
+            } else if coef.iter().any(|&c| c != 0.0) {
+                plan.singles.push(k);
+                plan.single_coef.extend_from_slice(&coef);
+            }
+        }
+        (!plan.pairs.is_empty()).then_some(plan)
+    }
+
+    /// Multiply-adds per output column.
+    pub(crate) fn fmas(&self, p: usize) -> usize {
+        self.pairs.len() * p + self.single_coef.iter().filter(|&&c| c != 0.0).count()
+    }
+}
+
+/// One column chunk (`V` vectors at column `c`, or with `n_last = Some(r)`, `V` = 1, the first `r`
+/// lanes) of the column-paired product: all `P` rows accumulated in registers, then stored.
+///
+/// # Safety
+/// As [`small_a_body`] for the columns touched; `px` holds each pair's X rows `(k, l)` and `sx`
+/// each single's X row, in the plan's order.
+#[inline(always)]
+unsafe fn colpair_chunk<S: Simd, const P: usize, const V: usize>(
+    cp: &ColPlan,
+    px: &[(*const f32, *const f32)],
+    sx: &[*const f32],
+    ys: &[*mut f32],
+    c: usize,
+    n_last: Option<usize>,
+) {
+    // SAFETY: the caller vouches for the columns read and written; coefficient indices are
+    // below the plan's `COLPAIR_MAX_P` stride (`P <= COLPAIR_MAX_P`).
+    unsafe {
+        let load = |p: *const f32| match n_last {
+            Some(r) => S::load_n(p, r),
+            None => S::load(p),
+        };
+        let mut acc = [[S::zero(); V]; P];
+        for (j, &(xk, xl)) in px.iter().enumerate() {
+            let (mut s, mut d) = ([S::zero(); V], [S::zero(); V]);
+            for v in 0..V {
+                let a = load(xk.add(c + v * S::LANES));
+                let b = load(xl.add(c + v * S::LANES));
+                s[v] = S::add(a, b);
+                d[v] = S::sub(a, b);
+            }
+            let coef = cp.pair_coef.as_ptr().add(j * COLPAIR_MAX_P);
+            for (i, row) in acc.iter_mut().enumerate() {
+                let w = S::splat(*coef.add(i));
+                let src = if i % 2 == 0 { &s } else { &d };
+                for v in 0..V {
+                    row[v] = S::fma(w, src[v], row[v]);
+                }
+            }
+        }
+        for (j, &xk) in sx.iter().enumerate() {
+            let mut x = [S::zero(); V];
+            for (v, xv) in x.iter_mut().enumerate() {
+                *xv = load(xk.add(c + v * S::LANES));
+            }
+            let coef = cp.single_coef.as_ptr().add(j * COLPAIR_MAX_P);
+            for (i, row) in acc.iter_mut().enumerate() {
+                let w = *coef.add(i);
+                if w != 0.0 {
+                    let w = S::splat(w);
+                    for v in 0..V {
+                        row[v] = S::fma(w, x[v], row[v]);
+                    }
+                }
+            }
+        }
+        for (i, row) in acc.iter().enumerate() {
+            let y = ys.get_unchecked(i).add(c);
+            for (v, &r) in row.iter().enumerate() {
+                match n_last {
+                    Some(k) => S::store_n(y.add(v * S::LANES), r, k),
+                    None => S::store(y.add(v * S::LANES), r),
+                }
+            }
+        }
+    }
+}
+
+/// The column loops of the column-paired product for `P` rows: chunks of 2 vectors on 16-lane
+/// (32-register) families, 1 vector otherwise, then single vectors, then a masked tail.
+///
+/// # Safety
+/// As [`small_a_body`]; `ys.len() == P`.
+#[inline(always)]
+unsafe fn colpair_columns<S: Simd, const P: usize>(
+    cp: &ColPlan,
+    xs: &[*const f32],
+    ys: &[*mut f32],
+    n: usize,
+) {
+    debug_assert_eq!(ys.len(), P);
+    let mut px = [(std::ptr::null::<f32>(), std::ptr::null::<f32>()); SMALL_MAX / 2];
+    let mut sx = [std::ptr::null::<f32>(); SMALL_MAX];
+    let (np, ns) = (cp.pairs.len(), cp.singles.len());
+    for (dst, &(k, l)) in px.iter_mut().zip(&cp.pairs) {
+        *dst = (xs[k], xs[l]);
+    }
+    for (dst, &k) in sx.iter_mut().zip(&cp.singles) {
+        *dst = xs[k];
+    }
+    let (px, sx) = (&px[..np], &sx[..ns]);
+    // SAFETY: every access is at a column `< n` of a row the caller vouches for.
+    unsafe {
+        let mut c = 0;
+        if S::LANES >= 16 {
+            while c + 2 * S::LANES <= n {
+                colpair_chunk::<S, P, 2>(cp, px, sx, ys, c, None);
+                c += 2 * S::LANES;
+            }
+        }
+        while c + S::LANES <= n {
+            colpair_chunk::<S, P, 1>(cp, px, sx, ys, c, None);
+            c += S::LANES;
+        }
+        if c < n {
+            colpair_chunk::<S, P, 1>(cp, px, sx, ys, c, Some(n - c));
+        }
+    }
+}
+
+/// [`colpair_columns`] for the plan's row count.
+///
+/// # Safety
+/// As [`small_a_body`].
+#[inline(always)]
+unsafe fn colpair<S: Simd>(cp: &ColPlan, xs: &[*const f32], ys: &[*mut f32], n: usize) {
+    // SAFETY: the caller's contract; `ColPlan::new` only forms plans of 2..=COLPAIR_MAX_P rows.
+    unsafe {
+        match ys.len() {
+            2 => colpair_columns::<S, 2>(cp, xs, ys, n),
+            3 => colpair_columns::<S, 3>(cp, xs, ys, n),
+            4 => colpair_columns::<S, 4>(cp, xs, ys, n),
+            5 => colpair_columns::<S, 5>(cp, xs, ys, n),
+            6 => colpair_columns::<S, 6>(cp, xs, ys, n),
+            7 => colpair_columns::<S, 7>(cp, xs, ys, n),
+            8 => colpair_columns::<S, 8>(cp, xs, ys, n),
+            _ => unreachable!("column-paired plans have 2..=8 rows"),
         }
     }
 }
@@ -260,6 +473,11 @@ pub(crate) unsafe fn small_a_body<S: Simd>(
     n: usize,
 ) {
     debug_assert!(xs.len() == plan.q && ys.len() == plan.p);
+    if let Some(cp) = &plan.cols {
+        // SAFETY: the caller's contract.
+        unsafe { colpair::<S>(cp, xs, ys, n) };
+        return;
+    }
     // SAFETY: every X row index in the plan is < q = xs.len() (built from a q-column A).
     let lookup = |t: usize| unsafe { *xs.get_unchecked(*plan.idx.get_unchecked(t)) };
     if n < TABLE_MIN_N {
