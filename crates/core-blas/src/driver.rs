@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use crate::BlockSizes;
-use crate::kernel::Kernel;
+use crate::kernel::{Kernel, RowPrefetch};
 use crate::pack::{PackA, PackB, Workspace, with_workspace};
 use crate::store::{DirectRaw, Store, Tile};
 
@@ -18,6 +18,18 @@ use crate::store::{DirectRaw, Store, Tile};
 pub(crate) const PAR_MIN_MNK: usize = 1 << 21;
 /// Each thread should get at least this many multiply-adds.
 const PAR_MIN_MNK_PER_THREAD: usize = 1 << 20;
+
+/// A normal tile (not a packing one) whose share of the fused panel prefetch reaches this many
+/// source rows hands them to its kernel ([`Kernel::run_prefetching`]: the AVX-512 family spreads
+/// them over its k-loop) instead of issuing them right before it in one burst. Session 22,
+/// avx512, `gemm_ratio` 1 thread, base / spread on every tile, quiet 06:43 UTC: operands on 2 MiB
+/// pages (`--aligned`, as nn's tensors are) 64×50176×576 (36 rows a tile) 84.9/87.8, 88.6/91.6,
+/// 81.6/87.5, 88.5/91.0%, `Vec` operands level (85.3/83.8, 79.9/82.3, 82.6/83.3, 82.3/82.3%);
+/// but 256×3136×2304 (12 rows) and 2048³ (16 rows) lost 1-4 points on `Vec` operands (91.7/91.1,
+/// 82.7/81.2, 90.2/86.4, 91.0/89.4%; 93.5/92.3, 95.0/93.4, 95.0/94.0, 94.7/93.8%): prefetches
+/// inside the k-loop of lines on 4 KiB pages slow its tiles by 200-550 TSC cycles
+/// (`CORE_BLAS_TT`, s22-blas-wip), more than the burst costs when it is short.
+const SPREAD_MIN_ROWS: usize = 24;
 
 /// Largest register tile (`MR · NR`) of any family: the size of the tile buffer for custom stores.
 const MAX_TILE: usize = 1024;
@@ -542,15 +554,32 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
         {
             b.prefetch_b(pc2, kc2, j2, w2);
         }
+        // A row-major source the panels' prefetch reads (fused packing), for the kernels.
+        let rm = match prefetch {
+            Some(Prefetch::Panels(b, _)) if sink.direct.is_some() => b.row_major(),
+            _ => None,
+        };
         let mut ir = 0;
         while ir < mc {
+            // This tile's share of the prefetch: up front, or (long shares on normal tiles of a
+            // row-major source) inside the kernel's k-loop.
+            let mut in_kernel = None;
             if let Some((b, pc2, kc2, j2, w2)) = pf
                 && spread
             {
                 let t = ir / mr;
                 let (r0, r1) = (kc2 * t / tiles, kc2 * (t + 1) / tiles);
-                if r0 < r1 {
-                    b.prefetch_b(pc2 + r0, r1 - r0, j2, w2);
+                match rm {
+                    Some((data, ld)) if r1 - r0 >= SPREAD_MIN_ROWS && pending.is_none() => {
+                        in_kernel = Some(RowPrefetch {
+                            ptr: data.as_ptr().wrapping_add((pc2 + r0) * ld + j2),
+                            ld,
+                            rows: r1 - r0,
+                            width: w2,
+                        });
+                    }
+                    _ if r0 < r1 => b.prefetch_b(pc2 + r0, r1 - r0, j2, w2),
+                    _ => {}
                 }
             }
             let m = mr.min(mc - ir);
@@ -569,6 +598,10 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
                             // source rows are inside the matrix, the packed panel is bc's).
                             kern.run_packing_b(
                                 kc, d.alpha, ap, sp, ld, bdst, beta, cp, d.rs, d.cs, m,
+                            );
+                        } else if let Some(pf) = in_kernel {
+                            kern.run_prefetching(
+                                kc, d.alpha, ap, bp, beta, cp, d.rs, d.cs, m, n, pf,
                             );
                         } else {
                             kern.run(kc, d.alpha, ap, bp, beta, cp, d.rs, d.cs, m, n);
@@ -658,6 +691,7 @@ mod tests {
             (350, 200, 133, 200),
             (700, 97, 41, 97),
             (24, 5000, 19, 5003),
+            (64, 150, 576, 152),
         ] {
             let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
             let b: Vec<f32> = (0..k * ldb).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();

@@ -100,6 +100,37 @@ pub(crate) trait Simd: Copy {
     }
 }
 
+/// Rows of a row-major source to prefetch toward L2 (`prefetcht2`): `rows` rows of `width`
+/// values, row `r` at `ptr + r · ld` (every cache line the row touches). Prefetches never fault,
+/// so the pointer is only an address.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowPrefetch {
+    pub(crate) ptr: *const f32,
+    pub(crate) ld: usize,
+    pub(crate) rows: usize,
+    pub(crate) width: usize,
+}
+
+impl RowPrefetch {
+    /// Issue every prefetch now.
+    #[inline]
+    pub(crate) fn issue(self) {
+        #[cfg(target_arch = "x86_64")]
+        for r in 0..self.rows {
+            let row = self.ptr.wrapping_add(r * self.ld);
+            for j in (0..self.width).step_by(16).chain([self.width.max(1) - 1]) {
+                // SAFETY: prefetch has no architectural effect and never faults; SSE is in the
+                // x86_64 baseline.
+                unsafe {
+                    core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T2 }>(
+                        row.wrapping_add(j).cast(),
+                    )
+                };
+            }
+        }
+    }
+}
+
 /// A micro-kernel family: register tile `MR × NR`, a name, and one unsafe entry point.
 pub(crate) trait Kernel: Copy + Send + Sync + 'static {
     /// Rows of the register tile (the broadcast side, packed A micro-panels are `MR` wide).
@@ -177,6 +208,34 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
     ) {
         // SAFETY: the caller's contract is `copy_then_run`'s.
         unsafe { copy_then_run(self, k, alpha, a, bsrc, ldb, bdst, beta, c, rs_c, cs_c, m) }
+    }
+
+    /// [`Kernel::run`] that also prefetches `pf` (rows of a row-major B source toward L2). The
+    /// default issues the prefetches up front, then runs; the AVX-512 family spreads them over
+    /// its k-loop (one row every few rounds), so that a long list does not arrive as one burst
+    /// of misses that stalls the tile's own loads.
+    ///
+    /// # Safety
+    /// As [`Kernel::run`] (prefetches never fault: `pf` may point anywhere).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    unsafe fn run_prefetching(
+        self,
+        k: usize,
+        alpha: f32,
+        a: *const f32,
+        b: *const f32,
+        beta: f32,
+        c: *mut f32,
+        rs_c: usize,
+        cs_c: usize,
+        m: usize,
+        n: usize,
+        pf: RowPrefetch,
+    ) {
+        pf.issue();
+        // SAFETY: the caller's contract is `run`'s.
+        unsafe { self.run(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
     }
 
     /// [`Kernel::run`] for short products (`k` up to a few hundred, operands in L1/L2) on a packed

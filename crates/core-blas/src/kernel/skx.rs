@@ -271,6 +271,47 @@ macro_rules! kloop_pk {
     };
 }
 
+/// [`kloop`] (row forms of variant 0) that also prefetches (`prefetcht2`) the rows of a
+/// row-major source, one row every `{per}` rounds from the first round on: its bytes at `{p}`,
+/// `+64`, `+128` and `+{e}` (its last byte, so a row off a line boundary is covered), then
+/// `{p} += {l}` (the row stride in bytes).
+macro_rules! kloop_pf {
+    ($n:expr, $a:expr, $b:expr, $c:expr, $p:expr, $l:expr, $e:expr, $per:expr) => {
+        tile_asm!([
+            "mov {q}, 1",
+            ".p2align 5",
+            "2:",
+            "dec {q}",
+            "jnz 3f",
+            "prefetcht2 byte ptr [{p}]",
+            "prefetcht2 byte ptr [{p} + 64]",
+            "prefetcht2 byte ptr [{p} + 128]",
+            "prefetcht2 byte ptr [{p} + {e}]",
+            "add {p}, {l}",
+            "mov {q}, {per}",
+            "3:",
+            step!(0, 0, 1, 3, [row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_eb]),
+            step!(1, 4, 5, 6, [row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_eb]),
+            step!(2, 0, 1, 3, [row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_eb]),
+            step!(3, 4, 5, 6, [row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_eb]),
+            "add {a}, 128",
+            "add {b}, 768",
+            "dec {n}",
+            "jnz 2b",
+            n = inout(reg) $n => _,
+            a = inout(reg) $a,
+            b = inout(reg) $b,
+            p = inout(reg) $p => _,
+            q = out(reg) _,
+            l = in(reg) $l,
+            e = in(reg) $e,
+            per = in(reg) $per,
+        ],
+        $c,
+        options(nostack, readonly))
+    };
+}
+
 /// The rounds of 4 steps run after the C tile is prefetched (32 steps, ~400 cycles at peak).
 const C_PREFETCH_ROUNDS: usize = 8;
 
@@ -352,6 +393,75 @@ pub(crate) unsafe fn avx512_ukr_asm(
             kloop_variant!(v, tail, ap, bp, c24);
         }
         // Row r of the tile is accumulators 3r ..= 3r + 2: the layout of `[[__m512; 3]; 8]`.
+        let mut acc: [[__m512; 3]; 8] = core::mem::transmute(c24);
+        for _ in 0..k % 4 {
+            super::step::<V512, 8, 3>(&mut acc, ap, bp);
+            ap = ap.add(8);
+            bp = bp.add(48);
+        }
+        super::store_acc::<V512, 8, 3>(&acc, alpha, beta, c, rs_c, cs_c, m, n);
+    }
+}
+
+/// [`avx512_ukr_asm`] (row forms of variant 0) that also prefetches `pf`
+/// ([`super::Kernel::run_prefetching`]): one source row every `ceil(head / rows)` rounds of the
+/// k-loop's rounds before the C prefetch (`head`), the rows left over (`rows > head`) up front.
+///
+/// # Safety
+/// As [`avx512_ukr_asm`]; `1 <= pf.width <= 48` (a row is at most 4 cache lines).
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn avx512_ukr_asm_pf(
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    b: *const f32,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+    cs_c: usize,
+    m: usize,
+    n: usize,
+    pf: super::RowPrefetch,
+) {
+    debug_assert!(m == 8 && n <= 48 && (1..=48).contains(&pf.width));
+    // SAFETY: avx512f per the caller. The asm reads 4 · rounds <= k steps of the panels (8 and
+    // 48 values per step, unaligned loads), writes only the registers it declares and touches
+    // no stack; prefetches never fault (any address); the C window is the caller's.
+    unsafe {
+        let mut c24 = [_mm512_setzero_ps(); 24];
+        let (mut ap, mut bp) = (a, b);
+        let rounds = k / 4;
+        let tail = rounds.min(C_PREFETCH_ROUNDS);
+        let head = rounds - tail;
+        let mut done = 0;
+        if head > 0 && pf.rows > 0 {
+            let per = head.div_ceil(pf.rows);
+            // Rounds 1, 1 + per, … <= head prefetch one row each.
+            done = head.div_ceil(per);
+            kloop_pf!(head, ap, bp, c24, pf.ptr, pf.ld * 4, pf.width * 4 - 1, per);
+        } else if head > 0 {
+            kloop_variant!(0, head, ap, bp, c24);
+        }
+        if pf.rows > done {
+            super::RowPrefetch {
+                ptr: pf.ptr.wrapping_add(done * pf.ld),
+                rows: pf.rows - done,
+                ..pf
+            }
+            .issue();
+        }
+        if cs_c == 1 {
+            for r in 0..m {
+                let row = c.wrapping_add(r * rs_c);
+                for j in [0, 16, 32, n.max(1) - 1] {
+                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(j).cast());
+                }
+            }
+        }
+        if tail > 0 {
+            kloop_variant!(0, tail, ap, bp, c24);
+        }
         let mut acc: [[__m512; 3]; 8] = core::mem::transmute(c24);
         for _ in 0..k % 4 {
             super::step::<V512, 8, 3>(&mut acc, ap, bp);
@@ -485,6 +595,58 @@ mod tests {
                                 cs,
                                 8,
                                 n,
+                            )
+                        };
+                    },
+                );
+            }
+        }
+    }
+
+    /// The prefetching kernel against the naive product: the prefetches change nothing
+    /// (no rows, fewer rows than the k-loop's rounds, more, widths 1 and 48), depths around the
+    /// unroll and the C-prefetch split.
+    #[test]
+    fn asm_prefetching_tile_matches_naive() {
+        if !is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        let src = vec![1.0f32; 64 * 1000];
+        for k in [0usize, 1, 4, 5, 33, 36, 37, 64, 385] {
+            for (rows, width, n) in [
+                (0usize, 48usize, 48usize),
+                (3, 48, 48),
+                (40, 1, 47),
+                (500, 48, 33),
+            ] {
+                let pf = crate::kernel::RowPrefetch {
+                    ptr: src.as_ptr(),
+                    ld: 61,
+                    rows,
+                    width,
+                };
+                super::super::assert_tile_matches_naive(
+                    (8, 48),
+                    k,
+                    n,
+                    50,
+                    &format!("rows {rows} width {width} "),
+                    |ap, bp, alpha, beta, c, rs, cs| {
+                        // SAFETY: avx512f checked above; k steps of 8 / 48 values behind ap /
+                        // bp; the 8 × n window with strides (rs, cs) lies inside `c`; width <= 48.
+                        unsafe {
+                            avx512_ukr_asm_pf(
+                                k,
+                                alpha,
+                                ap.as_ptr(),
+                                bp.as_ptr(),
+                                beta,
+                                c.as_mut_ptr(),
+                                rs,
+                                cs,
+                                8,
+                                n,
+                                pf,
                             )
                         };
                     },

@@ -947,6 +947,37 @@ impl Kernel for Avx512 {
     }
 
     #[inline]
+    unsafe fn run_prefetching(
+        self,
+        k: usize,
+        alpha: f32,
+        a: *const f32,
+        b: *const f32,
+        beta: f32,
+        c: *mut f32,
+        rs_c: usize,
+        cs_c: usize,
+        m: usize,
+        n: usize,
+        pf: super::RowPrefetch,
+    ) {
+        // SAFETY: holding `Avx512` proves avx512f+avx2+fma; memory per `run`'s contract (the
+        // full tile as in `run`); prefetches never fault.
+        unsafe {
+            if m == AVX512_MR
+                && n > 32
+                && (1..=AVX512_NR).contains(&pf.width)
+                && super::skx::UKR_VARIANT.load(std::sync::atomic::Ordering::Relaxed) == 0
+            {
+                super::skx::avx512_ukr_asm_pf(k, alpha, a, b, beta, c, rs_c, cs_c, m, n, pf);
+            } else {
+                pf.issue();
+                self.run(k, alpha, a, b, beta, c, rs_c, cs_c, m, n);
+            }
+        }
+    }
+
+    #[inline]
     unsafe fn run_packing_b(
         self,
         k: usize,
