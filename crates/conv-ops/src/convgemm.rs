@@ -16,7 +16,7 @@
 
 use std::cell::RefCell;
 
-use core_blas::{CHUNK_LANES, Chunk, ConvPack, PackB};
+use core_blas::{CHUNK_LANES, Chunk, ConvPack, ConvPanel, PackB};
 
 use crate::geometry::{ConvGeometry, Dims3};
 use crate::source::{Run, Seg, Source, copy_run, micro_panels};
@@ -33,6 +33,10 @@ pub struct Im2colB<'a> {
     /// being channel `p / taps`, tap `tap0 + p % taps`.
     tap0: usize,
     taps: usize,
+    /// Whether [`PackB::conv_panel`] describes full panels (the forward convgemm's B only:
+    /// elsewhere the rows may grow with the batch, and the description's per-row table with
+    /// them).
+    fused: bool,
 }
 
 /// Scratch reused across calls on one thread: no allocation in steady state.
@@ -190,6 +194,16 @@ impl<'a> Im2colB<'a> {
             col0: n0 * g.output_spatial_len(),
             tap0: 0,
             taps: g.kernel_len(),
+            fused: false,
+        }
+    }
+
+    /// The same matrix, whose full panels core-blas's AVX-512 kernel may pack inside its first
+    /// tile ([`PackB::conv_panel`], stride-1 layers).
+    pub fn with_fused_packing(self) -> Self {
+        Im2colB {
+            fused: true,
+            ..self
         }
     }
 
@@ -225,6 +239,50 @@ impl PackB for Im2colB<'_> {
             _ => self.pack_panels(pc, kc, jc, nc, nr, dst),
         }
     }
+    /// Stride-1 layers whose full panels are 16-value chunks (core-blas's [`ConvPack`] there).
+    fn conv_fusable(&self, nr: usize) -> bool {
+        self.fused
+            && self.src.d.stride[2] == 1
+            && nr.is_multiple_of(CHUNK_LANES)
+            && nr <= 64
+            && ConvPack::global().is_ok()
+    }
+    /// The full panel at `(pc, j)` as its cached chunks (per tap of the view) and the plane
+    /// of its first row's channel in the panel's image: the rows [`PackB::pack_b`] would
+    /// write with [`ConvPack::pack_rows`] (row `p` of the block is channel `(pc + p) / T`, tap
+    /// `(pc + p) % T`). `None` for panels without chunks; the driver checks the rest (step-1
+    /// single-piece chunks, every offset inside x).
+    fn conv_panel(
+        &self,
+        pc: usize,
+        kc: usize,
+        j: usize,
+        nr: usize,
+        out: &mut ConvPanel,
+    ) -> Option<&[f32]> {
+        if !self.conv_fusable(nr) || kc == 0 || j + nr > self.cols {
+            return None;
+        }
+        let src = &self.src;
+        let (rl, nch) = (self.taps, nr / CHUNK_LANES);
+        let first = self.col0 + j;
+        let shift = first / src.olen() * src.image_len();
+        SCRATCH.with_borrow_mut(|s| {
+            self.reset_key(s, nr);
+            let e = self.entry(s, first, nr, nr, true);
+            if e.chunks == NO_CHUNKS {
+                return None;
+            }
+            out.taps.clear();
+            out.taps
+                .extend_from_slice(&s.chunks[e.chunks + self.tap0 * nch..][..rl * nch]);
+            out.period = rl;
+            out.first = pc % rl;
+            out.base = isize::try_from(src.plane(pc / rl) + shift).ok()?;
+            out.step = isize::try_from(src.plane(1) - src.plane(0)).ok()?;
+            Some(src.x)
+        })
+    }
     /// Only for strided layers: on stride-1 layers the hints cost more than they save
     /// (probe, thread CPU time, min of 3-5 alternations, 09:46-09:49 UTC, forward without /
     /// with: ResNet-50 64@56² 0.98×, 128@28² 0.98×, 256@14² 0.96×, 512@7² 1.00×, VGG 0.97×,
@@ -243,6 +301,80 @@ impl PackB for Im2colB<'_> {
 }
 
 impl Im2colB<'_> {
+    /// Drops the cached tables when they belong to another geometry or panel width.
+    fn reset_key(&self, s: &mut Scratch, nr: usize) {
+        let src = &self.src;
+        let key = (src.d, [src.plane(0), src.image_len(), src.rlen, nr]);
+        if s.key != Some(key) {
+            s.key = Some(key);
+            s.slots.clear();
+            s.slots.resize(src.olen(), EMPTY);
+            s.clear_tables();
+        }
+    }
+    /// The cached tables of the panel whose first column is `first` (`w` columns of a panel
+    /// `nr` wide; full panels are cached per output position), built if missing; chunks only
+    /// when `chunks` (core-blas's [`ConvPack`] is there) and `nr` is a multiple of 16.
+    fn entry(&self, s: &mut Scratch, first: usize, w: usize, nr: usize, chunks: bool) -> Entry {
+        let src = &self.src;
+        let stride = src.d.stride[2];
+        let (image, olen) = (src.image_len(), src.olen());
+        let (n, pos) = (first / olen, first % olen);
+        let cached = w == nr;
+        let slot = if cached { s.slots[pos] } else { EMPTY };
+        if slot != EMPTY {
+            s.entries[slot as usize]
+        } else {
+            if s.segs.len() >= CACHE_MAX_SEGS {
+                // Start over (this panel's entry alone would not reach the limit).
+                s.slots.fill(EMPTY);
+                s.clear_tables();
+            }
+            let e = Entry {
+                runs: s.runs.len(),
+                count: src.push_runs(first, w, &mut s.runs),
+                segs: s.segs.len(),
+                full: s.full.len(),
+                lin: s.lin.len(),
+                chunks: NO_CHUNKS,
+            };
+            src.push_segments(&s.runs[e.runs..], &mut s.segs);
+            let (rr, ss) = (&s.runs[e.runs..], &mut s.segs[e.segs..]);
+            // Relative to image n: a panel at `pos` of another image reads the same
+            // segments that many images further on.
+            for g in ss.iter_mut().filter(|g| g.hi > g.lo) {
+                g.at -= n * image;
+            }
+            s.full.extend(
+                ss.chunks_exact(e.count)
+                    .map(|t| w == nr && t.iter().zip(rr).all(|(g, r)| g.lo == 0 && g.hi == r.len)),
+            );
+            let mut e = e;
+            if cached && chunks {
+                let at = s.chunks.len();
+                if push_chunks(ss, rr, e.count, stride, nr, &mut s.chunks, &mut s.gidx) {
+                    e.chunks = at;
+                } else {
+                    s.chunks.truncate(at);
+                }
+            }
+            let fixed =
+                w == nr && e.chunks == NO_CHUNKS && fixed_width(nr) && (stride == 1 || stride == 2);
+            s.lin.extend(ss.chunks_exact(e.count).map(|t| {
+                if fixed {
+                    straight(t, rr, src.plane(1) - src.plane(0), stride, nr)
+                } else {
+                    Lin::default()
+                }
+            }));
+            if cached {
+                s.slots[pos] = s.entries.len() as u32;
+            }
+            s.entries.push(e);
+            e
+        }
+    }
+
     /// [`PackB::pack_b`] for panels `nr` wide (inlined per constant `nr`).
     #[inline(always)]
     fn pack_panels(&self, pc: usize, kc: usize, jc: usize, nc: usize, nr: usize, dst: &mut [f32]) {
@@ -257,74 +389,15 @@ impl Im2colB<'_> {
             .filter(|_| nr.is_multiple_of(CHUNK_LANES) && nr <= 64);
         let nch = nr / CHUNK_LANES;
         SCRATCH.with_borrow_mut(|s| {
-            let key = (src.d, [src.plane(0), image, rlen, nr]);
-            if s.key != Some(key) {
-                s.key = Some(key);
-                s.slots.clear();
-                s.slots.resize(olen, EMPTY);
-                s.clear_tables();
-            }
+            self.reset_key(s, nr);
             if cfg!(debug_assertions) {
                 s.planes.clear();
                 s.planes.extend((pc..pc + kc).map(|p| src.plane(p / rl)));
             }
             for (j0, w, panel) in micro_panels(dst, kc, nr, jc, nc) {
                 let first = self.col0 + j0;
-                let (n, pos) = (first / olen, first % olen);
-                let cached = w == nr;
-                let slot = if cached { s.slots[pos] } else { EMPTY };
-                let e = if slot != EMPTY {
-                    s.entries[slot as usize]
-                } else {
-                    if s.segs.len() >= CACHE_MAX_SEGS {
-                        // Start over (this panel's entry alone would not reach the limit).
-                        s.slots.fill(EMPTY);
-                        s.clear_tables();
-                    }
-                    let e = Entry {
-                        runs: s.runs.len(),
-                        count: src.push_runs(first, w, &mut s.runs),
-                        segs: s.segs.len(),
-                        full: s.full.len(),
-                        lin: s.lin.len(),
-                        chunks: NO_CHUNKS,
-                    };
-                    src.push_segments(&s.runs[e.runs..], &mut s.segs);
-                    let (rr, ss) = (&s.runs[e.runs..], &mut s.segs[e.segs..]);
-                    // Relative to image n: a panel at `pos` of another image reads the same
-                    // segments that many images further on.
-                    for g in ss.iter_mut().filter(|g| g.hi > g.lo) {
-                        g.at -= n * image;
-                    }
-                    s.full.extend(ss.chunks_exact(e.count).map(|t| {
-                        w == nr && t.iter().zip(rr).all(|(g, r)| g.lo == 0 && g.hi == r.len)
-                    }));
-                    let mut e = e;
-                    if cached && cp.is_some() {
-                        let at = s.chunks.len();
-                        if push_chunks(ss, rr, e.count, stride, nr, &mut s.chunks, &mut s.gidx) {
-                            e.chunks = at;
-                        } else {
-                            s.chunks.truncate(at);
-                        }
-                    }
-                    let fixed = w == nr
-                        && e.chunks == NO_CHUNKS
-                        && fixed_width(nr)
-                        && (stride == 1 || stride == 2);
-                    s.lin.extend(ss.chunks_exact(e.count).map(|t| {
-                        if fixed {
-                            straight(t, rr, src.plane(1) - src.plane(0), stride, nr)
-                        } else {
-                            Lin::default()
-                        }
-                    }));
-                    if cached {
-                        s.slots[pos] = s.entries.len() as u32;
-                    }
-                    s.entries.push(e);
-                    e
-                };
+                let n = first / olen;
+                let e = self.entry(s, first, w, nr, cp.is_some());
                 let count = e.count;
                 let prun = &s.runs[e.runs..][..count];
                 let psegs = &s.segs[e.segs..][..count * rlen];

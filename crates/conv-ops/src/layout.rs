@@ -5,7 +5,7 @@
 use std::cell::RefCell;
 
 use core_blas::store::{Direct, Window};
-use core_blas::{DenseStore, PackA, PackB, Store, Tile};
+use core_blas::{ConvPanel, DenseStore, PackA, PackB, Store, Tile};
 
 use crate::source::{copy_run, micro_panels};
 
@@ -360,6 +360,22 @@ impl<B: PackB> PackB for Columns<'_, B> {
     }
     fn prefetch_b(&self, pc: usize, kc: usize, jc: usize, nc: usize) {
         self.b.prefetch_b(pc, kc, self.j0 + jc, nc)
+    }
+    fn conv_fusable(&self, nr: usize) -> bool {
+        self.b.conv_fusable(nr)
+    }
+    fn conv_panel(
+        &self,
+        pc: usize,
+        kc: usize,
+        j: usize,
+        nr: usize,
+        out: &mut ConvPanel,
+    ) -> Option<&[f32]> {
+        if j + nr > self.cols {
+            return None;
+        }
+        self.b.conv_panel(pc, kc, self.j0 + j, nr, out)
     }
 }
 

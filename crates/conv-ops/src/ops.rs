@@ -275,7 +275,7 @@ pub(crate) fn forward_group<A: core_blas::PackA>(
             let weights = slab_weights(g, a, slabs);
             (0..g.batch()).try_for_each(|n| {
                 let yn = &mut y[(n * g.out_channels() + grp * kg) * olen..][..kg * olen];
-                let b = Im2colB::images(g, grp, x, n, 1);
+                let b = Im2colB::images(g, grp, x, n, 1).with_fused_packing();
                 slabs.iter().zip(&weights).try_for_each(|(s, wt)| {
                     let inner = g.kernel_len() / g.kernel()[0];
                     let (tap0, taps) = (s.r.start * inner, s.r.len() * inner);
@@ -322,7 +322,11 @@ pub(crate) fn forward_group<A: core_blas::PackA>(
                 let b = MatRef::row_major("x", xn, cg, olen, olen)?;
                 core_blas::gemm_with(a, &b, &mut dense)
             } else {
-                core_blas::gemm_with(a, &Im2colB::images(g, grp, x, n, 1), &mut dense)
+                core_blas::gemm_with(
+                    a,
+                    &Im2colB::images(g, grp, x, n, 1).with_fused_packing(),
+                    &mut dense,
+                )
             }
         }),
         // Small planes: one product over the whole batch, C panel by C panel.
@@ -331,7 +335,7 @@ pub(crate) fn forward_group<A: core_blas::PackA>(
             forward_batch(a, &b, y, (g.out_channels(), olen, grp * kg), epi)
         }
         ForwardAlgo::Convgemm => {
-            let b = Im2colB::new(g, grp, x);
+            let b = Im2colB::new(g, grp, x).with_fused_packing();
             forward_batch(a, &b, y, (g.out_channels(), olen, grp * kg), epi)
         }
         ForwardAlgo::Direct => unreachable!("returned above"),

@@ -219,6 +219,29 @@ fn realistic_layers() {
             .unwrap()
             .with_padding(&[1])
             .unwrap(),
+        // Large planes with 8 and more output channels per group: the AVX-512 kernel's first
+        // tile of each full panel packs it from x (core-blas's fused conv B; dilated, grouped,
+        // and 3-D through the output slabs' tap views).
+        ConvGeometry::new(2, 7, 19, &[35, 37], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
+        ConvGeometry::new(1, 5, 17, &[40, 41], &[3, 3])
+            .unwrap()
+            .with_dilation(&[2])
+            .unwrap()
+            .with_padding(&[2])
+            .unwrap(),
+        ConvGeometry::new(2, 6, 18, &[33, 34], &[3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap()
+            .with_groups(2)
+            .unwrap(),
+        ConvGeometry::new(1, 4, 12, &[5, 20, 24], &[3, 3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap(),
     ];
     for g in &layers {
         check_all(g, 42).unwrap_or_else(|e| panic!("{g:?}: {e}"));

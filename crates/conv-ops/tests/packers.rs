@@ -8,7 +8,7 @@ mod common;
 
 use conv_ops::testing::uniform;
 use conv_ops::{ConvGeometry, Im2colB, Im2colTB, im2col};
-use core_blas::PackB;
+use core_blas::{Chunk, ConvPanel, PackB};
 use proptest::prelude::*;
 
 /// `(pc, kc, jc, nc)` blocks covering a `rows × cols` matrix, `kc` and `nc` from `widths`.
@@ -57,6 +57,108 @@ fn check_block<B: PackB>(
 
 /// Packs every block of both packers over `geoms` (panel width `nr`, blocks `kc` rows and
 /// `panels` micro-panels), the blocks of all geometries interleaved and shuffled by `order`.
+/// For every full `nr`-wide panel of `kc`-row blocks of `b` that [`PackB::conv_panel`]
+/// describes, the described values (read lane by lane from the slice it returns) against `m`;
+/// a panel it does not describe must be one whose chunks are not all step-1 lines. Returns
+/// how many panels were described.
+fn check_conv_panels(
+    b: &Im2colB<'_>,
+    m: &dyn Fn(usize, usize) -> f32,
+    rows: usize,
+    cols: usize,
+    kc: usize,
+    nr: usize,
+) -> Result<usize, TestCaseError> {
+    let mut out = ConvPanel::default();
+    let mut described = 0;
+    let nch = nr / 16;
+    for pc in (0..rows).step_by(kc) {
+        let kc = kc.min(rows - pc);
+        for j in (0..cols / nr * nr).step_by(nr) {
+            let Some(src) = b.conv_panel(pc, kc, j, nr, &mut out) else {
+                continue;
+            };
+            described += 1;
+            prop_assert_eq!(out.taps.len(), out.period * nch);
+            prop_assert!(out.first < out.period);
+            for p in 0..kc {
+                let t = (out.first + p) % out.period;
+                let off = out.base + ((out.first + p) / out.period) as isize * out.step;
+                for q in 0..nch {
+                    let c = out.taps[t * nch + q];
+                    for l in 0..16 {
+                        let bit = 1u16 << l;
+                        let got = match c {
+                            Chunk::Lines {
+                                step,
+                                m1,
+                                m2,
+                                off1,
+                                off2,
+                            } => {
+                                let s = step as isize * l as isize;
+                                if m1 & bit != 0 {
+                                    Some(off + off1 + s)
+                                } else if m2 & bit != 0 {
+                                    Some(off + off2 + s)
+                                } else {
+                                    None
+                                }
+                            }
+                            Chunk::Gather { .. } => {
+                                // The driver falls back to pack_b for these.
+                                prop_assert!(step_not_one(&out.taps));
+                                continue;
+                            }
+                        }
+                        .map(|o| {
+                            assert!(o >= 0 && (o as usize) < src.len(), "offset {o} outside");
+                            src[o as usize]
+                        })
+                        .unwrap_or(0.0);
+                        let want = m(pc + p, j + 16 * q + l);
+                        prop_assert!(
+                            got == want,
+                            "pc {} kc {} j {} nr {} row {} lane {}: {} != {}",
+                            pc,
+                            kc,
+                            j,
+                            nr,
+                            p,
+                            16 * q + l,
+                            got,
+                            want
+                        );
+                    }
+                }
+            }
+        }
+    }
+    Ok(described)
+}
+
+fn step_not_one(taps: &[Chunk]) -> bool {
+    taps.iter()
+        .any(|c| !matches!(c, Chunk::Lines { step: 1, .. }))
+}
+
+/// [`check_conv_panels`] on each geometry of `geoms` with panel widths 16, 32, 48.
+fn check_conv_geometries(geoms: &[ConvGeometry], kc: usize) -> Result<usize, TestCaseError> {
+    let mut described = 0;
+    for (i, g) in geoms.iter().enumerate() {
+        let x = uniform(20 + i as u64, g.x_len());
+        let (rows, cols) = im2col::im2col_shape(g);
+        let grp = g.groups() - 1;
+        let mut col = vec![0f32; rows * cols];
+        im2col::im2col(g, grp, &x, &mut col).unwrap();
+        let b = Im2colB::new(g, grp, &x).with_fused_packing();
+        for nr in [16, 32, 48] {
+            described += check_conv_panels(&b, &|p, j| col[p * cols + j], rows, cols, kc, nr)?;
+        }
+    }
+    Ok(described)
+}
+
 fn check_geometries(
     geoms: &[ConvGeometry],
     nr: usize,
@@ -116,6 +218,16 @@ proptest! {
         order in any::<u64>(),
     ) {
         check_geometries(&[g1, g2], nr, kc, panels, order)?;
+    }
+
+    /// The fused packing's panel descriptions ([`PackB::conv_panel`]) against im2col.
+    #[test]
+    fn conv_panels_match_im2col(
+        g1 in common::geometry(3),
+        g2 in common::geometry(2),
+        kc in 1usize..=40,
+    ) {
+        check_conv_geometries(&[g1, g2], kc)?;
     }
 }
 
@@ -180,6 +292,12 @@ fn wide_lines_pack_block_by_block() {
     ] {
         check_geometries(&geoms, nr, kc, panels, (nr * kc * panels) as u64).unwrap();
     }
+    // The fused packing's descriptions on the same wide lines (stride 1 only are described).
+    let mut described = 0;
+    for kc in [7, 27, 144] {
+        described += check_conv_geometries(&geoms, kc).unwrap();
+    }
+    assert!(described > 0, "no panel described");
 }
 
 /// Channel planes a multiple of 4 KiB apart (1024 floats): `Im2colB` packs such blocks in

@@ -9,10 +9,11 @@
 
 use rayon::prelude::*;
 
-use crate::BlockSizes;
+use crate::kernel::convpack::ConvRows;
 use crate::kernel::{Kernel, RowPrefetch};
 use crate::pack::{PackA, PackB, Workspace, with_workspace};
 use crate::store::{DirectRaw, Store, Tile};
+use crate::{BlockSizes, ConvPanel};
 
 /// Below this many multiply-adds (`m · n · k`) a product stays on one thread.
 pub(crate) const PAR_MIN_MNK: usize = 1 << 21;
@@ -264,6 +265,17 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     let fuse = b.row_major().filter(|&(data, ld)| {
         K::PACKS_B && tune::fuse() && rows_inside(data.len(), ld, k, b.cols())
     });
+    // An im2col-like B ([`PackB::conv_panel`]) on a kernel that packs it in its k-loop: the
+    // first tile of each full panel packs it (a panel the source does not describe is packed
+    // by `pack_b` just before its tiles); only the partial last panel is packed up front.
+    let conv = fuse.is_none()
+        && K::PACKS_CONV
+        && K::PACK_GROUP == 1
+        && nr.is_multiple_of(crate::CHUNK_LANES)
+        && sink.direct.is_some()
+        && tune::fuse()
+        && b.conv_fusable(nr);
+    let mut conv_bufs = ConvBufs::default();
     let bc = ws.b.get(b_len);
     let ac = ws.a.get(a_len);
 
@@ -278,6 +290,11 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
                 // Whole groups of full panels are packed by their first tiles; pack_b does the
                 // rest (the partial last panel, full panels past the last whole group).
                 let full = nc / (nr * K::PACK_GROUP) * (nr * K::PACK_GROUP);
+                if full < nc {
+                    b.pack_b(pc, kc, jc + full, nc - full, nr, &mut bc[full * kc..]);
+                }
+            } else if conv {
+                let full = nc / nr * nr;
                 if full < nc {
                     b.pack_b(pc, kc, jc + full, nc - full, nr, &mut bc[full * kc..]);
                 }
@@ -324,6 +341,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
                 let src = fuse
                     .filter(|_| ic == rows.0)
                     .map(|(data, ld)| (&data[pc * ld + jc..], ld));
+                let conv_src = (conv && ic == rows.0).then_some((b, pc, &mut conv_bufs));
                 macro_kernel(
                     kern,
                     (ic, jc),
@@ -331,6 +349,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
                     (ablk, a_stride),
                     &mut *bc,
                     src,
+                    conv_src,
                     first,
                     last,
                     sink,
@@ -345,6 +364,14 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
         }
         jc += nc;
     }
+}
+
+/// Scratch of the fused im2col packing: the source's panel description and its rows
+/// resolved and checked ([`ConvRows::resolve`]).
+#[derive(Default)]
+struct ConvBufs {
+    panel: ConvPanel,
+    rows: ConvRows,
 }
 
 /// Switches for the tuning probes (`kernel/probe.rs`); fixed in normal builds.
@@ -443,6 +470,7 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
     (ac, a_stride): (&[f32], usize),
     bc: &mut [f32],
     src: Option<(&[f32], usize)>,
+    mut conv: Option<(&B, usize, &mut ConvBufs)>,
     first: bool,
     last: bool,
     sink: &Sink<'_, S>,
@@ -498,6 +526,25 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
                         )
                     };
                 }
+            }
+        }
+        // A full panel of an im2col-like B (first A block): described for the first tile's
+        // fused packing, or packed here when the source or the store does not allow it.
+        let mut conv_rows: Option<(*const f32, &ConvRows)> = None;
+        if let Some((b, pc, bufs)) = conv.as_mut()
+            && jr + nr <= nc
+        {
+            // SAFETY: the full panel at jr: `nr · kc` values of bc from `bdst` (bc holds
+            // ceil(nc / nr) · nr · kc, asserted above); no other reference to them is live.
+            let panel = unsafe { std::slice::from_raw_parts_mut(bdst, nr * kc) };
+            let ConvBufs { panel: desc, rows } = &mut **bufs;
+            if sink.direct.is_some()
+                && let Some(data) = b.conv_panel(*pc, kc, jc + jr, nr, desc)
+                && rows.resolve(desc, data.len(), kc, nr / crate::CHUNK_LANES)
+            {
+                conv_rows = Some((data.as_ptr(), &*rows));
+            } else {
+                b.pack_b(*pc, kc, jc + jr, nr, nr, panel);
             }
         }
         // This jr step's slice of the next B block: its rows spread over the step's tiles.
@@ -593,7 +640,25 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
                     // (validated by the public entry point) and belongs to this thread's range.
                     unsafe {
                         let cp = d.ptr.add(i * d.rs + j * d.cs);
-                        if let Some((sp, ld)) = pending.take() {
+                        if let Some((sp, rows)) = conv_rows.take() {
+                            // The panel's first tile packs it through the checked masks
+                            // (`ConvRows::resolve`: every lane read lies inside the source).
+                            kern.run_packing_conv(
+                                kc,
+                                d.alpha,
+                                ap,
+                                sp,
+                                rows.rows.as_ptr(),
+                                rows.rows.len(),
+                                rows.step,
+                                bdst,
+                                beta,
+                                cp,
+                                d.rs,
+                                d.cs,
+                                m,
+                            );
+                        } else if let Some((sp, ld)) = pending.take() {
                             // The panel's first tile: the kernel packs it as it goes (the
                             // source rows are inside the matrix, the packed panel is bc's).
                             kern.run_packing_b(

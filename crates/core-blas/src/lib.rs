@@ -111,7 +111,7 @@ pub use error::Error;
 pub use gather::{Piece, gather_pieces};
 pub use gemm::Gemm;
 pub use isa::{Isa, isa};
-pub use kernel::convpack::{CHUNK_LANES, Chunk, ConvPack};
+pub use kernel::convpack::{CHUNK_LANES, Chunk, ConvPack, ConvPanel};
 pub use offset::{
     DOT_MR, DOT_NC, DotTile, OFFSET_A_MR, OFFSET_A_NR, OFFSET_LANES, OFFSET_MR, OFFSET_NV,
     OffsetAStore, OffsetATile, OffsetTile, Offsets, offset_a_shape, offset_a_store, offset_a_tile,

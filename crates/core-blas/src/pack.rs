@@ -21,7 +21,7 @@
 
 use std::cell::Cell;
 
-use crate::MatRef;
+use crate::{ConvPanel, MatRef};
 
 /// A source for the right operand B (`k × n`) that packs itself.
 pub trait PackB: Sync {
@@ -49,6 +49,33 @@ pub trait PackB: Sync {
     /// the default.
     #[inline]
     fn row_major(&self) -> Option<(&[f32], usize)> {
+        None
+    }
+    /// Whether [`PackB::conv_panel`] may describe full `nr`-wide panels (the driver then
+    /// leaves those panels to the micro-kernels that can pack them, and asks per panel); the
+    /// default is `false`, at no cost for other sources.
+    #[inline]
+    fn conv_fusable(&self, nr: usize) -> bool {
+        let _ = nr;
+        false
+    }
+    /// The full `nr`-wide micro-panel at `(pc, j)` (`kc` rows) as the repeating rows of an
+    /// im2col matrix read from one source slice ([`ConvPanel`]: per tap `nr / 16` masked
+    /// chunks, and where the first row's channel plane starts): fills `out` and returns the
+    /// slice, or `None` (the default) when the panel is not of that form, which the driver
+    /// then packs with [`PackB::pack_b`]. The values described must be those `pack_b` would
+    /// write; the driver packs with `pack_b` any panel whose chunks its kernel cannot read
+    /// (not step-1 single pieces) or whose offsets leave the slice.
+    #[inline]
+    fn conv_panel(
+        &self,
+        pc: usize,
+        kc: usize,
+        j: usize,
+        nr: usize,
+        out: &mut ConvPanel,
+    ) -> Option<&[f32]> {
+        let _ = (pc, kc, j, nr, out);
         None
     }
 }

@@ -127,6 +127,137 @@ impl Chunk {
     }
 }
 
+/// One panel of an im2col-like B described for the fused packing of the AVX-512 8×48 kernel
+/// ([`crate::PackB::conv_panel`]), as the rows of im2col repeat: row `p` of the panel (`p <
+/// kc`) is tap `t = (first + p) % period` of the view, whose `nch` chunks (panel width / 16)
+/// are `taps[t · nch..][..nch]`, read from the source at the element offset `base + ((first +
+/// p) / period) · step` (one channel plane further every `period` rows). The driver resolves
+/// it ([`ConvRows::resolve`]) and checks every offset the masks read against the source's
+/// length before a kernel reads it.
+#[derive(Clone, Debug, Default)]
+pub struct ConvPanel {
+    /// Per tap of the view, `nch` chunks, back to back.
+    pub taps: Vec<Chunk>,
+    /// Rows per channel (the taps of the view).
+    pub period: usize,
+    /// The view's tap of the panel's first row.
+    pub first: usize,
+    /// Element offset of the first row's channel plane in the source slice.
+    pub base: isize,
+    /// Elements from one channel plane to the next.
+    pub step: isize,
+}
+
+/// One row of a resolved [`ConvPanel`] cycle, as the fused kernel reads it: chunk `q` of the
+/// row is `maskz_load(m[q], src + off + 16·q)` (`off` in bytes; lanes outside the mask are zero
+/// and never read), `src` advancing by [`ConvRows::step`] bytes after every `period` rows.
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+pub(crate) struct ConvRow {
+    /// Byte offset of the row's lane 0 from the cycle's source pointer.
+    pub(crate) off: isize,
+    /// Per 16-lane chunk, the lanes read (the fourth is unused).
+    pub(crate) m: [u16; 4],
+}
+
+/// A [`ConvPanel`] resolved for the fused kernel: `rows` (one `period` of rows, starting at
+/// the panel's first row) and the byte step of the source pointer per period.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ConvRows {
+    pub(crate) rows: Vec<ConvRow>,
+    /// Bytes from one period of rows to the next.
+    pub(crate) step: isize,
+}
+
+impl ConvRows {
+    /// Resolves `p` for a kernel whose panels are `nch` chunks wide, for a block of `kc` rows
+    /// read from a source of `len` values: `false` (the panel is then packed up front) unless
+    /// every chunk is a step-1 line of one piece whose lanes continue the row's first piece
+    /// (`off1` of chunk `q` = the row's offset + 16·q: im2col rows of stride-1 layers whose
+    /// output lines read consecutive input), and every lane read lies inside `0..len`.
+    pub(crate) fn resolve(&mut self, p: &ConvPanel, len: usize, kc: usize, nch: usize) -> bool {
+        let (period, first) = (p.period, p.first);
+        if nch == 0
+            || nch > 3
+            || period == 0
+            || first >= period
+            || p.taps.len() != period * nch
+            || p.step < 0
+            || kc == 0
+        {
+            return false;
+        }
+        let Ok(len) = isize::try_from(len) else {
+            return false;
+        };
+        self.rows.clear();
+        for j in 0..period.min(kc) {
+            let t = (first + j) % period;
+            let chan = ((first + j) / period) as isize;
+            let mut row = ConvRow::default();
+            let mut at: Option<isize> = None;
+            let (mut lo, mut hi) = (isize::MAX, isize::MIN);
+            for (q, c) in p.taps[t * nch..][..nch].iter().enumerate() {
+                let Chunk::Lines {
+                    step: 1,
+                    m1,
+                    m2: 0,
+                    off1,
+                    ..
+                } = *c
+                else {
+                    return false;
+                };
+                if m1 == 0 {
+                    continue;
+                }
+                let q16 = 16 * q as isize;
+                let Some(o) = off1.checked_sub(q16) else {
+                    return false;
+                };
+                if *at.get_or_insert(o) != o {
+                    return false;
+                }
+                row.m[q] = m1;
+                lo = lo.min(q16 + m1.trailing_zeros() as isize);
+                hi = hi.max(q16 + 15 - m1.leading_zeros() as isize);
+            }
+            // Element offset of the row's lane 0 from the source.
+            let Some(off) = chan
+                .checked_mul(p.step)
+                .and_then(|c| c.checked_add(p.base))
+                .and_then(|b| b.checked_add(at.unwrap_or(0)))
+            else {
+                return false;
+            };
+            if at.is_some() {
+                // The rows of this entry: j, j + period, ... below kc.
+                let cycles = ((kc - 1 - j) / period) as isize;
+                let last = cycles
+                    .checked_mul(p.step)
+                    .and_then(|d| d.checked_add(off))
+                    .and_then(|o| o.checked_add(hi));
+                match (off.checked_add(lo), last) {
+                    (Some(l), Some(h)) if l >= 0 && h < len => {}
+                    _ => return false,
+                }
+            }
+            let Some(bytes) = off.checked_mul(4) else {
+                return false;
+            };
+            row.off = bytes;
+            self.rows.push(row);
+        }
+        match p.step.checked_mul(4) {
+            Some(s) => {
+                self.step = s;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// `(dst, dst_step, rows, src, src_step, chunks, idx)`: the contract of [`ConvPack::pack_rows`].
 type PackRows = unsafe fn(*mut f32, usize, usize, *const f32, usize, &[Chunk], &[[i32; 16]]);
 
@@ -1014,5 +1145,74 @@ mod tests {
                 .fold(0u16, |a, l| a | 1 << (2 * l));
             assert_eq!(spread(m), want);
         }
+    }
+
+    /// [`ConvRows::resolve`]: one period of rows from the panel's first row, byte offsets,
+    /// the masks per chunk, and the refusals (two pieces, a gather, offsets outside the
+    /// source at the first or the last period, chunks that do not continue the row).
+    #[test]
+    fn conv_rows_resolve_and_check() {
+        let line = |m1: u16, off1: isize| Chunk::Lines {
+            step: 1,
+            m1,
+            m2: 0,
+            off1,
+            off2: 0,
+        };
+        // Two taps of three chunks: tap 0 reads 48 lanes at 10, tap 1 the last 40 at 20.
+        let taps = vec![
+            line(0xffff, 10),
+            line(0xffff, 26),
+            line(0xffff, 42),
+            line(0xff00, 20),
+            line(0xffff, 36),
+            Chunk::ZERO,
+        ];
+        let mut p = ConvPanel {
+            taps,
+            period: 2,
+            first: 1,
+            base: 100,
+            step: 1000,
+        };
+        let mut r = ConvRows::default();
+        // 5 rows: taps 1, 0, 1, 0, 1 of channels 0, 1, 1, 2, 2 (from base).
+        assert!(r.resolve(&p, 100 + 2000 + 10 + 48, 5, 3));
+        assert_eq!(r.step, 4000);
+        assert_eq!(r.rows.len(), 2);
+        assert_eq!(
+            (r.rows[0].off, r.rows[0].m),
+            (4 * 120, [0xff00, 0xffff, 0, 0])
+        );
+        assert_eq!(
+            (r.rows[1].off, r.rows[1].m),
+            (4 * 1110, [0xffff, 0xffff, 0xffff, 0])
+        );
+        // Row 3 (tap 0 of channel 2) reads up to 100 + 2000 + 10 + 47.
+        assert!(!r.resolve(&p, 100 + 2000 + 10 + 47, 5, 3));
+        // Fewer rows than the period: one entry.
+        assert!(r.resolve(&p, 200, 1, 3));
+        assert_eq!(r.rows.len(), 1);
+        // Before the source.
+        p.base = -30;
+        assert!(!r.resolve(&p, 10_000, 5, 3));
+        p.base = 100;
+        // A chunk that does not continue its row, a second piece, a gather.
+        for bad in [
+            line(0xffff, 43),
+            Chunk::Lines {
+                step: 1,
+                m1: 0xff,
+                m2: 0xff00,
+                off1: 26,
+                off2: 30,
+            },
+            Chunk::Gather { mask: 1, at: 0 },
+        ] {
+            let mut q = p.clone();
+            q.taps[1] = bad;
+            assert!(!r.resolve(&q, 10_000, 5, 3));
+        }
+        assert!(r.resolve(&p, 10_000, 5, 3));
     }
 }

@@ -19,6 +19,8 @@ pub(crate) mod portable;
 mod probe;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod skx;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod skx_conv;
 pub(crate) mod small;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod vector;
@@ -236,6 +238,48 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
         pf.issue();
         // SAFETY: the caller's contract is `run`'s.
         unsafe { self.run(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
+    }
+
+    /// Whether [`Kernel::run_packing_conv`] packs inside the k-loop (the driver then lets the
+    /// first tile of each full panel pack a [`crate::PackB::conv_panel`] B); `false`: the
+    /// driver packs such a B up front as any other.
+    const PACKS_CONV: bool = false;
+
+    /// [`Kernel::run`] on a full-width tile (`n == NR`, `NR` 48 or less, a multiple of 16)
+    /// whose B micro-panel is an im2col-like source resolved by [`convpack::ConvRows`]: row `p`
+    /// (`p < k`) is `rows[p % period]` read at `src + (p / period) · step` bytes, chunk `q` of
+    /// it the lanes of mask `m[q]` at the row's byte offset + 64·q (other lanes zero); the
+    /// kernel also writes the packed panel (`k · NR` values) to `bdst`. The default packs the
+    /// panel, then runs [`Kernel::run`].
+    ///
+    /// # Safety
+    /// As [`Kernel::run`] with `n == NR`; `period >= 1` entries at `rows`; every lane a mask
+    /// selects is readable at its offset; `bdst` holds `k · NR` writable values overlapping
+    /// neither the source, `a` nor the C window.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    unsafe fn run_packing_conv(
+        self,
+        k: usize,
+        alpha: f32,
+        a: *const f32,
+        src: *const f32,
+        rows: *const convpack::ConvRow,
+        period: usize,
+        step: isize,
+        bdst: *mut f32,
+        beta: f32,
+        c: *mut f32,
+        rs_c: usize,
+        cs_c: usize,
+        m: usize,
+    ) {
+        // SAFETY: the caller's contract is `conv_then_run`'s.
+        unsafe {
+            conv_then_run(
+                self, k, alpha, a, src, rows, period, step, bdst, beta, c, rs_c, cs_c, m,
+            )
+        }
     }
 
     /// [`Kernel::run`] for short products (`k` up to a few hundred, operands in L1/L2) on a packed
@@ -634,6 +678,54 @@ pub(crate) fn assert_tile_matches_naive(
                 }
             }
         }
+    }
+}
+
+/// [`Kernel::run_packing_conv`] done in two steps: pack the panel lane by lane, then
+/// [`Kernel::run`] on it. The trait's default and the fallback of the partial-row tiles.
+///
+/// # Safety
+/// As [`Kernel::run_packing_conv`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn conv_then_run<K: Kernel>(
+    kern: K,
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    src: *const f32,
+    rows: *const convpack::ConvRow,
+    period: usize,
+    step: isize,
+    bdst: *mut f32,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+    cs_c: usize,
+    m: usize,
+) {
+    let nch = K::NR / convpack::CHUNK_LANES;
+    // SAFETY: the caller's contract: `period` entries at `rows`, their masked lanes readable
+    // at their offsets (lanes outside the masks are never read), `k · NR` packed values
+    // writable at `bdst`.
+    unsafe {
+        for p in 0..k {
+            let r = *rows.add(p % period);
+            let s = src
+                .cast::<u8>()
+                .wrapping_offset(r.off + (p / period) as isize * step)
+                .cast::<f32>();
+            for q in 0..nch {
+                let d = bdst.add(p * K::NR + q * convpack::CHUNK_LANES);
+                for l in 0..convpack::CHUNK_LANES {
+                    *d.add(l) = if r.m[q] & (1 << l) != 0 {
+                        *s.wrapping_add(q * convpack::CHUNK_LANES + l)
+                    } else {
+                        0.0
+                    };
+                }
+            }
+        }
+        kern.run(k, alpha, a, bdst, beta, c, rs_c, cs_c, m, K::NR);
     }
 }
 

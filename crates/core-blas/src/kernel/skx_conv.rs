@@ -1,0 +1,334 @@
+//! The fused conv-B first tile of `avx512-f32-8x48` (conv-ops' code in core-blas, kept apart
+//! from [`super::skx`]): [`super::skx::avx512_ukr_asm`]'s k-loop whose B row is read from an
+//! im2col-like source through three masked loads per row ([`ConvRows`]: a byte offset and
+//! three 16-lane masks per row of one period of rows, the source pointer one channel plane
+//! further per period) and stored to the packed panel as it goes, so that the rest of the
+//! panel's tiles read it packed. The loads, masks and stores of a row fill issue slots its 24
+//! FMAs leave free, instead of a separate packing pass (`convpack::avx512_rows`) over the
+//! block. Rows 2, 5, 7 of A take embedded broadcasts as in the plain kernel's variant 0.
+//!
+//! Each row also prefetches the source line 384 bytes (two 48-wide panels) past its offset:
+//! on a stride-1 layer whose output lines read consecutive input, a line a later panel's tile
+//! reads at the same row. Without it the tile waits on its loads (perf, session 22: half of
+//! its samples on the masked loads on VGG's 224² planes, a quarter on ResNet-50's 56²); with
+//! it VGG 64@224²'s forward ran 38.1-40.1 → 34.3-34.9 ms, 64@56² 17.4-17.6 → 17.1-17.4
+//! (docs/PERFORMANCE.md, conv-ops, session 22: the distances and line counts tried).
+
+use core::arch::asm;
+use core::arch::x86_64::*;
+
+use super::convpack::ConvRow;
+use super::x86::V512;
+
+/// Row `r` of A with a register broadcast: 1 load, 3 FMAs.
+macro_rules! cbc {
+    ($r:literal, $c0:literal, $c1:literal, $c2:literal) => {
+        concat!(
+            "vbroadcastss zmm2, dword ptr [{a} + ",
+            $r,
+            "*4]\n",
+            "vfmadd231ps zmm",
+            $c0,
+            ", zmm0, zmm2\n",
+            "vfmadd231ps zmm",
+            $c1,
+            ", zmm1, zmm2\n",
+            "vfmadd231ps zmm",
+            $c2,
+            ", zmm3, zmm2\n",
+        )
+    };
+}
+
+/// Row `r` of A with embedded broadcasts: 3 FMAs with a memory operand.
+macro_rules! ceb {
+    ($r:literal, $c0:literal, $c1:literal, $c2:literal) => {
+        concat!(
+            "vfmadd231ps zmm",
+            $c0,
+            ", zmm0, dword ptr [{a} + ",
+            $r,
+            "*4]{{1to16}}\n",
+            "vfmadd231ps zmm",
+            $c1,
+            ", zmm1, dword ptr [{a} + ",
+            $r,
+            "*4]{{1to16}}\n",
+            "vfmadd231ps zmm",
+            $c2,
+            ", zmm3, dword ptr [{a} + ",
+            $r,
+            "*4]{{1to16}}\n",
+        )
+    };
+}
+
+/// One row of the fused loop: its offset and masks from `{t}`, the three masked loads from
+/// `{s} + off` into zmm0, zmm1, zmm3, their stores to the packed panel `{b}`, the 8 rows of A.
+macro_rules! conv_row {
+    () => {
+        concat!(
+            "mov {o}, qword ptr [{t}]\n",
+            "kmovw k1, word ptr [{t} + 8]\n",
+            "kmovw k2, word ptr [{t} + 10]\n",
+            "kmovw k3, word ptr [{t} + 12]\n",
+            "vmovups zmm0 {{k1}}{{z}}, zmmword ptr [{s} + {o}]\n",
+            "vmovups zmm1 {{k2}}{{z}}, zmmword ptr [{s} + {o} + 64]\n",
+            "vmovups zmm3 {{k3}}{{z}}, zmmword ptr [{s} + {o} + 128]\n",
+            "vmovups zmmword ptr [{b}], zmm0\n",
+            "vmovups zmmword ptr [{b} + 64], zmm1\n",
+            "vmovups zmmword ptr [{b} + 128], zmm3\n",
+            cbc!(0, 8, 9, 10),
+            cbc!(1, 11, 12, 13),
+            ceb!(2, 14, 15, 16),
+            cbc!(3, 17, 18, 19),
+            cbc!(4, 20, 21, 22),
+            ceb!(5, 23, 24, 25),
+            cbc!(6, 26, 27, 28),
+            ceb!(7, 29, 30, 31),
+        )
+    };
+}
+
+/// `$n >= 1` rows of the fused loop on the accumulators `$c` (zmm8-zmm31): `$t` the current
+/// [`ConvRow`], `$cnt` the rows left in its period (`>= 1`), `$s` the period's source pointer,
+/// all three carried across calls; `$tab` / `$per` the period's first row and length, `$stp`
+/// its source step in bytes; `$a` and `$b` advance by 8 and 48 values a row.
+macro_rules! conv_loop {
+    ($n:expr, $a:expr, $b:expr, $s:expr, $t:expr, $cnt:expr, $tab:expr, $per:expr, $stp:expr, $c:expr) => {
+        asm!(
+            ".p2align 5",
+            "2:",
+            conv_row!(),
+            "prefetcht0 [{s} + {o} + 384]",
+            "add {t}, 16",
+            "add {a}, 32",
+            "add {b}, 192",
+            "dec {cnt}",
+            "jnz 3f",
+            "mov {t}, {tab}",
+            "mov {cnt}, {per}",
+            "add {s}, {stp}",
+            "3:",
+            "dec {n}",
+            "jnz 2b",
+            n = inout(reg) $n => _,
+            a = inout(reg) $a,
+            b = inout(reg) $b,
+            s = inout(reg) $s,
+            t = inout(reg) $t,
+            cnt = inout(reg) $cnt,
+            tab = in(reg) $tab,
+            per = in(reg) $per,
+            stp = in(reg) $stp,
+            o = out(reg) _,
+            inout("zmm8") $c[0],
+            inout("zmm9") $c[1],
+            inout("zmm10") $c[2],
+            inout("zmm11") $c[3],
+            inout("zmm12") $c[4],
+            inout("zmm13") $c[5],
+            inout("zmm14") $c[6],
+            inout("zmm15") $c[7],
+            inout("zmm16") $c[8],
+            inout("zmm17") $c[9],
+            inout("zmm18") $c[10],
+            inout("zmm19") $c[11],
+            inout("zmm20") $c[12],
+            inout("zmm21") $c[13],
+            inout("zmm22") $c[14],
+            inout("zmm23") $c[15],
+            inout("zmm24") $c[16],
+            inout("zmm25") $c[17],
+            inout("zmm26") $c[18],
+            inout("zmm27") $c[19],
+            inout("zmm28") $c[20],
+            inout("zmm29") $c[21],
+            inout("zmm30") $c[22],
+            inout("zmm31") $c[23],
+            out("zmm0") _,
+            out("zmm1") _,
+            out("zmm2") _,
+            out("zmm3") _,
+            out("k1") _,
+            out("k2") _,
+            out("k3") _,
+            options(nostack),
+        )
+    };
+}
+
+/// The rows run after the C tile is prefetched (as the plain kernel's 8 rounds of 4 steps).
+const C_PREFETCH_ROWS: usize = 32;
+
+/// The full `8 × 48` tile of `avx512-f32-8x48` whose B micro-panel is an im2col-like source
+/// ([`super::Kernel::run_packing_conv`]): row `p` (`p < k`) is `rows[p % period]` read at `src
+/// + (p / period) · step` bytes (three masked 16-lane loads at the row's offset, + 64, + 128
+/// bytes), stored to `bdst + 48 · p` and multiplied with A's row `p` in the registers.
+///
+/// # Safety
+/// As [`super::Kernel::run`] with `m = 8`, `n <= 48` and `b` replaced by: `period >= 1`
+/// entries at `rows`; every lane a row's masks select readable at its offset (masked-off
+/// lanes are never read); `k · 48` writable values at `bdst` that overlap neither the
+/// source, A nor C; the CPU has AVX-512F.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn avx512_ukr_conv_asm(
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    src: *const f32,
+    rows: *const ConvRow,
+    period: usize,
+    step: isize,
+    bdst: *mut f32,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+    cs_c: usize,
+    m: usize,
+    n: usize,
+) {
+    debug_assert!(m == 8 && n <= 48 && period >= 1);
+    // SAFETY: avx512f per the caller. The asm reads `k` rows of A (8 values each), the
+    // `period` entries at `rows` and, per row, the lanes its masks select at the caller's
+    // checked offsets (masked-off lanes do not fault); it writes `k · 48` values at `bdst`
+    // (the caller's exclusive buffer), only the registers it declares, and touches no stack;
+    // prefetches never fault; the C window is the caller's.
+    unsafe {
+        let mut c24 = [_mm512_setzero_ps(); 24];
+        let (mut ap, mut bp, mut sp, mut tp, mut cnt) = (a, bdst, src, rows, period);
+        let tail = k.min(C_PREFETCH_ROWS);
+        let head = k - tail;
+        if head > 0 {
+            conv_loop!(head, ap, bp, sp, tp, cnt, rows, period, step, c24);
+        }
+        if cs_c == 1 {
+            for r in 0..m {
+                let row = c.wrapping_add(r * rs_c);
+                for j in [0, 16, 32, n.max(1) - 1] {
+                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(j).cast());
+                }
+            }
+        }
+        if tail > 0 {
+            conv_loop!(tail, ap, bp, sp, tp, cnt, rows, period, step, c24);
+        }
+        let _ = (ap, bp, sp, tp, cnt);
+        let acc: [[__m512; 3]; 8] = core::mem::transmute(c24);
+        super::store_acc::<V512, 8, 3>(&acc, alpha, beta, c, rs_c, cs_c, m, n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::convpack::ConvRow;
+    use super::*;
+
+    /// The fused tile against a naive product on a panel described row by row (random masks,
+    /// offsets, periods, source steps), and its packed panel against the lanes it describes:
+    /// depths around the C-prefetch split, periods longer and shorter than k, alpha / beta
+    /// cases (beta = 0 over NaN), unit and non-unit column strides of C.
+    #[test]
+    fn conv_tile_matches_naive() {
+        if !is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        let len = 6000usize;
+        let src: Vec<f32> = (0..len).map(|i| (i % 7) as f32 - 3.0).collect();
+        for case in 0..80 {
+            let k = [0usize, 1, 3, 4, 5, 17, 27, 31, 32, 33, 64, 131][case % 12];
+            let period = 1 + rnd(27) as usize;
+            let step = rnd(40) as isize;
+            let rows: Vec<ConvRow> = (0..period)
+                .map(|_| {
+                    let mut m = [0u16; 4];
+                    for x in &mut m[..3] {
+                        *x = if case % 5 == 0 && rnd(2) == 0 {
+                            0
+                        } else {
+                            rnd(1 << 16) as u16
+                        };
+                    }
+                    ConvRow {
+                        off: 4 * (100 + rnd(200) as isize),
+                        m,
+                    }
+                })
+                .collect();
+            // The panel lane by lane.
+            let mut want_b = vec![0f32; k * 48];
+            for p in 0..k {
+                let r = rows[p % period];
+                let base = r.off / 4 + (p / period) as isize * step;
+                for q in 0..3 {
+                    for l in 0..16 {
+                        if r.m[q] & (1 << l) != 0 {
+                            want_b[p * 48 + 16 * q + l] =
+                                src[(base + 16 * q as isize + l as isize) as usize];
+                        }
+                    }
+                }
+            }
+            let a: Vec<f32> = (0..k * 8).map(|_| rnd(5) as f32 - 2.0).collect();
+            let (alpha, beta) = [(1.0f32, 0.0f32), (2.0, 1.0), (-1.0, 3.0)][case % 3];
+            let cs = if case % 4 == 3 { 9 } else { 1 };
+            let rs = if cs == 1 { 50 } else { 1 };
+            let c0: Vec<f32> = (0..8 * 50 * 9)
+                .map(|_| {
+                    if beta == 0.0 {
+                        f32::NAN
+                    } else {
+                        rnd(9) as f32 - 4.0
+                    }
+                })
+                .collect();
+            let mut want_c = c0.clone();
+            for i in 0..8 {
+                for j in 0..48 {
+                    let mut acc = 0f32;
+                    for p in 0..k {
+                        acc += a[p * 8 + i] * want_b[p * 48 + j];
+                    }
+                    let at = i * rs + j * cs;
+                    let old = if beta == 0.0 { 0.0 } else { beta * c0[at] };
+                    want_c[at] = alpha * acc + old;
+                }
+            }
+            let mut c = c0.clone();
+            let mut dst = vec![f32::NAN; k * 48];
+            // SAFETY: avx512f checked above; `rows` holds `period` entries; every lane a mask
+            // selects reads `off / 4 + (p / period) · step + l` <= 300 + 131 · 40 + 48 < 6000,
+            // inside `src`; dst holds k · 48 values (its own allocation); the 8 × 48 window of
+            // `c` (strides rs, cs) is inside it.
+            unsafe {
+                avx512_ukr_conv_asm(
+                    k,
+                    alpha,
+                    a.as_ptr(),
+                    src.as_ptr(),
+                    rows.as_ptr(),
+                    period,
+                    4 * step,
+                    dst.as_mut_ptr(),
+                    beta,
+                    c.as_mut_ptr(),
+                    rs,
+                    cs,
+                    8,
+                    48,
+                );
+            }
+            assert_eq!(dst, want_b, "packed panel, case {case}");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&c), bits(&want_c), "C, case {case}");
+        }
+    }
+}
