@@ -158,13 +158,26 @@ fn main() {
             }
         }
         Some("cost") => {
-            // The cost model's estimate for each tile given: `cost LAYER 6x6 3x6 ...`.
+            // The cost model's estimate for each tile given: `cost LAYER 6x6 3x6 ...`, and its
+            // choice; `TW`, `BW`, `GW`, `CW`, `VW` override the model's transform, byte, gather and
+            // copy weights and vector width.
             let g = layer(&args[2]);
+            let env = |k: &str, d: f64| std::env::var(k).map_or(d, |v| v.parse().unwrap());
+            let d = CostModel::default();
+            let model = CostModel {
+                transform_weight: env("TW", d.transform_weight),
+                byte_weight: env("BW", d.byte_weight),
+                gather_weight: env("GW", d.gather_weight),
+                copy_weight: env("CW", d.copy_weight),
+                vector_width: env("VW", d.vector_width as f64) as usize,
+                ..d
+            };
             for t in &args[3..] {
                 let m: Vec<usize> = t.split('x').map(|v| v.parse().unwrap()).collect();
-                let c = fastconv::cost::tile_cost(&g, &m, &CostModel::default()).unwrap();
+                let c = fastconv::cost::tile_cost(&g, &m, &model).unwrap();
                 println!("{t:8} {c:.4e}");
             }
+            println!("choice {:?}", choose_tile(&g, &model).unwrap());
         }
         Some("blocks") => {
             let name = &args[2];

@@ -7,8 +7,11 @@
 //!   (the tiles are the GEMM's n, packed in `NR`-wide micro-panels: 8 tiles cost as much as 16);
 //! - transforms, counted on the operations of the sparse matrices as applied mode by mode
 //!   (nonzeros, ± row pairs counted once: [`crate::SparseTransform::applied_ops`]):
-//!   input `2·C·T·Σ_n ops(Bₙᵀ)·Π_{d≠n} α_d`, output `2·K·T·Σ_n ops(Aₙᵀ)·Π_{d<n} m_d·Π_{d>n} α_d`,
-//!   weighted by `transform_weight` (they stream memory and run below GEMM speed);
+//!   input `2·C·T·Σ_n ops(Bₙᵀ)·Π_{d≠n} α_d` (with the phased gathers, the modes before the last
+//!   see m instead of α along the last dimension, plus `copy_weight` per shifted copy of its rows
+//!   w ≥ m), output `2·K·T·Σ_n ops(Aₙᵀ)·…` in the executed order (the last mode first, on α of
+//!   the others, then modes 0, 1, …), weighted by `transform_weight` (they stream memory and run
+//!   below GEMM speed);
 //! - memory traffic of V and M (written once, read once) and the tile gather,
 //!   `4·T·α^N·(3C + 2K)` bytes per pass, plus per block the backward-filter accumulator and the
 //!   copy of the packed U, weighted by `byte_weight` (flop-equivalents per byte);
@@ -44,6 +47,9 @@ pub struct CostModel {
     /// backward-filter's x) in GEMM flops, on top of `byte_weight`'s block traffic: the gather's
     /// scalar loads wait on the source lines from L3.
     pub gather_weight: f64,
+    /// Cost of one value copied by the phased gathers (the rows w ≥ m of the last dimension,
+    /// shifted copies of rows w mod m) in transform flops (so times `transform_weight`).
+    pub copy_weight: f64,
 }
 
 impl Default for CostModel {
@@ -67,14 +73,23 @@ impl Default for CostModel {
     /// backward-data level: the three passes' minima 2-3 % lower in each of six processes),
     /// while C3D's 64→128 layer (`c3d_128`, batch 2) stays 6-7 % faster on 4×7×7 (four
     /// processes); 140-170 picks both, and every 2-D probe layer's tile is unchanged.
+    /// Session 22 (Zen 4, AVX-512): the transform counts follow the executed order (Aᵀ's last
+    /// mode first; the phased gathers' modes before the last on m phases, plus their shifted
+    /// copies at `copy_weight` 8) and `byte_weight` 2 → 4, fitted to 41 tiles measured on seven
+    /// layers (`wino_probe blocks`, CPU ms, alternating in one process): the model had the
+    /// per-dimension tiles' asymmetry backwards (7×4 is 6-12 % faster than 4×4 on ResNet-50's
+    /// 3×3 layers, 4×7 slower). It now picks 7×4 on 128@28², 7×5 on 256@14², 7×2 on 512@7²
+    /// and 4×7×4 on C3D, keeps 6×6 on the paper's layers and 4×4 on 64@56² (7×4 measured 11 %
+    /// faster there, not found); every weight in TW 15-25, GW 100-200, BW 3-5 picks the same.
     fn default() -> Self {
         CostModel {
             transform_weight: 20.0,
-            byte_weight: 2.0,
+            byte_weight: 4.0,
             vector_width: 16,
             max_error: 3e-5,
             max_m: 8,
             gather_weight: 150.0,
+            copy_weight: 8.0,
         }
     }
 }
@@ -140,17 +155,43 @@ fn cost_of(geom: &ConvGeometry, dims: &[OneDim], model: &CostModel) -> f64 {
     let a_n: f64 = dims.iter().map(|d| d.alpha as f64).product();
     let gemm = 2.0 * a_n * c * k * ((tiles / w).ceil() * w);
     let (mut in_tr, mut out_tr, mut f_in, mut f_dy) = (0.0, 0.0, 0.0, 0.0);
+    let last = dims.len() - 1;
+    // The phased gathers (`tiled::Phased`: 2 or more dimensions and α > m along the last) run
+    // the modes before the last on the m phases of the last dimension only (its other α − m
+    // rows are shifted copies): those modes' Bᵀ see m instead of α along the last dimension.
+    let phased = last > 0 && dims[last].alpha > dims[last].m;
     for n in 0..dims.len() {
-        let others: f64 = dims
+        let mut others: f64 = dims
             .iter()
             .enumerate()
             .filter(|&(d, _)| d != n)
             .map(|(_, d)| d.alpha as f64)
             .product();
+        if phased && n < last {
+            others = others / dims[last].alpha as f64 * dims[last].m as f64;
+        }
         in_tr += dims[n].nnz_bt as f64 * others;
         f_in += dims[n].filter_bt as f64 * others;
-        let before: f64 = dims[..n].iter().map(|d| d.m as f64).product();
-        let after: f64 = dims[n + 1..].iter().map(|d| d.alpha as f64).product();
+        if phased && n == last {
+            // The phased rows w ≥ m: copies of rows w mod m shifted by w / m tiles.
+            let copies = (dims[last].alpha - dims[last].m) as f64 * others * model.copy_weight;
+            in_tr += copies;
+            f_in += copies;
+        }
+        // Aᵀ in the executed order (`transform_from_rows`): the last mode first (on α of every
+        // other mode), then modes 0, 1, … (m of the last mode and of the modes already done).
+        let (before, after): (f64, f64) = if n == last {
+            (1.0, dims[..last].iter().map(|d| d.alpha as f64).product())
+        } else {
+            (
+                dims[..n]
+                    .iter()
+                    .chain(&dims[last..])
+                    .map(|d| d.m as f64)
+                    .product(),
+                dims[n + 1..last].iter().map(|d| d.alpha as f64).product(),
+            )
+        };
         out_tr += dims[n].nnz_at as f64 * before * after;
         // G of F(r, m) on the m-sized chunks of dy, modes in order.
         let done: f64 = dims[..n].iter().map(|d| d.alpha as f64).product();
@@ -170,8 +211,7 @@ fn cost_of(geom: &ConvGeometry, dims: &[OneDim], model: &CostModel) -> f64 {
     let bytes = 3.0 * 4.0 * tiles * a_n * (3.0 * c + 2.0 * k) + acc_bytes;
     // The gathers' source reads: per tile and channel α^(N−1)·m with phases along the last
     // dimension (`tiled::Phased`: 2 or more dimensions and α > m there), else α^N.
-    let last = dims.len() - 1;
-    let per_tile = if last > 0 && dims[last].alpha > dims[last].m {
+    let per_tile = if phased {
         a_n / dims[last].alpha as f64 * dims[last].m as f64
     } else {
         a_n
