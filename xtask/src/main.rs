@@ -1,7 +1,7 @@
 //! `cargo xtask`: project automation (the alias in `.cargo/config.toml` builds this crate in
 //! `target/xtask`, so it never evicts the main build).
 //!
-//! - `cargo xtask test`: fmt, clippy, the workspace tests, the `core-blas` ISA matrix
+//! - `cargo xtask test`: fmt, clippy, the workspace tests, the ISA matrix (core-blas, conv-ops, fastconv)
 //!   (`CORE_BLAS_ISA` = each kernel family the host supports) and the multi-rank MPI tests under
 //!   `mpirun -np 1, 2, 4`, then the `train` binary under `mpirun` in every `--parallel` layout,
 //!   whose loss must equal the single-process run's.
@@ -40,8 +40,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// fmt, clippy, all tests, the core-blas ISA matrix, the multi-rank MPI tests, `train`
-    /// under mpirun.
+    /// fmt, clippy, all tests, the ISA matrix (core-blas, conv-ops, fastconv), the multi-rank
+    /// MPI tests, `train` under mpirun.
     Test,
     /// `train` under mpirun in every --parallel layout against one process (part of `test`).
     TrainCheck,
