@@ -286,15 +286,11 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
         loop {
             let kc = kc_max.min(k - pc);
             let (first, last) = (pc == 0, pc + kc >= k);
-            if fuse.is_some() {
-                // Whole groups of full panels are packed by their first tiles; pack_b does the
+            if fuse.is_some() || conv {
+                // Whole groups of full panels are packed by their first tiles (groups of one
+                // panel for an im2col-like B: `conv` implies `PACK_GROUP == 1`); pack_b does the
                 // rest (the partial last panel, full panels past the last whole group).
                 let full = nc / (nr * K::PACK_GROUP) * (nr * K::PACK_GROUP);
-                if full < nc {
-                    b.pack_b(pc, kc, jc + full, nc - full, nr, &mut bc[full * kc..]);
-                }
-            } else if conv {
-                let full = nc / nr * nr;
                 if full < nc {
                     b.pack_b(pc, kc, jc + full, nc - full, nr, &mut bc[full * kc..]);
                 }

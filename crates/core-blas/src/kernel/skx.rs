@@ -312,6 +312,23 @@ macro_rules! kloop_pf {
     };
 }
 
+/// Prefetches (`prefetcht0`) the `m × n` C tile at `c` (row stride `rs_c`) before the last
+/// rounds of a k-loop, when its rows are contiguous (`cs_c == 1`): each row's 3 cache lines (4
+/// when it straddles a 64-byte boundary). The tiles of this family and of `skx_conv` call it.
+#[inline(always)]
+pub(crate) fn prefetch_c(c: *mut f32, rs_c: usize, cs_c: usize, m: usize, n: usize) {
+    if cs_c == 1 {
+        for r in 0..m {
+            let row = c.wrapping_add(r * rs_c);
+            for j in [0, 16, 32, n.max(1) - 1] {
+                // SAFETY: prefetch has no architectural effect and never faults (any address);
+                // SSE is in the x86_64 baseline.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(j).cast()) };
+            }
+        }
+    }
+}
+
 /// The rounds of 4 steps run after the C tile is prefetched (32 steps, ~400 cycles at peak).
 const C_PREFETCH_ROUNDS: usize = 8;
 
@@ -380,15 +397,7 @@ pub(crate) unsafe fn avx512_ukr_asm(
         if head > 0 {
             kloop_variant!(v, head, ap, bp, c24);
         }
-        if cs_c == 1 {
-            for r in 0..m {
-                // The row's 3 cache lines (4 when it straddles a 64-byte boundary).
-                let row = c.wrapping_add(r * rs_c);
-                for j in [0, 16, 32, n.max(1) - 1] {
-                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(j).cast());
-                }
-            }
-        }
+        prefetch_c(c, rs_c, cs_c, m, n);
         if tail > 0 {
             kloop_variant!(v, tail, ap, bp, c24);
         }
@@ -451,14 +460,7 @@ pub(crate) unsafe fn avx512_ukr_asm_pf(
             }
             .issue();
         }
-        if cs_c == 1 {
-            for r in 0..m {
-                let row = c.wrapping_add(r * rs_c);
-                for j in [0, 16, 32, n.max(1) - 1] {
-                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(j).cast());
-                }
-            }
-        }
+        prefetch_c(c, rs_c, cs_c, m, n);
         if tail > 0 {
             kloop_variant!(0, tail, ap, bp, c24);
         }
@@ -513,14 +515,7 @@ pub(crate) unsafe fn avx512_ukr_asm_pk(
         if head > 0 {
             kloop_pk!(head, ap, bp, sp, lb, c24);
         }
-        if cs_c == 1 {
-            for r in 0..m {
-                let row = c.wrapping_add(r * rs_c);
-                for j in [0, 16, 32, n.max(1) - 1] {
-                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(j).cast());
-                }
-            }
-        }
+        prefetch_c(c, rs_c, cs_c, m, n);
         if tail > 0 {
             kloop_pk!(tail, ap, bp, sp, lb, c24);
         }

@@ -203,14 +203,7 @@ pub(crate) unsafe fn avx512_ukr_conv_asm(
         if head > 0 {
             conv_loop!(head, ap, bp, sp, tp, cnt, rows, period, step, c24);
         }
-        if cs_c == 1 {
-            for r in 0..m {
-                let row = c.wrapping_add(r * rs_c);
-                for j in [0, 16, 32, n.max(1) - 1] {
-                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(j).cast());
-                }
-            }
-        }
+        super::skx::prefetch_c(c, rs_c, cs_c, m, n);
         if tail > 0 {
             conv_loop!(tail, ap, bp, sp, tp, cnt, rows, period, step, c24);
         }
