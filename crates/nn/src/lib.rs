@@ -62,7 +62,7 @@ pub use layers::{
 pub use loss::{correct, cross_entropy};
 pub use model::{LayerProfile, MODELS, ModelOptions, Sequential, build, build_with};
 pub use optim::{LrSchedule, Sgd};
-pub use tensor::Tensor;
+pub use tensor::{Tensor, release_buffers};
 pub use train::{
     EpochReport, StepResult, TrainConfig, TrainReport, evaluate, fit, fit_with, local_step,
 };
