@@ -6,14 +6,16 @@
 //! swapped), over dy padded by `T − 1 − m_lo` before. The phases' products cover every tap
 //! exactly once (no product of padding beyond the forward's own), each writes its own dx
 //! elements (no col2im add, no zero fill of dx), and each runs as a forward convgemm (im2col of
-//! dy fused into B packing) whose C panels are copied into dx with the phase's stride.
+//! dy fused into B packing, inside the first tile of each panel where the kernel can) whose C
+//! panels are copied into dx with the phase's stride (stride 2: two phases' panel rows
+//! interleaved into one dx line by core-blas's [`ConvPack::interleave_rows`]).
 //!
 //! Taken by [`crate::BackwardDataAlgo::Deconvgemm`] on strided layers ([`applies`]): no
 //! groups, no dilation, every kernel extent at least its stride (every phase has a tap).
 //! Workspace: the phases' sub-kernels (K/G·C/G·R floats in all, per call) and one C panel per
 //! thread; nothing grows with the batch.
 
-use core_blas::{DenseStore, MatMut, MatRef, PackB};
+use core_blas::{ConvPack, DenseStore, MatMut, MatRef, PackB};
 use rayon::prelude::*;
 
 use crate::Result;
@@ -149,7 +151,7 @@ struct Dx {
 }
 
 // SAFETY: the blocks holding a `Dx` at once write the dx elements of disjoint columns (image,
-// phase position) of one phase; the `&mut dx` borrow of `backward_data` outlives them.
+// phase position) of one set of phases; the `&mut dx` borrow of `backward_data` outlives them.
 unsafe impl Sync for Dx {}
 
 /// Floats of one C panel (C/G rows × a block of columns), as the forward's C panels.
@@ -178,16 +180,32 @@ pub(crate) fn backward_data(g: &ConvGeometry, dy: &[f32], w: &[f32], dx: &mut [f
         len: dx.len(),
     };
     let sl = g.stride()[rank - 1];
-    // The phases in groups of the innermost dimension's `sl` phases (the enumeration's
-    // innermost): when they have the same positions per line, their C panels are computed side
-    // by side and written into dx interleaved, every dx line in one pass of whole cache lines
-    // (phase by phase, each pass would write every other value of the same lines).
-    for group in phases.chunks(sl) {
+    // The phases in sets whose C panels are computed side by side and written into dx
+    // together. Stride 2 along the innermost dimension with every phase of the same shape:
+    // all phases at once (2-D stride 2: the two phases of an even dx line and the two of the
+    // odd line after it fill both lines, 2·2·len values, whole cache lines written once),
+    // unless that makes the panel's column blocks narrower than 4·NR (many channels: A is
+    // packed once per block; 256@28² stride 2 ran 20.3 ms so against 19.2-19.7 in pairs).
+    // Otherwise groups of the innermost dimension's `sl` phases (the enumeration's innermost)
+    // when they have the same positions per line, so that every dx line is written in one
+    // pass (phase by phase, each pass would write every other value of the same lines).
+    let all = sl == 2
+        && PANEL_FLOATS / (c * phases.len()) >= 4 * nr
+        && phases
+            .iter()
+            .all(|ph| (0..rank).all(|d| ph[d].count > 0 && ph[d].count == phases[0][d].count));
+    let groups: Vec<&[[Dim; MAX_RANK]]> = if all {
+        vec![&phases[..]]
+    } else {
+        phases.chunks(sl).collect()
+    };
+    let cp = ConvPack::global().map_err(gemm_err)?;
+    for group in groups {
         let live: Vec<&[Dim; MAX_RANK]> = group
             .iter()
             .filter(|ph| ph[..rank].iter().all(|d| d.count > 0))
             .collect();
-        let together = live.len() == sl
+        let together = live.len() == group.len()
             && live
                 .iter()
                 .all(|ph| ph[rank - 1].count == live[0][rank - 1].count);
@@ -212,7 +230,12 @@ pub(crate) fn backward_data(g: &ConvGeometry, dy: &[f32], w: &[f32], dx: &mut [f
                 .map(|(wt, &t)| MatRef::row_major("w", wt, c, k * t, k * t))
                 .collect::<std::result::Result<_, _>>()
                 .map_err(gemm_err)?;
-            let b: Vec<Im2colB<'_>> = gps.iter().map(|gp| Im2colB::new(gp, 0, dy)).collect();
+            // Stride-1 convolutions of dy: their full panels are packed inside the GEMM's
+            // first tiles where the kernel can.
+            let b: Vec<Im2colB<'_>> = gps
+                .iter()
+                .map(|gp| Im2colB::new(gp, 0, dy).with_fused_packing())
+                .collect();
             let ph0 = set[0];
             let n = b[0].cols();
             let mplane = gps[0].output_spatial_len();
@@ -222,7 +245,28 @@ pub(crate) fn backward_data(g: &ConvGeometry, dy: &[f32], w: &[f32], dx: &mut [f
             let cols_max = n.div_ceil(blocks).div_ceil(nr) * nr;
             let blocks = n.div_ceil(cols_max);
             let last = ph0[rank - 1];
+            // Per phase of the set: its first position along the innermost dimension and the
+            // dx offset of its outer position relative to the first phase's (the set's
+            // phases share their positions: same counts).
             let firsts: Vec<usize> = set.iter().map(|ph| ph[rank - 1].first).collect();
+            let shifts: Vec<isize> = set
+                .iter()
+                .map(|ph| {
+                    (0..rank - 1)
+                        .map(|d| {
+                            (ph[d].first as isize - ph0[d].first as isize) * istride[d] as isize
+                        })
+                        .sum()
+                })
+                .collect();
+            // Stride 2 along the line: the set is pairs of phases side by side (the phases
+            // 2p and 2p + 1 fill one dx line; their first positions differ by one).
+            let pairs = sl == 2
+                && m.is_multiple_of(2)
+                && (0..m / 2).all(|p| {
+                    firsts[2 * p].abs_diff(firsts[2 * p + 1]) == 1
+                        && shifts[2 * p] == shifts[2 * p + 1]
+                });
             let run = |blk: usize| -> Result<()> {
                 // The whole `Dx` (Sync), not its pointer field alone.
                 let dxs = out;
@@ -242,8 +286,8 @@ pub(crate) fn backward_data(g: &ConvGeometry, dy: &[f32], w: &[f32], dx: &mut [f
                         let (img, pos) = (j / mplane, j % mplane);
                         let ml = pos % last.count;
                         let len = (cols - t).min(last.count - ml);
-                        // dx offset of (img, channel 0, the phases' outer position, line
-                        // position sl·ml).
+                        // dx offset of (img, channel 0, the first phase's outer position,
+                        // line position sl·ml).
                         let mut rem = pos / last.count;
                         let mut off = img * c * in_plane + sl * ml * istride[rank - 1];
                         for d in (0..rank - 1).rev() {
@@ -251,56 +295,47 @@ pub(crate) fn backward_data(g: &ConvGeometry, dy: &[f32], w: &[f32], dx: &mut [f
                             rem /= ph0[d].count;
                             off += (ph0[d].first + g.stride()[d] * q) * istride[d];
                         }
-                        for cc in 0..c {
-                            let base = off + cc * in_plane;
-                            let row = |i: usize| &panel[(i * c + cc) * cols + t..][..len];
-                            for &f in &firsts {
-                                debug_assert!(base + f + sl * (len - 1) < dxs.len);
-                            }
-                            if let [f0, f1] = firsts[..]
-                                && sl == 2
-                                && f0.abs_diff(f1) == 1
-                            {
-                                // Stride 2, the two phases side by side: the 2·len values
-                                // from the first one's position are exactly theirs, in
-                                // order; written as one slice so that the interleave is
-                                // vector shuffles and whole-vector stores.
-                                let (lo, hi) = if f0 < f1 {
-                                    (row(0), row(1))
+                        // dx offset of phase i's first value of channel 0 in this run.
+                        let at = |i: usize| off.wrapping_add_signed(shifts[i]) + firsts[i];
+                        if pairs {
+                            for p in 0..m / 2 {
+                                let (lo, hi) = if firsts[2 * p] < firsts[2 * p + 1] {
+                                    (2 * p, 2 * p + 1)
                                 } else {
-                                    (row(1), row(0))
+                                    (2 * p + 1, 2 * p)
                                 };
-                                // SAFETY: `base + min(f0, f1) + q`, q < 2·len, are the two
-                                // phases' elements of channel cc at positions pos..pos + len
-                                // (inside dx, checked above), written only by this block (see
-                                // `Dx`); nothing else reads or writes them during the loop.
-                                let d = unsafe {
-                                    std::slice::from_raw_parts_mut(
-                                        dxs.ptr.add(base + f0.min(f1)),
-                                        2 * len,
+                                let d0 = at(lo);
+                                assert!(d0 + (c - 1) * in_plane + 2 * len <= dxs.len);
+                                assert!((hi.max(lo) * c + c - 1) * cols + t + len <= panel.len());
+                                // SAFETY: row cc < c writes the 2·len dx elements of channel
+                                // cc from `d0 + cc·in_plane`: the two phases' values at this
+                                // run's positions, inside dx (checked above), written only by
+                                // this block (see `Dx`); it reads `len` values of each phase's
+                                // panel row cc from column t (inside the panel, checked
+                                // above; the panel is not dx).
+                                unsafe {
+                                    cp.interleave_rows(
+                                        dxs.ptr.add(d0),
+                                        in_plane,
+                                        panel.as_ptr().add(lo * c * cols + t),
+                                        panel.as_ptr().add(hi * c * cols + t),
+                                        cols,
+                                        c,
+                                        len,
                                     )
                                 };
-                                for ((pair, &a), &b) in d.chunks_exact_mut(2).zip(lo).zip(hi) {
-                                    pair[0] = a;
-                                    pair[1] = b;
-                                }
-                            } else if let [f0, f1] = firsts[..] {
-                                // Two phases: the line's values in order, whole cache lines.
-                                let (r0, r1) = (row(0), row(1));
-                                for q in 0..len {
-                                    // SAFETY: `base + f + sl·q` is dx's element of channel cc
-                                    // at the phase's position (img, pos + q): inside dx, and
-                                    // only this block writes its columns (see `Dx`).
-                                    unsafe {
-                                        *dxs.ptr.add(base + f0 + sl * q) = r0[q];
-                                        *dxs.ptr.add(base + f1 + sl * q) = r1[q];
-                                    }
-                                }
-                            } else {
-                                for (i, &f) in firsts.iter().enumerate() {
-                                    for (q, &v) in row(i).iter().enumerate() {
-                                        // SAFETY: as above.
-                                        unsafe { *dxs.ptr.add(base + f + sl * q) = v };
+                            }
+                        } else {
+                            for (i, phase) in panel.chunks_exact(c * cols).enumerate() {
+                                let d0 = at(i);
+                                assert!(d0 + (c - 1) * in_plane + sl * (len - 1) < dxs.len);
+                                for (cc, row) in phase.chunks_exact(cols).enumerate() {
+                                    for (q, &v) in row[t..t + len].iter().enumerate() {
+                                        // SAFETY: `d0 + cc·in_plane + sl·q` is dx's element of
+                                        // channel cc at phase i's position (img, pos + q):
+                                        // inside dx (checked above), and only this block
+                                        // writes its columns (see `Dx`).
+                                        unsafe { *dxs.ptr.add(d0 + cc * in_plane + sl * q) = v };
                                     }
                                 }
                             }

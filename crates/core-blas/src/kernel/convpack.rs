@@ -274,12 +274,16 @@ type PackTransposed = unsafe fn(
     &[[i32; CHUNK_LANES]],
 );
 
+/// The signature of [`ConvPack::interleave_rows`]'s bodies.
+type Interleave = unsafe fn(*mut f32, usize, *const f32, *const f32, usize, usize, usize);
+
 /// The masked row copies of one kernel family.
 #[derive(Clone, Copy)]
 pub struct ConvPack {
     isa: Isa,
     f: PackRows,
     t: PackTransposed,
+    i: Interleave,
 }
 
 impl std::fmt::Debug for ConvPack {
@@ -292,18 +296,21 @@ static SCALAR: ConvPack = ConvPack {
     isa: Isa::Scalar,
     f: scalar_rows,
     t: scalar_transposed,
+    i: scalar_interleave,
 };
 #[cfg(target_arch = "x86_64")]
 static AVX2: ConvPack = ConvPack {
     isa: Isa::Avx2,
     f: avx2_rows,
     t: avx2_transposed,
+    i: avx2_interleave,
 };
 #[cfg(target_arch = "x86_64")]
 static AVX512: ConvPack = ConvPack {
     isa: Isa::Avx512,
     f: avx512_rows,
     t: avx512_transposed,
+    i: avx512_interleave,
 };
 
 impl ConvPack {
@@ -386,6 +393,147 @@ impl ConvPack {
         // SAFETY: the caller's contract; the table is only handed out when the CPU has the
         // family's features.
         unsafe { (self.t)(dst, ld, rows, src, lanes, chunks, per_block, idx) }
+    }
+}
+
+impl ConvPack {
+    /// For each row `r < rows`: `dst[r·dst_step + 2q] = lo[r·src_step + q]` and `dst[r·dst_step
+    /// + 2q + 1] = hi[r·src_step + q]` for `q < len` (two lines of `len` values interleaved into
+    /// one of `2·len`: the two column phases of a stride-2 backward-data). conv-ops is built for
+    /// baseline x86-64, where this loop is 8-byte loads and 16-byte stores; here it is
+    /// `vpermt2ps` and 64-byte stores (AVX-512) or 32-byte ones (AVX2).
+    ///
+    /// # Safety
+    /// For every `r < rows`: `dst + r·dst_step` is valid for `2·len` writes, `lo + r·src_step`
+    /// and `hi + r·src_step` for `len` reads, and the writes overlap none of the reads.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn interleave_rows(
+        &self,
+        dst: *mut f32,
+        dst_step: usize,
+        lo: *const f32,
+        hi: *const f32,
+        src_step: usize,
+        rows: usize,
+        len: usize,
+    ) {
+        // SAFETY: the caller's contract; the table is only handed out when the CPU has the
+        // family's features.
+        unsafe { (self.i)(dst, dst_step, lo, hi, src_step, rows, len) }
+    }
+}
+
+/// The portable interleave.
+#[allow(clippy::too_many_arguments)]
+unsafe fn scalar_interleave(
+    dst: *mut f32,
+    dst_step: usize,
+    lo: *const f32,
+    hi: *const f32,
+    src_step: usize,
+    rows: usize,
+    len: usize,
+) {
+    for r in 0..rows {
+        for q in 0..len {
+            // SAFETY: the caller's contract (row r's `2·len` writes, `len` reads of each line).
+            unsafe {
+                *dst.add(r * dst_step + 2 * q) = *lo.add(r * src_step + q);
+                *dst.add(r * dst_step + 2 * q + 1) = *hi.add(r * src_step + q);
+            }
+        }
+    }
+}
+
+/// The AVX2 interleave: `vunpcklps` / `vunpckhps` and a lane swap, 16 values per step.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn avx2_interleave(
+    dst: *mut f32,
+    dst_step: usize,
+    lo: *const f32,
+    hi: *const f32,
+    src_step: usize,
+    rows: usize,
+    len: usize,
+) {
+    for r in 0..rows {
+        // SAFETY: the caller's contract: row r's `2·len` writes and `len` reads of each line;
+        // the vector steps stay below `len` (the rest is copied value by value).
+        unsafe {
+            let (d, a, b) = (
+                dst.add(r * dst_step),
+                lo.add(r * src_step),
+                hi.add(r * src_step),
+            );
+            let mut q = 0;
+            while q + 8 <= len {
+                let (x, y) = (_mm256_loadu_ps(a.add(q)), _mm256_loadu_ps(b.add(q)));
+                let (l, h) = (_mm256_unpacklo_ps(x, y), _mm256_unpackhi_ps(x, y));
+                _mm256_storeu_ps(d.add(2 * q), _mm256_permute2f128_ps(l, h, 0x20));
+                _mm256_storeu_ps(d.add(2 * q + 8), _mm256_permute2f128_ps(l, h, 0x31));
+                q += 8;
+            }
+            while q < len {
+                *d.add(2 * q) = *a.add(q);
+                *d.add(2 * q + 1) = *b.add(q);
+                q += 1;
+            }
+        }
+    }
+}
+
+/// The AVX-512 interleave: two `vpermt2ps` per 16 values, the tail masked.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn avx512_interleave(
+    dst: *mut f32,
+    dst_step: usize,
+    lo: *const f32,
+    hi: *const f32,
+    src_step: usize,
+    rows: usize,
+    len: usize,
+) {
+    let first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    let second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    let tail = len % CHUNK_LANES;
+    let (m_in, m_lo, m_hi) = (
+        ((1u32 << tail) - 1) as u16,
+        ((1u32 << (2 * tail).min(16)) - 1) as u16,
+        ((1u32 << (2 * tail).saturating_sub(16)) - 1) as u16,
+    );
+    for r in 0..rows {
+        // SAFETY: the caller's contract: row r's `2·len` writes and `len` reads of each line;
+        // whole steps stay below `len`, the tail's masked loads and stores touch only lanes
+        // below it.
+        unsafe {
+            let (d, a, b) = (
+                dst.add(r * dst_step),
+                lo.add(r * src_step),
+                hi.add(r * src_step),
+            );
+            let mut q = 0;
+            while q + CHUNK_LANES <= len {
+                let (x, y) = (_mm512_loadu_ps(a.add(q)), _mm512_loadu_ps(b.add(q)));
+                _mm512_storeu_ps(d.add(2 * q), _mm512_permutex2var_ps(x, first, y));
+                _mm512_storeu_ps(d.add(2 * q + 16), _mm512_permutex2var_ps(x, second, y));
+                q += CHUNK_LANES;
+            }
+            if tail > 0 {
+                let x = _mm512_maskz_loadu_ps(m_in, a.add(q));
+                let y = _mm512_maskz_loadu_ps(m_in, b.add(q));
+                _mm512_mask_storeu_ps(d.add(2 * q), m_lo, _mm512_permutex2var_ps(x, first, y));
+                _mm512_mask_storeu_ps(
+                    d.add(2 * q + 16),
+                    m_hi,
+                    _mm512_permutex2var_ps(x, second, y),
+                );
+            }
+        }
     }
 }
 
@@ -1133,6 +1281,54 @@ mod tests {
                     )
                 };
                 assert_eq!(dst, want, "case {case}, {:?}", f.isa());
+            }
+        }
+    }
+
+    #[test]
+    fn interleave_rows_matches_the_naive_copy() {
+        let families: Vec<_> = Isa::available()
+            .into_iter()
+            .filter_map(|i| ConvPack::new(i).ok())
+            .collect();
+        let mut rng = Rng(7);
+        for f in &families {
+            for len in [0, 1, 5, 8, 15, 16, 17, 28, 31, 32, 33, 56] {
+                {
+                    let (rows, src_step, dst_step) = (5, len + 3, 2 * len + 7);
+                    let lo: Vec<f32> = (0..rows * src_step)
+                        .map(|_| rng.below(1000) as f32)
+                        .collect();
+                    let hi: Vec<f32> = (0..rows * src_step)
+                        .map(|_| -(rng.below(1000) as f32))
+                        .collect();
+                    let mut dst = vec![f32::NAN; rows * dst_step];
+                    let mut want = dst.clone();
+                    for r in 0..rows {
+                        for q in 0..len {
+                            want[r * dst_step + 2 * q] = lo[r * src_step + q];
+                            want[r * dst_step + 2 * q + 1] = hi[r * src_step + q];
+                        }
+                    }
+                    // SAFETY: every row's writes (2·len ≤ dst_step) and reads (len ≤ src_step)
+                    // lie inside the vectors; dst overlaps neither source.
+                    unsafe {
+                        f.interleave_rows(
+                            dst.as_mut_ptr(),
+                            dst_step,
+                            lo.as_ptr(),
+                            hi.as_ptr(),
+                            src_step,
+                            rows,
+                            len,
+                        )
+                    };
+                    let same = dst
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "len {len}, {:?}", f.isa());
+                }
             }
         }
     }
