@@ -867,23 +867,118 @@ pub(crate) fn multi_mode_product_unchecked<T: Real, B: Buffer<T>>(
     len
 }
 
-/// Buffers of the kernel transform, kept by a plan across weight updates (fresh buffers of this
-/// size page-fault on every call: measured 4-7 % of a paper-layer forward whose weights change).
+/// Buffers of the batched kernel transform ([`TileTransforms::kernel_transform`]).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct KernelWork {
-    /// The kernels in the transform's layout (filled by the caller).
-    pub g: Vec<f32>,
     g64: Vec<f64>,
     scratch: Vec<f64>,
     /// The transformed kernels, (α_1, …, α_N, batch).
     pub out: Vec<f64>,
 }
 
-impl KernelWork {
-    /// Bytes of storage held (capacities).
-    pub(crate) fn bytes(&self) -> usize {
-        4 * self.g.capacity()
-            + 8 * (self.g64.capacity() + self.scratch.capacity() + self.out.capacity())
+/// The kernel transform of `L` kernels at once, one kernel per lane (the `L` rows of a
+/// micro-panel of the packed transformed kernels): the mode products of
+/// [`TileTransforms::kernel_transform`] in f64 with the kernels as the trailing mode, by the same
+/// operations in the same order per element, so every lane gets the same bits as the batched
+/// transform ([`multi_mode_product`] on f64 has no vectorised kernel: its loops over the
+/// groups of rows are these loops).
+#[derive(Debug, Clone)]
+pub(crate) struct LaneTransform<'a> {
+    /// Per mode: G of the dimension, and the tensor's (outer, n_in, inner) sizes around it.
+    stages: Vec<(&'a SparseTransform<f64>, usize, usize, usize)>,
+    taps: usize,
+    points: usize,
+    /// Largest intermediate tensor, in lanes.
+    max_len: usize,
+}
+
+impl LaneTransform<'_> {
+    /// Kernel taps r_1 ⋯ r_N (the input's length in lanes).
+    pub(crate) fn taps(&self) -> usize {
+        self.taps
+    }
+
+    /// Points α_1 ⋯ α_N (the output's length in lanes).
+    pub(crate) fn points(&self) -> usize {
+        self.points
+    }
+
+    /// Buffers for [`LaneTransform::apply`]: two of the largest intermediate tensor.
+    pub(crate) fn buffers<const L: usize>(&self) -> (Vec<[f64; L]>, Vec<[f64; L]>) {
+        (vec![[0.0; L]; self.max_len], vec![[0.0; L]; self.max_len])
+    }
+
+    /// Transforms the `L` kernels `g` (taps in row-major order, one kernel per lane) into the
+    /// first [`LaneTransform::points`] entries of one of `a`, `b` (returned), which must hold
+    /// [`LaneTransform::buffers`]' lengths.
+    #[inline]
+    pub(crate) fn apply<'b, const L: usize>(
+        &self,
+        g: &[[f64; L]],
+        a: &'b mut [[f64; L]],
+        b: &'b mut [[f64; L]],
+    ) -> &'b [[f64; L]] {
+        debug_assert_eq!(g.len(), self.taps);
+        let (mut x, mut y) = (a, b);
+        let mut first = true;
+        let mut len = self.taps;
+        for &(u, outer, n_in, inner) in &self.stages {
+            let n = outer * u.rows() * inner;
+            if first {
+                lanes_mode_product(u, outer, n_in, inner, g, &mut x[..n]);
+                first = false;
+            } else {
+                lanes_mode_product(u, outer, n_in, inner, &x[..len], &mut y[..n]);
+                std::mem::swap(&mut x, &mut y);
+            }
+            len = n;
+        }
+        &x[..len]
+    }
+}
+
+/// [`mode_n_product_unchecked`] on f64 with an `L`-lane trailing mode: `y` (outer, rows, inner)
+/// from `x` (outer, n_in, inner), every lane by the same operations as the generic loops.
+#[inline]
+fn lanes_mode_product<const L: usize>(
+    u: &SparseTransform<f64>,
+    outer: usize,
+    n_in: usize,
+    inner: usize,
+    x: &[[f64; L]],
+    y: &mut [[f64; L]],
+) {
+    let n_out = u.rows();
+    for o in 0..outer {
+        let xs = &x[o * n_in * inner..][..n_in * inner];
+        let ys = &mut y[o * n_out * inner..][..n_out * inner];
+        for i in 0..inner {
+            let sum = |entries: &[(usize, f64)]| {
+                let mut acc = [0.0f64; L];
+                for &(c, uc) in entries {
+                    let xv = &xs[c * inner + i];
+                    for l in 0..L {
+                        acc[l] += uc * xv[l];
+                    }
+                }
+                acc
+            };
+            for g in &u.groups {
+                match g.b {
+                    None => ys[g.a * inner + i] = sum(&g.same),
+                    Some(b) => {
+                        let (s, d) = (sum(&g.same), sum(&g.flip));
+                        let (ya, yb) = (&mut [0.0; L], &mut [0.0; L]);
+                        for l in 0..L {
+                            ya[l] = s[l] + d[l];
+                            yb[l] = s[l] - d[l];
+                        }
+                        ys[g.a * inner + i] = *ya;
+                        ys[b * inner + i] = *yb;
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -1055,6 +1150,26 @@ impl TileTransforms {
         multi_mode_product(&ws.g64, &dims, &mats, &mut ws.scratch, &mut ws.out)
             .map_err(|e| rename(e, "g"))?;
         Ok(())
+    }
+
+    /// The kernel transform as per-lane mode products ([`LaneTransform`]).
+    pub(crate) fn lane_transform(&self) -> LaneTransform<'_> {
+        let mut shape = self.r.clone();
+        let mut stages = Vec::with_capacity(shape.len());
+        let mut max_len = shape.iter().product::<usize>();
+        for (mode, d) in self.dims.iter().enumerate() {
+            let outer: usize = shape[..mode].iter().product();
+            let inner: usize = shape[mode + 1..].iter().product();
+            stages.push((&d.g, outer, shape[mode], inner));
+            shape[mode] = d.g.rows();
+            max_len = max_len.max(shape.iter().product());
+        }
+        LaneTransform {
+            stages,
+            taps: self.r.iter().product(),
+            points: shape.iter().product(),
+            max_len,
+        }
     }
 
     /// The sparse f32 G of every dimension (used where the "kernel" changes every call: the

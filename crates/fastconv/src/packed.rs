@@ -7,28 +7,30 @@
 //! driver is then, per panel, the contiguous run `[p = pc .. pc + kc)` of that panel.
 
 use core_blas::{AlignedVec, PackA};
+
+use crate::ntransform::LaneTransform;
 use rayon::prelude::*;
 
 /// A value [`PackedKernels::repack`] rounds to f32.
+#[cfg(test)]
 pub(crate) trait ToF32 {
     /// The value rounded to the nearest f32.
     fn to_f32(self) -> f32;
 }
 
+#[cfg(test)]
 impl ToF32 for f32 {
     fn to_f32(self) -> f32 {
         self
     }
 }
 
+#[cfg(test)]
 impl ToF32 for f64 {
     fn to_f32(self) -> f32 {
         self as f32
     }
 }
-
-/// Panels per block of [`PackedKernels::repack_cols`]'s fixed-height copies.
-const PANEL_BLOCK: usize = 8;
 
 /// `U_ξᵀ` for all ξ, packed into `mr`-tall micro-panels over the whole inner dimension.
 #[derive(Debug, Clone)]
@@ -101,70 +103,73 @@ impl PackedKernels {
     }
 
     /// Sizes the panels for `count` matrices `rows × cols` (see [`PackedKernels::new`]) without
-    /// filling them; [`PackedKernels::repack_cols`] then fills every column. Reuses the storage.
-    pub(crate) fn reset(&mut self, count: usize, rows: usize, cols: usize, mr: usize) {
+    /// filling them. Reuses the storage.
+    fn reset(&mut self, count: usize, rows: usize, cols: usize, mr: usize) {
         let mr = mr.max(1);
         let per = rows.div_ceil(mr) * mr * cols;
         self.data.resize(count * per, 0.0);
         (self.mr, self.rows, self.cols, self.count) = (mr, rows, cols, count);
     }
 
-    /// Columns `p0 .. p0 + n` of every matrix from `u` of layout (`count`, `n`, `rows`) — the
-    /// columns' slice of [`PackedKernels::repack`]'s source — rounded to f32; rows past the last
-    /// matrix row are zeroed. After [`PackedKernels::reset`], repacking every column once gives
-    /// exactly what [`PackedKernels::repack`] gives.
-    pub(crate) fn repack_cols<T: Copy + ToF32>(&mut self, u: &[T], p0: usize, n: usize) {
-        let (rows, count) = (self.rows, self.count);
-        debug_assert!(p0 + n <= self.cols);
-        debug_assert_eq!(u.len(), count * n * rows);
-        let per = self.per_matrix();
-        if per == 0 {
-            return;
-        }
-        let shape = self.shape();
-        for (xi, dst) in self.data[..count * per].chunks_exact_mut(per).enumerate() {
-            shape.repack_matrix(dst, &u[xi * n * rows..][..n * rows], p0, n);
-        }
-    }
-
-    /// [`PackedKernels::repack_cols`] of several pieces `(u, p0, n)` at once, the `count`
-    /// matrices split among the threads of rayon's pool (each matrix written by one thread).
-    pub(crate) fn repack_pieces<T: Copy + ToF32 + Sync>(
+    /// The kernel transform of the `rows × cols` kernels of `src` into `mr`-tall panels, one
+    /// matrix `U_ξᵀ` per point ξ of `lt`: per panel, `L` kernels at a time (lanes: `L`
+    /// consecutive values of the panel, whole columns of it or parts) are read from the weights, transformed in f64 ([`LaneTransform::apply`]) and
+    /// stored rounded to f32 straight into their place in every matrix, in one pass; rows past
+    /// the last are zero. The panels are split among the threads of rayon's pool; every kernel
+    /// is transformed by the same operations whatever the split, so the result does not depend
+    /// on the threads, and it is the batched transform's ([`TileTransforms::kernel_transform`])
+    /// packed, to the bit.
+    ///
+    /// Three passes before (the weights' layout into the transform's order, the batched f64
+    /// transform, the repacking of its f64 output) were ~57 % of ResNet-50's 512@7² forward when
+    /// the kernels changed every call (perf, lead, 09:40 UTC session 23).
+    ///
+    /// [`TileTransforms::kernel_transform`]: crate::ntransform::TileTransforms::kernel_transform
+    pub(crate) fn transform_from(
         &mut self,
-        pieces: &[(&[T], usize, usize)],
+        lt: &LaneTransform<'_>,
+        src: KernelSource<'_>,
+        (rows, cols): (usize, usize),
+        mr: usize,
     ) {
-        let (rows, count) = (self.rows, self.count);
-        for &(u, p0, n) in pieces {
-            debug_assert!(p0 + n <= self.cols);
-            debug_assert_eq!(u.len(), count * n * rows);
-        }
+        let count = lt.points();
+        self.reset(count, rows, cols, mr);
         let per = self.per_matrix();
         if per == 0 {
             return;
         }
-        let shape = self.shape();
-        self.data[..count * per]
-            .par_chunks_exact_mut(per)
-            .enumerate()
-            .for_each(|(xi, dst)| {
-                for &(u, p0, n) in pieces {
-                    shape.repack_matrix(dst, &u[xi * n * rows..][..n * rows], p0, n);
-                }
-            });
+        let mr = self.mr;
+        debug_assert!(src.w.len() >= rows * cols * lt.taps());
+        // Every panel's slice of every matrix: [panel][ξ].
+        let panels = rows.div_ceil(mr);
+        let mut parts: Vec<Vec<&mut [f32]>> =
+            (0..panels).map(|_| Vec::with_capacity(count)).collect();
+        for m in self.data[..count * per].chunks_exact_mut(per) {
+            for (q, panel) in m.chunks_exact_mut(mr * cols).enumerate() {
+                parts[q].push(panel);
+            }
+        }
+        // Lanes: whole columns of the panel (16 values) when the height divides 16, 12 when it
+        // divides 12, else one value at a time.
+        let job = |(q, outs): (usize, &mut Vec<&mut [f32]>)| {
+            if 16 % mr == 0 {
+                fill_panel::<16>(lt, src, (rows, cols), mr, q, outs);
+            } else if 12 % mr == 0 {
+                fill_panel::<12>(lt, src, (rows, cols), mr, q, outs);
+            } else {
+                fill_panel::<1>(lt, src, (rows, cols), mr, q, outs);
+            }
+        };
+        if rayon::current_num_threads() > 1 && panels > 1 {
+            parts.par_iter_mut().enumerate().for_each(job);
+        } else {
+            parts.iter_mut().enumerate().for_each(job);
+        }
     }
 
     /// Values per packed matrix: `ceil(rows / MR)` panels of `cols · MR`.
     fn per_matrix(&self) -> usize {
         self.rows.div_ceil(self.mr) * self.mr * self.cols
-    }
-
-    /// The matrices' shape, for the per-matrix copies.
-    fn shape(&self) -> Shape {
-        Shape {
-            mr: self.mr,
-            rows: self.rows,
-            cols: self.cols,
-        }
     }
 
     /// Panel height.
@@ -194,6 +199,104 @@ impl PackedKernels {
     }
 }
 
+/// Where the kernels of [`PackedKernels::transform_from`] are: kernel (row, col) of the
+/// `rows × cols` matrices is `w[row · row_stride + col · col_stride ..][..taps]`, its taps in
+/// row-major order, or reversed with `flip` (every spatial index mirrored).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KernelSource<'a> {
+    /// The weights.
+    pub(crate) w: &'a [f32],
+    /// Distance between the kernels of consecutive rows.
+    pub(crate) row_stride: usize,
+    /// Distance between the kernels of consecutive columns.
+    pub(crate) col_stride: usize,
+    /// Taps reversed.
+    pub(crate) flip: bool,
+}
+
+/// Panel values per matrix staged by [`fill_panel`] before they are copied out.
+const STAGE: usize = 512;
+
+/// Panel `q` of every matrix (`outs[ξ]`, `mr · cols` values each) of
+/// [`PackedKernels::transform_from`], `L` consecutive values of the panel at a time (`L` a
+/// multiple or a divisor of `mr`: whole columns, or whole parts of one).
+fn fill_panel<const L: usize>(
+    lt: &LaneTransform<'_>,
+    src: KernelSource<'_>,
+    (rows, cols): (usize, usize),
+    mr: usize,
+    q: usize,
+    outs: &mut [&mut [f32]],
+) {
+    let taps = lt.taps();
+    let len = mr * cols;
+    let mut g = vec![[0.0f64; L]; taps];
+    let mut kern32 = vec![[0.0f32; L]; taps];
+    let (mut a, mut b) = lt.buffers::<L>();
+    // The values of `STAGE` panel values of every matrix are staged here, then copied out
+    // matrix by matrix: stored straight into the matrices, the transform wrote α^N streams at
+    // once (63 for F(7,3) × F(5,3)) and half its time went into those stores.
+    let span = STAGE.next_multiple_of(L);
+    let mut stage = vec![0.0f32; outs.len() * span];
+    for s0 in (0..len).step_by(span) {
+        let s1 = (s0 + span).min(len);
+        for at in (s0..s1).step_by(L) {
+            // Panel value at + l is column (at + l) / mr, row q · mr + (at + l) % mr; lanes past
+            // the last row are zero, past the panel's end (the last columns of L > mr) not stored.
+            let valid = L.min(len - at);
+            let mut any = false;
+            for l in 0..L {
+                let (col, i) = ((at + l) / mr, (at + l) % mr);
+                let row = q * mr + i;
+                if l >= valid || row >= rows {
+                    for kt in kern32.iter_mut() {
+                        kt[l] = 0.0;
+                    }
+                    continue;
+                }
+                any = true;
+                let kern = &src.w[row * src.row_stride + col * src.col_stride..][..taps];
+                if src.flip {
+                    for (kt, &v) in kern32.iter_mut().zip(kern.iter().rev()) {
+                        kt[l] = v;
+                    }
+                } else {
+                    for (kt, &v) in kern32.iter_mut().zip(kern) {
+                        kt[l] = v;
+                    }
+                }
+            }
+            if !any {
+                for out in stage.chunks_exact_mut(span) {
+                    out[at - s0..at - s0 + valid].fill(0.0);
+                }
+                continue;
+            }
+            for (gt, kt) in g.iter_mut().zip(&kern32) {
+                *gt = std::array::from_fn(|l| f64::from(kt[l]));
+            }
+            let u = lt.apply(&g, &mut a, &mut b);
+            let zero_from = (rows - q * mr).min(mr);
+            for (out, ux) in stage.chunks_exact_mut(span).zip(u) {
+                let v: [f32; L] = std::array::from_fn(|l| ux[l] as f32);
+                if valid == L && zero_from == mr {
+                    let o: &mut [f32; L] = (&mut out[at - s0..at - s0 + L])
+                        .try_into()
+                        .expect("L values");
+                    *o = v;
+                } else {
+                    for (l, o) in out[at - s0..at - s0 + valid].iter_mut().enumerate() {
+                        *o = if (at + l) % mr < zero_from { v[l] } else { 0.0 };
+                    }
+                }
+            }
+        }
+        for (out, st) in outs.iter_mut().zip(stage.chunks_exact(span)) {
+            out[s0..s1].copy_from_slice(&st[..s1 - s0]);
+        }
+    }
+}
+
 /// One packed `rows × cols` matrix (see [`PackedKernels`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PackedMatrix<'a> {
@@ -208,88 +311,6 @@ impl PackedMatrix<'_> {
     #[inline]
     fn at(&self, i: usize, p: usize) -> f32 {
         self.data[((i / self.mr) * self.cols + p) * self.mr + i % self.mr]
-    }
-}
-
-/// The shape of one packed matrix: panel height, rows, columns.
-#[derive(Debug, Clone, Copy)]
-struct Shape {
-    mr: usize,
-    rows: usize,
-    cols: usize,
-}
-
-impl Shape {
-    /// Columns `p0 .. p0 + n` of one packed matrix `dst` from `src` (the columns one after the
-    /// other, `rows` values each), rounded to f32, zero past the last row.
-    fn repack_matrix<T: Copy + ToF32>(self, dst: &mut [f32], src: &[T], p0: usize, n: usize) {
-        let (mr, rows, cols) = (self.mr, self.rows, self.cols);
-        // The panels' rows as fixed-size copies for the usual heights: the run-time-length
-        // copy of 6 values per (panel, column) was a third of a weight update's time on
-        // ResNet-50's 512 × 512 3×3 layer (perf, 12:50 UTC session 10).
-        match mr {
-            4 => self.repack_matrix_fixed::<T, 4>(dst, src, p0, n),
-            6 => self.repack_matrix_fixed::<T, 6>(dst, src, p0, n),
-            8 => self.repack_matrix_fixed::<T, 8>(dst, src, p0, n),
-            // 12: the 12 × 32 AVX-512 tile core-blas is building (session 11).
-            12 => self.repack_matrix_fixed::<T, 12>(dst, src, p0, n),
-            16 => self.repack_matrix_fixed::<T, 16>(dst, src, p0, n),
-            _ => {
-                for (q, panel) in dst.chunks_exact_mut(mr * cols).enumerate() {
-                    let r0 = q * mr;
-                    let w = mr.min(rows - r0);
-                    for (p, out) in panel[p0 * mr..][..n * mr].chunks_exact_mut(mr).enumerate() {
-                        for (o, v) in out[..w].iter_mut().zip(&src[p * rows + r0..][..w]) {
-                            *o = v.to_f32();
-                        }
-                        out[w..].fill(0.0);
-                    }
-                }
-            }
-        }
-    }
-
-    /// [`Shape::repack_matrix`] with the panel height `MR` known at compile time: whole panels
-    /// by fixed-size copies, the last, partial one (rows not a multiple of `MR`) value by value
-    /// with its zero padding.
-    fn repack_matrix_fixed<T: Copy + ToF32, const MR: usize>(
-        self,
-        dst: &mut [f32],
-        src: &[T],
-        p0: usize,
-        n: usize,
-    ) {
-        let (rows, cols) = (self.rows, self.cols);
-        let full = rows / MR;
-        // Whole panels, `PANEL_BLOCK` at a time, column by column: each column's source rows
-        // are read as one short run and the block's panels written side by side (panel by
-        // panel, the source columns lie `rows` values apart, in one L1 set for 512 rows).
-        for qb in (0..full).step_by(PANEL_BLOCK) {
-            let qe = (qb + PANEL_BLOCK).min(full);
-            for (p, col) in src.chunks_exact(rows).enumerate() {
-                for q in qb..qe {
-                    let at = q * MR * cols + (p0 + p) * MR;
-                    let out: &mut [f32; MR] =
-                        (&mut dst[at..at + MR]).try_into().expect("MR values");
-                    let v: &[T; MR] = col[q * MR..q * MR + MR].try_into().expect("MR values");
-                    for i in 0..MR {
-                        out[i] = v[i].to_f32();
-                    }
-                }
-            }
-        }
-        // The last, partial panel: value by value, zero past the last row.
-        if full * MR < rows {
-            let (r0, w) = (full * MR, rows - full * MR);
-            let panel = &mut dst[full * MR * cols..][..MR * cols];
-            let outs = panel[p0 * MR..][..n * MR].chunks_exact_mut(MR);
-            for (out, col) in outs.zip(src.chunks_exact(rows)) {
-                for (o, v) in out[..w].iter_mut().zip(&col[r0..]) {
-                    *o = v.to_f32();
-                }
-                out[w..].fill(0.0);
-            }
-        }
     }
 }
 
@@ -351,82 +372,75 @@ impl PackA for PackedMatrix<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ntransform::TileTransforms;
+    use crate::points::forms_for;
     use core_blas::{DenseStore, MatMut, MatRef};
 
-    /// Repacking column ranges of any sizes after `reset`, one by one or several at once on a
-    /// pool, gives exactly `repack`'s panels, also over storage that held other (larger, NaN)
-    /// matrices before.
+    /// The fused transform gives the batched transform's values packed, to the bit: for 1-D,
+    /// 2-D and 3-D tiles, kernels read in order (the forward's weights) and flipped from the
+    /// transposed matrices (backward-data's), panel heights with lanes of 16, 12 and 1,
+    /// rows that end inside a panel, on 1 and 3 threads, over storage that held other (larger,
+    /// NaN) matrices before.
     #[test]
-    fn repack_cols_matches_repack() {
-        // 11 rows: partial panels only for MR 12 and 16; 37: whole panels of every height.
-        for (mr, rows) in [1, 3, 4, 6, 8, 12, 16]
-            .into_iter()
-            .flat_map(|mr| [(mr, 11), (mr, 37)])
-        {
-            repack_cols_case(mr, rows);
-        }
-    }
-
-    /// Matrices with no rows or no columns: nothing to write, no panic (one piece or several).
-    #[test]
-    fn repack_of_empty_matrices() {
-        for (rows, cols) in [(0, 5), (4, 0)] {
-            let mut pk = PackedKernels::empty();
-            pk.reset(3, rows, cols, 8);
-            let empty: [f64; 0] = [];
-            pk.repack_cols(&empty, 0, 0);
-            pk.repack_pieces(&[(&empty[..], 0, 0), (&empty[..], 0, 0)]);
-            assert!(pk.data.is_empty());
-        }
-    }
-
-    fn repack_cols_case(mr: usize, rows: usize) {
-        let (count, cols) = (3, 9);
-        let u: Vec<f64> = (0..count * rows * cols)
-            .map(|i| ((i * 53 % 29) as f64 - 14.0) / 3.0)
-            .collect();
-        {
-            let mut want = PackedKernels::empty();
-            want.repack(&u, count, rows, cols, mr);
-            let bits = |k: &PackedKernels| k.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            // On 3 threads: `repack_pieces` splits the matrices among them.
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(3)
-                .build()
-                .expect("pool");
-            for widths in [vec![9], vec![1; 9], vec![2, 3, 4], vec![4, 5]] {
-                // The columns' slices of u: (count, n, rows) each.
-                let mut p0 = 0;
-                let mut chunks = Vec::new();
-                for n in widths {
-                    let chunk: Vec<f64> = (0..count)
-                        .flat_map(|xi| u[(xi * cols + p0) * rows..][..n * rows].to_vec())
-                        .collect();
-                    chunks.push((chunk, p0, n));
-                    p0 += n;
-                }
-                assert_eq!(p0, cols);
-                let stale = || PackedKernels::new(&vec![f32::NAN; 4 * 20 * 12], 4, 20, 12, 3);
-                let mut got = stale();
-                got.reset(count, rows, cols, mr);
-                for (chunk, p0, n) in &chunks {
-                    got.repack_cols(chunk, *p0, *n);
-                }
-                assert_eq!(bits(&got), bits(&want), "mr {mr} rows {rows}");
-                // All pieces at once, and in two rounds.
-                let pieces: Vec<(&[f64], usize, usize)> = chunks
-                    .iter()
-                    .map(|(c, p0, n)| (c.as_slice(), *p0, *n))
+    fn transform_from_matches_batched_transform() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .expect("pool");
+        let bits = |k: &PackedKernels| k.data.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for (m, r) in [
+            (vec![4], vec![3]),
+            (vec![4, 2], vec![3, 3]),
+            (vec![2, 3, 2], vec![2, 3, 2]),
+        ] {
+            let forms = m.iter().zip(&r).map(|(&m, &r)| forms_for(m, r));
+            let tt =
+                TileTransforms::from_forms(forms.collect::<crate::Result<_>>().expect("forms"));
+            let lt = tt.lane_transform();
+            let (taps, points) = (lt.taps(), lt.points());
+            for (rows, cols) in [(11, 5), (37, 3), (1, 1)] {
+                let n = rows * cols;
+                let w: Vec<f32> = (0..n * taps)
+                    .map(|i| ((i * 53 % 29) as f32 - 14.0) / 3.0)
                     .collect();
-                for round in [pieces.len(), pieces.len().div_ceil(2)] {
-                    let mut got = stale();
-                    got.reset(count, rows, cols, mr);
-                    pool.install(|| {
-                        for part in pieces.chunks(round) {
-                            got.repack_pieces(part);
+                for flip in [false, true] {
+                    let src = if flip {
+                        KernelSource {
+                            w: &w,
+                            row_stride: taps,
+                            col_stride: rows * taps,
+                            flip,
                         }
-                    });
-                    assert_eq!(bits(&got), bits(&want), "mr {mr} rows {rows} pieces");
+                    } else {
+                        KernelSource {
+                            w: &w,
+                            row_stride: cols * taps,
+                            col_stride: taps,
+                            flip,
+                        }
+                    };
+                    // The batched transform's input: (taps, cols, rows), kernel col · rows + row.
+                    let mut g = vec![0.0f32; taps * n];
+                    for (col, row, t) in (0..cols).flat_map(|c| {
+                        (0..rows).flat_map(move |r| (0..taps).map(move |t| (c, r, t)))
+                    }) {
+                        let tap = if flip { taps - 1 - t } else { t };
+                        g[t * n + col * rows + row] =
+                            w[row * src.row_stride + col * src.col_stride + tap];
+                    }
+                    let u = tt.kernel_transform(&g, n).expect("transform");
+                    for mr in [1, 3, 4, 5, 6, 8, 12, 16] {
+                        let want = PackedKernels::new(&u, points, rows, cols, mr);
+                        let stale =
+                            || PackedKernels::new(&vec![f32::NAN; 4 * 40 * 12], 4, 40, 12, 3);
+                        let ctx = format!("{r:?} {rows}x{cols} flip {flip} mr {mr}");
+                        let mut got = stale();
+                        got.transform_from(&lt, src, (rows, cols), mr);
+                        assert_eq!(bits(&got), bits(&want), "{ctx}");
+                        let mut got = stale();
+                        pool.install(|| got.transform_from(&lt, src, (rows, cols), mr));
+                        assert_eq!(bits(&got), bits(&want), "{ctx} 3 threads");
+                    }
                 }
             }
         }

@@ -19,14 +19,12 @@
 
 use std::cell::RefCell;
 
-use rayon::prelude::*;
-
 use conv_ops::ConvGeometry;
 
 use crate::error::{FastconvError, Result};
 use crate::filter_grad::FilterWorkspace;
-use crate::ntransform::{KernelWork, TileTransforms};
-use crate::packed::PackedKernels;
+use crate::ntransform::TileTransforms;
+use crate::packed::{KernelSource, PackedKernels};
 use crate::points::forms_for;
 use crate::tiled::{Correlation, GemmPath, correlate};
 
@@ -96,44 +94,7 @@ fn block_tiles_within(
     (budget / per_tile_bytes.max(1) / 16 * 16).clamp(48, 1024)
 }
 
-/// Kernels per piece of the kernel transform ([`WinogradPlan::transform_kernels`]): its f64
-/// buffers hold α^N + α·r + r² values per kernel in 2-D (about 1.1 MB for 1024 kernels of
-/// F(6, 4)), instead of the whole largest layer (ResNet-34's 512 × 512 3×3 kernels: ~140 MB).
-const KERNEL_CHUNK: usize = 1024;
-
-/// Fewest columns (kernels of one input channel, for the forward) per piece of the kernel
-/// transform: pieces of 2 columns (512 × 512 kernels) wrote each panel in 48-byte runs
-/// and made the transform of 512@7² 7-8 % of a call slower (09:49 UTC, session 9); with 32
-/// columns a piece of that layer held ~7 MB of f64 values, with 16 half that. Session 19 (Zen 4,
-/// `lead_t2` probe, 1 thread, quiet 22:31 UTC, two rounds): 512@7² batch 8 forward 23.3-23.5 ms
-/// with 32 columns, 21.5-21.6 with 16, 21.8-22.3 with 8; 512@4² batch 64 34.6-35.0 / 33.4-34.0
-/// / 33.2-34.1.
-const KERNEL_CHUNK_COLS: usize = 16;
-
-/// Kernels per block of the forward's weight layout (its blocked transpose, see
-/// [`WinogradPlan::forward`]): runs of 128 bytes per (tap, channel).
-const LAYOUT_KERNELS: usize = 32;
-
-/// Columns (`inner` values) per piece of the kernel transform of `(inner, outer)` kernels: the
-/// f64 buffers stay about [`KERNEL_CHUNK`] kernels instead of growing to the largest layer; at
-/// least [`KERNEL_CHUNK_COLS`] columns, so the panels are written in runs of whole cache lines.
-fn piece_cols((inner, outer): (usize, usize)) -> usize {
-    (KERNEL_CHUNK / outer.max(1))
-        .max(KERNEL_CHUNK_COLS)
-        .clamp(1, inner.max(1))
-}
-
 thread_local! {
-    /// The kernel transform's f64 buffers, shared by every plan that runs on this thread: they
-    /// grow to the largest layer's size once and are reused by every weight update, instead of
-    /// one set per plan (per-plan sets held 1.8 GB more for ResNet-34's 36 layers at 224²).
-    static KERNEL_WORK: RefCell<KernelWork> = RefCell::new(KernelWork::default());
-
-    /// The parallel kernel transform's round of transformed pieces
-    /// ([`WinogradPlan::transform_into_par`]), kept on the calling thread between calls: freed
-    /// at the end of every call, they were page-faulted in again by the next.
-    static KERNEL_OUTS: RefCell<Vec<Vec<f64>>> = const { RefCell::new(Vec::new()) };
-
     /// The packed transformed kernels of the plans that do not keep theirs
     /// ([`WinogradPlan::set_keep_kernels`]`(false)`): one buffer per thread, shared by every such
     /// plan, grown to the largest layer once.
@@ -181,28 +142,13 @@ fn on_every_thread(f: fn() -> usize) -> usize {
 
 /// Bytes held by the calling thread's workspaces (0 for one in use).
 fn thread_workspace_bytes() -> usize {
-    let kw = KERNEL_WORK.with(|c| c.try_borrow().map_or(0, |w| w.bytes()));
-    let outs = KERNEL_OUTS.with(|c| c.try_borrow().map_or(0, |o| outs_bytes(&o)));
     let u = SHARED_U.with(|c| c.try_borrow().map_or(0, |u| 4 * u.capacity()));
     let fw = FILTER_WORK.with(|c| c.try_borrow().map_or(0, |w| w.bytes()));
-    kw + outs + u + fw + crate::tiled::pool_bytes()
-}
-
-/// Bytes held by a round of transformed pieces (capacities).
-fn outs_bytes(outs: &[Vec<f64>]) -> usize {
-    outs.iter().map(|o| 8 * o.capacity()).sum()
+    u + fw + crate::tiled::pool_bytes()
 }
 
 /// Frees the calling thread's workspaces (not one in use); returns the bytes freed.
 fn release_thread_workspaces() -> usize {
-    let kw = KERNEL_WORK.with(|c| {
-        c.try_borrow_mut()
-            .map_or(0, |mut w| std::mem::take(&mut *w).bytes())
-    });
-    let outs = KERNEL_OUTS.with(|c| {
-        c.try_borrow_mut()
-            .map_or(0, |mut o| outs_bytes(&std::mem::take(&mut *o)))
-    });
     let u = SHARED_U.with(|c| {
         c.try_borrow_mut().map_or(0, |mut u| {
             4 * std::mem::replace(&mut *u, PackedKernels::empty()).capacity()
@@ -212,7 +158,7 @@ fn release_thread_workspaces() -> usize {
         c.try_borrow_mut()
             .map_or(0, |mut w| std::mem::take(&mut *w).bytes())
     });
-    kw + outs + u + fw + crate::tiled::release_pool()
+    u + fw + crate::tiled::release_pool()
 }
 
 /// The Winograd algorithm for one geometry: tile choice, transforms, cached kernel transforms.
@@ -428,37 +374,36 @@ impl WinogradPlan {
         Ok(())
     }
 
-    /// Runs `run` on the transformed kernels of `w` (the `inner × outer` kernels laid out
-    /// (taps, inner, outer) by `layout`), packed as α^N matrices `U_ξᵀ` (outer × inner) in
+    /// Runs `run` on the transformed kernels of the `outer × inner` kernels of `src` (kernel
+    /// (row, col) as [`KernelSource`] says), packed as α^N matrices `U_ξᵀ` (outer × inner) in
     /// core-blas's micro-panels.
     ///
     /// With `keep` the plan's `cache` holds them under `w`'s bits and a call with the same
     /// weights skips the transform; a changed `w` is transformed into the cache's own storage.
     /// Without it the plan holds nothing: they are transformed into the thread's [`SHARED_U`]
     /// (shared by every plan on this thread, grown to the largest layer once) and `cache` is
-    /// left empty. Either way the f64 work buffers are the thread's [`KERNEL_WORK`], so a weight
-    /// update allocates nothing once the buffers have grown.
+    /// left empty. Either way by [`PackedKernels::transform_from`], so both give the same bits.
     fn with_kernels<R>(
         keep: bool,
         cache: &mut Option<KernelCache>,
         tt: &TileTransforms,
-        w: &[f32],
+        src: KernelSource<'_>,
         dims: (usize, usize),
-        layout: impl Fn(&mut [f32], std::ops::Range<usize>) + Sync,
         run: impl FnOnce(&PackedKernels) -> Result<R>,
     ) -> Result<R> {
+        let w = src.w;
         if !keep {
             *cache = None;
             return SHARED_U.with(|cell| match cell.try_borrow_mut() {
                 Ok(mut u) => {
-                    Self::transform_kernels(&mut u, tt, w, dims, layout)?;
+                    Self::transform_kernels(&mut u, tt, src, dims)?;
                     run(&u)
                 }
                 // Only when a pass runs inside another pass on this thread (a rayon worker
                 // stealing a job while it waits); a private buffer is still correct.
                 Err(_) => {
                     let mut u = PackedKernels::empty();
-                    Self::transform_kernels(&mut u, tt, w, dims, layout)?;
+                    Self::transform_kernels(&mut u, tt, src, dims)?;
                     run(&u)
                 }
             });
@@ -472,7 +417,7 @@ impl WinogradPlan {
                     w_bits: Vec::new(),
                     u: PackedKernels::empty(),
                 });
-                Self::transform_kernels(&mut c.u, tt, w, dims, layout)?;
+                Self::transform_kernels(&mut c.u, tt, src, dims)?;
                 c.w_bits.clear();
                 c.w_bits.extend(w.iter().map(|v| v.to_bits()));
                 c
@@ -481,151 +426,18 @@ impl WinogradPlan {
         run(&cache.insert(c).u)
     }
 
-    /// The kernel transform of `w` (laid out by `layout`) into `u`, with the thread's
-    /// [`KERNEL_WORK`] buffers.
+    /// The kernel transform of the `(inner, outer)` kernels of `src` into `u`, in
+    /// core-blas's panel height.
     fn transform_kernels(
         u: &mut PackedKernels,
         tt: &TileTransforms,
-        w: &[f32],
-        dims: (usize, usize),
-        layout: impl Fn(&mut [f32], std::ops::Range<usize>) + Sync,
-    ) -> Result<()> {
-        let threads = rayon::current_num_threads();
-        if threads > 1 && dims.0 > piece_cols(dims) {
-            return Self::transform_into_par(u, tt, w, dims, threads, &layout);
-        }
-        KERNEL_WORK.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut work) => Self::transform_into(u, &mut work, tt, w, dims, layout),
-            // Not reached (no transform runs inside another); a private set is still correct.
-            Err(_) => Self::transform_into(u, &mut KernelWork::default(), tt, w, dims, layout),
-        })
-    }
-
-    /// [`WinogradPlan::transform_kernels`] with the transform's buffers `work`.
-    fn transform_into(
-        u: &mut PackedKernels,
-        work: &mut KernelWork,
-        tt: &TileTransforms,
-        w: &[f32],
+        src: KernelSource<'_>,
         (inner, outer): (usize, usize),
-        layout: impl Fn(&mut [f32], std::ops::Range<usize>),
     ) -> Result<()> {
         let taps: usize = tt.kernel().iter().product();
-        let n = inner * outer;
-        debug_assert_eq!(w.len(), taps * n);
-        let a_n: usize = tt.in_tile().iter().product();
+        debug_assert_eq!(src.w.len(), taps * inner * outer);
         let (mr, _) = core_blas::Gemm::global()?.tile();
-        u.reset(a_n, outer, inner, mr);
-        let cols = piece_cols((inner, outer));
-        // The piece's kernels in the transform's layout (taps, kernels of the piece), laid out
-        // piece by piece too (a whole-layer copy of the weights was 28 MB on C3D's 512 × 512).
-        let mut g = std::mem::take(&mut work.g);
-        let mut done = Ok(());
-        for p0 in (0..inner).step_by(cols) {
-            let pn = cols.min(inner - p0);
-            let range = p0 * outer..(p0 + pn) * outer;
-            let len = range.len();
-            g.resize(taps * len, 0.0);
-            layout(&mut g, range);
-            done = tt.kernel_transform_f64_range(&g, len, 0..len, work);
-            if done.is_err() {
-                break;
-            }
-            u.repack_cols(&work.out, p0, pn);
-        }
-        work.g = g;
-        done
-    }
-
-    /// [`WinogradPlan::transform_into`] on the `threads` threads of rayon's pool, in rounds of
-    /// one piece per thread: each piece is transformed on its thread with that thread's
-    /// [`KERNEL_WORK`], then the round's pieces are repacked into `u` with the α^N matrices
-    /// split among the threads. Every kernel is transformed by the same operations as in the
-    /// serial transform, so `u` is the same to the bit.
-    ///
-    /// Serial, the weight transform was a third of a training forward on small planes with many
-    /// channels (VGG-16's 512@4², batch 64, F(4, 3): 35% of 43 ms on 1 thread), and it did not
-    /// shrink on 2 threads.
-    fn transform_into_par(
-        u: &mut PackedKernels,
-        tt: &TileTransforms,
-        w: &[f32],
-        (inner, outer): (usize, usize),
-        threads: usize,
-        layout: &(impl Fn(&mut [f32], std::ops::Range<usize>) + Sync),
-    ) -> Result<()> {
-        let taps: usize = tt.kernel().iter().product();
-        debug_assert_eq!(w.len(), taps * inner * outer);
-        let a_n: usize = tt.in_tile().iter().product();
-        let (mr, _) = core_blas::Gemm::global()?.tile();
-        u.reset(a_n, outer, inner, mr);
-        let cols = piece_cols((inner, outer));
-        let pieces: Vec<(usize, usize)> = (0..inner)
-            .step_by(cols)
-            .map(|p0| (p0, cols.min(inner - p0)))
-            .collect();
-        // The round's transformed pieces, (α^N, columns, `outer`) each: swapped with the
-        // thread's output buffer, so neither is allocated again after the first call.
-        KERNEL_OUTS.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut outs) => {
-                Self::transform_rounds(u, tt, (outer, taps), &pieces, threads, layout, &mut outs)
-            }
-            // Only when this runs inside another transform on this thread; private buffers are
-            // still correct.
-            Err(_) => Self::transform_rounds(
-                u,
-                tt,
-                (outer, taps),
-                &pieces,
-                threads,
-                layout,
-                &mut Vec::new(),
-            ),
-        })
-    }
-
-    /// The rounds of [`WinogradPlan::transform_into_par`] over `pieces` (first column, columns),
-    /// with the round's buffers `outs`.
-    fn transform_rounds(
-        u: &mut PackedKernels,
-        tt: &TileTransforms,
-        (outer, taps): (usize, usize),
-        pieces: &[(usize, usize)],
-        threads: usize,
-        layout: &(impl Fn(&mut [f32], std::ops::Range<usize>) + Sync),
-        outs: &mut Vec<Vec<f64>>,
-    ) -> Result<()> {
-        outs.resize_with(threads.min(pieces.len()), Vec::new);
-        for round in pieces.chunks(outs.len()) {
-            outs.par_iter_mut()
-                .zip(round)
-                .try_for_each(|(out, &(p0, pn))| {
-                    let mut run = |work: &mut KernelWork| -> Result<()> {
-                        let range = p0 * outer..(p0 + pn) * outer;
-                        let len = range.len();
-                        let mut g = std::mem::take(&mut work.g);
-                        g.resize(taps * len, 0.0);
-                        layout(&mut g, range);
-                        let done = tt.kernel_transform_f64_range(&g, len, 0..len, work);
-                        work.g = g;
-                        done?;
-                        std::mem::swap(out, &mut work.out);
-                        Ok(())
-                    };
-                    KERNEL_WORK.with(|cell| match cell.try_borrow_mut() {
-                        Ok(mut work) => run(&mut work),
-                        // Only when this runs inside another transform on this thread (a rayon
-                        // worker stealing a job while it waits); a private set is still correct.
-                        Err(_) => run(&mut KernelWork::default()),
-                    })
-                })?;
-            let parts: Vec<(&[f64], usize, usize)> = outs
-                .iter()
-                .zip(round)
-                .map(|(out, &(p0, pn))| (out.as_slice(), p0, pn))
-                .collect();
-            u.repack_pieces(&parts);
-        }
+        u.transform_from(&tt.lane_transform(), src, (outer, inner), mr);
         Ok(())
     }
 
@@ -637,50 +449,12 @@ impl WinogradPlan {
         self.check("w", w.len(), g.w_len())?;
         self.check("y", y.len(), g.y_len())?;
         let (c, k, taps) = (g.in_channels(), g.out_channels(), g.kernel_len());
-        // U[ξ][c][k] from g[tap][c·K + k] = w[k][c][tap], kernels j = c·K + k of `r` into
-        // gl[tap][j − r.start]. A piece holds whole columns (all K kernels of channels c0..c1),
-        // read in w's order (channels of one kernel k are contiguous in w).
-        let layout = |gl: &mut [f32], r: std::ops::Range<usize>| {
-            let len = r.len();
-            if r.start.is_multiple_of(k) && r.end.is_multiple_of(k) {
-                // Whole columns, as the transform's pieces are: a blocked transpose of w's
-                // (K, C, taps) into (taps, C, K), `LAYOUT_KERNELS` kernels at a time. Their rows
-                // (the piece's channels: contiguous in w) are copied into `rows` first, then
-                // each (tap, channel) gets a run of that many kernels. Read straight from w,
-                // the rows lie C·taps values apart (18 KiB for 512 channels: 2 L1 sets), and
-                // the taps' runs `len` values apart (64 KiB: 1 set); kernel by kernel this copy
-                // was 16-17% of VGG-16's 512@4² forward at batch 64 (perf, session 19).
-                let (c0, c1) = (r.start / k, r.end / k);
-                let row = (c1 - c0) * taps;
-                let mut rows = vec![0.0f32; LAYOUT_KERNELS * row];
-                for kb in (0..k).step_by(LAYOUT_KERNELS) {
-                    let kn = LAYOUT_KERNELS.min(k - kb);
-                    for (i, dst) in rows.chunks_exact_mut(row).take(kn).enumerate() {
-                        dst.copy_from_slice(&w[((kb + i) * c + c0) * taps..][..row]);
-                    }
-                    for ci in 0..c1 - c0 {
-                        for t in 0..taps {
-                            let dst = &mut gl[t * len + ci * k + kb..][..kn];
-                            for (i, d) in dst.iter_mut().enumerate() {
-                                *d = rows[i * row + ci * taps + t];
-                            }
-                        }
-                    }
-                }
-                return;
-            }
-            let (c0, c1) = (r.start / k, r.end.div_ceil(k));
-            for ki in 0..k {
-                for ci in c0..c1 {
-                    let j = ci * k + ki;
-                    if !r.contains(&j) {
-                        continue;
-                    }
-                    for (t, &v) in w[(ki * c + ci) * taps..][..taps].iter().enumerate() {
-                        gl[t * len + (j - r.start)] = v;
-                    }
-                }
-            }
+        // U[ξ][c][k]: kernel (row k, column c) is w[k][c][..].
+        let src = KernelSource {
+            w,
+            row_stride: c * taps,
+            col_stride: taps,
+            flip: false,
         };
         let job = Correlation {
             batch: g.batch(),
@@ -700,9 +474,8 @@ impl WinogradPlan {
             self.keep_kernels,
             &mut self.cache_fwd,
             tt,
-            w,
+            src,
             (c, k),
-            layout,
             |u| correlate(&job, tt, u, x, y, block, path),
         )
     }
@@ -717,17 +490,13 @@ impl WinogradPlan {
         self.check("w", w.len(), g.w_len())?;
         self.check("dx", dx.len(), g.x_len())?;
         let (c, k, taps) = (g.in_channels(), g.out_channels(), g.kernel_len());
-        // U[ξ][k][c] from g[s][k·C + c] = w[k][c][flip(s)], flip reverses every spatial index,
-        // which on the row-major flat tap index is taps − 1 − s; kernels j = k·C + c of `r` into
-        // gl[s][j − r.start].
-        let layout = |gl: &mut [f32], r: std::ops::Range<usize>| {
-            let len = r.len();
-            for (jj, j) in r.enumerate() {
-                let src = &w[j * taps..][..taps];
-                for (s, &v) in src.iter().rev().enumerate() {
-                    gl[s * len + jj] = v;
-                }
-            }
+        // U[ξ][k][c]: kernel (row c, column k) is w[k][c][..] flipped (every spatial index
+        // reversed: on the row-major flat tap index, taps − 1 − s).
+        let src = KernelSource {
+            w,
+            row_stride: taps,
+            col_stride: c * taps,
+            flip: true,
         };
         let job = Correlation {
             batch: g.batch(),
@@ -752,9 +521,8 @@ impl WinogradPlan {
             self.keep_kernels,
             &mut self.cache_bwd,
             tt,
-            w,
+            src,
             (k, c),
-            layout,
             |u| correlate(&job, tt, u, dy, dx, block, path),
         )
     }
