@@ -10,8 +10,12 @@
 //!   input `2·C·T·Σ_n ops(Bₙᵀ)·Π_{d≠n} α_d` (with the phased gathers, the modes before the last
 //!   see m instead of α along the last dimension, plus `copy_weight` per shifted copy of its rows
 //!   w ≥ m), output `2·K·T·Σ_n ops(Aₙᵀ)·…` in the executed order (the last mode first, on α of
-//!   the others, then modes 0, 1, …), weighted by `transform_weight` (they stream memory and run
-//!   below GEMM speed);
+//!   the others, then modes 0, 1, …; Aᵀ counted in core-blas's column-paired form,
+//!   [`crate::SparseTransform::executed_ops`]), weighted by `transform_weight` (they stream
+//!   memory and run below GEMM speed);
+//! - the phased gathers' phantom tiles (⌈α/m⌉ − 1 after each run of tiles along the last
+//!   dimension and at each block boundary), gathered and transformed like tiles by every mode
+//!   but the last;
 //! - memory traffic of V and M (written once, read once) and the tile gather,
 //!   `4·T·α^N·(3C + 2K)` bytes per pass, plus per block the backward-filter accumulator and the
 //!   copy of the packed U, weighted by `byte_weight` (flop-equivalents per byte);
@@ -81,6 +85,15 @@ impl Default for CostModel {
     /// 3×3 layers, 4×7 slower). It now picks 7×4 on 128@28², 7×5 on 256@14², 7×2 on 512@7²
     /// and 4×7×4 on C3D, keeps 6×6 on the paper's layers and 4×4 on 64@56² (7×4 measured 11 %
     /// faster there, not found); every weight in TW 15-25, GW 100-200, BW 3-5 picks the same.
+    /// Session 23: the model missed 7×4 on 64@56² because it counted neither the phantom tiles
+    /// of the phased gathers (one more tile per run along the last dimension: +14 % gathered
+    /// tiles on 28² planes with m = 4 or 7, +25 % with 7×7, +7 % on 56² planes) nor Aᵀ as
+    /// the column-paired kernel runs it (F(6,4): 25 multiply-adds per column, not 49). With
+    /// both and `gather_weight` 150 → 800 it picks the measured best of every layer of the
+    /// session-22 grid (41 tiles on seven layers, zero regret; any GW 400-1500 at TW 20, or TW
+    /// 15-30 at GW 500, does the same): 7×4 on 64@56² as well, and on the probes' other
+    /// layers 4×2 on ResNet-20's 64@8², 7×4 on VGG-16's 3→64 and 64@224², 7×7 on its
+    /// 128@112², 4×7×2 on the C3D-like 256→512 layer.
     fn default() -> Self {
         CostModel {
             transform_weight: 20.0,
@@ -88,7 +101,7 @@ impl Default for CostModel {
             vector_width: 16,
             max_error: 3e-5,
             max_m: 8,
-            gather_weight: 150.0,
+            gather_weight: 800.0,
             copy_weight: 8.0,
         }
     }
@@ -129,13 +142,13 @@ fn one_dim(m: usize, r: usize) -> Result<OneDim> {
     let tf = forms_for(m, r)?;
     // The plan's backward-filter runs F(r, m) with the same m: a tile without it is not usable.
     let ff = forms_for(r, m)?;
-    // Operations per column with ± row pairs merged (`applied_ops`). The f32 execution runs
-    // core-blas's small-A kernel, which does not merge them; the weights below are fitted to
-    // measurements with this count and reproduce the measured best tiles.
+    // Operations per column with ± row pairs merged (`applied_ops`), Aᵀ in the column-paired
+    // form where core-blas's `SmallA` runs it (`executed_ops`); the weights are fitted to
+    // measurements with these counts and reproduce the measured best tiles.
     Ok(OneDim {
         m,
         alpha: m + r - 1,
-        nnz_at: tf.at.applied_ops(),
+        nnz_at: tf.at.executed_ops(),
         nnz_bt: tf.bt.applied_ops(),
         filter_bt: ff.bt.applied_ops(),
         filter_g: ff.g32.applied_ops(),
@@ -216,7 +229,36 @@ fn cost_of(geom: &ConvGeometry, dims: &[OneDim], model: &CostModel) -> f64 {
     } else {
         a_n
     };
-    let reads = tiles * per_tile * (2.0 * c + k);
+    // The phased gathers' phantom tiles: `extra` = ⌈α/m⌉ − 1 after every run of neighbours
+    // along the last dimension (one per row of tiles, plus one per block boundary), gathered and
+    // taken through every mode but the last like a tile.
+    let phantoms = if phased {
+        let runs: f64 = geom.batch() as f64
+            * geom.output()[..last]
+                .iter()
+                .zip(dims)
+                .map(|(o, d)| o.div_ceil(d.m) as f64)
+                .product::<f64>()
+            + (tiles / block).ceil();
+        runs * (dims[last].alpha.div_ceil(dims[last].m) - 1) as f64
+    } else {
+        0.0
+    };
+    let mut before_last = 0.0;
+    if phantoms > 0.0 {
+        for n in 0..last {
+            let others: f64 = dims
+                .iter()
+                .enumerate()
+                .filter(|&(d, _)| d != n && d != last)
+                .map(|(_, d)| d.alpha as f64)
+                .product::<f64>()
+                * dims[last].m as f64;
+            before_last += dims[n].nnz_bt as f64 * others;
+        }
+    }
+    let transforms = transforms + 2.0 * phantoms * ((c + k) * before_last);
+    let reads = (tiles + phantoms) * per_tile * (2.0 * c + k);
     gemm + model.transform_weight * transforms
         + model.byte_weight * bytes
         + model.gather_weight * reads

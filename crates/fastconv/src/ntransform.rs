@@ -318,6 +318,49 @@ impl<T: Real> SparseTransform<T> {
             .sum()
     }
 
+    /// Multiply-adds per column of the column-paired form that core-blas's `SmallA` runs for
+    /// matrices with ± *column* pairs (Winograd's Aᵀ: columns `k`, `l` with `a[i][l] =
+    /// (−1)^i · a[i][k]`, every `a[i][k]` nonzero; 2 to 8 rows): `rows` per pair plus the
+    /// other columns' nonzeros, when that is below [`SparseTransform::applied_ops`] (as
+    /// `SmallA::new` chooses); else `applied_ops`. The pairs' sums and differences (adds, on the
+    /// add pipes) are not counted.
+    pub fn executed_ops(&self) -> usize {
+        let grouped = self.applied_ops();
+        let (p, q) = (self.rows, self.cols);
+        if !(2..=8).contains(&p) {
+            return grouped;
+        }
+        let d = self.to_dense();
+        let at = |i: usize, k: usize| *d.at(i, k);
+        let full = |k: usize| (0..p).all(|i| at(i, k) != T::zero());
+        let mirrors = |k: usize, l: usize| {
+            (0..p).all(|i| at(i, l) == if i % 2 == 0 { at(i, k) } else { -at(i, k) })
+        };
+        let mut used = vec![false; q];
+        let (mut pairs, mut ops) = (0, 0);
+        for k in 0..q {
+            if used[k] {
+                continue;
+            }
+            used[k] = true;
+            let partner = full(k)
+                .then(|| (k + 1..q).find(|&l| !used[l] && mirrors(k, l)))
+                .flatten();
+            if let Some(l) = partner {
+                used[l] = true;
+                pairs += 1;
+                ops += p;
+            } else {
+                ops += (0..p).filter(|&i| at(i, k) != T::zero()).count();
+            }
+        }
+        if pairs > 0 && ops < grouped {
+            ops
+        } else {
+            grouped
+        }
+    }
+
     /// The nonzeros of row `i` as `(column, value)`.
     pub fn row(&self, i: usize) -> &[(usize, T)] {
         debug_assert!(i < self.rows);
