@@ -276,7 +276,6 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
         && tune::fuse()
         && b.conv_fusable(nr);
     let mut conv_bufs = ConvBufs::default();
-    let bc = ws.b.get(b_len);
     let ac = ws.a.get(a_len);
 
     // A single A block packed once over a row-major B and a dense C whose rows start off a
@@ -290,7 +289,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     // 89.4/89.9, 86.6/87.0, 85.7/86.6%; avx512 level (256×3136×2304 93.0/93.2, 89.6/88.5,
     // 90.1/90.1%; 64×50176×576 85.1/85.2, 83.0/82.6, 82.3/83.8%).
     let head = match (sink.direct, fuse) {
-        (Some(d), Some((data, ld))) if a_once && d.cs == 1 && (d.rs * 4) % 64 == 0 => {
+        (Some(d), Some((data, ld))) if d.cs == 1 && (d.rs * 4) % 64 == 0 => {
             let c_off = d.ptr.wrapping_add(rows.0 * d.rs + cols.0) as usize % 64;
             let b_off = data.as_ptr().wrapping_add(cols.0) as usize % 64;
             let h = (64 - c_off) % 64 / 4;
@@ -303,13 +302,33 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
         }
         _ => 0,
     };
-    let mut jc = cols.0;
+    // Several A blocks (A packed per block, so a narrow first block would pack all of A once
+    // more): families whose tile rows are one line (NR = 16, AVX2) run the head columns beside
+    // the first real block instead, as one narrow panel packed per pass into `hb` (after the B
+    // block in the same buffer), its tiles on each packed A block of that block. Session 24,
+    // `CORE_BLAS_ISA=avx2 gemm_ratio 2048 2048 2048 1 5`, `Vec` operands, base / this, quiet
+    // 13:45 and 13:49 UTC: 88.0/89.0, 87.8/89.3, 90.3/91.8; 89.3/90.3, 90.4/92.6, 90.2/87.9,
+    // 90.5/91.0, 90.1/91.7, 90.0/91.2% (8 of 9 pairs up, median +1.2). AVX-512 (48-wide rows,
+    // three lines or four) level at 1 thread (93.7/93.7, 94.3/94.7, 94.8/94.3%), so not there.
+    let (head, side) = match (a_once, nr * 4 == 64) {
+        (true, _) => (head, 0),
+        (false, true) => (0, head),
+        (false, false) => (0, 0),
+    };
+    let bc = if side > 0 {
+        ws.b.get(b_len + nr * kc_max)
+    } else {
+        ws.b.get(b_len)
+    };
+    let (bc, hb) = bc.split_at_mut(b_len);
+    let mut jc = cols.0 + side;
     while jc < cols.1 {
         let nc = if jc == cols.0 && head > 0 {
             head
         } else {
             nc_max.min(cols.1 - jc)
         };
+        let with_side = side > 0 && jc == cols.0 + side;
         let mut pc = 0;
         loop {
             let kc = kc_max.min(k - pc);
@@ -324,6 +343,9 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
                 }
             } else {
                 b.pack_b(pc, kc, jc, nc, nr, bc);
+            }
+            if with_side {
+                b.pack_b(pc, kc, cols.0, side, nr, &mut hb[..nr * kc]);
             }
             // The B block packed after this one: its reads are spread over the last ic block.
             let next = if !last {
@@ -346,6 +368,26 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
                 } else {
                     a_block(a, ic, mc, pc, kc, mr, ac)
                 };
+                if with_side && let Some(d) = sink.direct {
+                    let beta = if first { d.beta } else { 1.0 };
+                    let mut ir = 0;
+                    while ir < mc {
+                        let m = mr.min(mc - ir);
+                        let ap = ablk[ir / mr * a_stride..].as_ptr();
+                        // SAFETY: `ap` starts a packed A micro-panel of `kc · MR` values (the
+                        // block's), `hb` holds the head's packed panel (`kc · NR` values, zero
+                        // past `side` columns); the `m × side` window at (ic + ir, cols.0) lies
+                        // inside C and in this thread's range (side < cols.1 − cols.0).
+                        unsafe {
+                            let cp = d.ptr.add((ic + ir) * d.rs + cols.0 * d.cs);
+                            kern.run(kc, d.alpha, ap, hb.as_ptr(), beta, cp, d.rs, d.cs, m, side);
+                            if last && d.has_epilogue() {
+                                d.epilogue(ic + ir, cols.0, m, side);
+                            }
+                        }
+                        ir += mr;
+                    }
+                }
                 let prefetch = if fuse.is_some() {
                     // Fused packing reads each panel's source in its first tile: prefetch one
                     // panel ahead (the next of this block in the first A block, the next
@@ -895,6 +937,60 @@ mod tests {
                     &want[..],
                     "m {m} n {n} k {k} beta {beta} off {off}"
                 );
+            }
+        }
+    }
+
+    /// Several A blocks (m > MC) over a row-major B and a dense C whose rows start off a cache
+    /// line: the head columns up to C's first line boundary run beside the first real block on
+    /// each packed A block. Several passes, several B blocks, edge rows; beta = 0 over NaN and
+    /// beta = 1, against the naive product: bitwise equal (small integers).
+    #[test]
+    fn several_a_blocks_with_a_side_head() {
+        for (m, n, k) in [
+            (700usize, 100usize, 600usize),
+            (1100, 4200, 70),
+            (523, 48, 1100),
+        ] {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 5) as f32 - 2.0).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 3) as f32 - 1.0).collect();
+            let c0: Vec<f32> = (0..m * n).map(|i| (i % 9) as f32).collect();
+            let mut dot = vec![0.0f32; m * n];
+            for i in 0..m {
+                for p in 0..k {
+                    let x = a[i * k + p];
+                    for j in 0..n {
+                        dot[i * n + j] += x * b[p * n + j];
+                    }
+                }
+            }
+            for (beta, off) in [(0.0f32, 0usize), (1.0, 4), (0.0, 12)] {
+                let mut bs = vec![0.0f32; k * n + off];
+                bs[off..].copy_from_slice(&b);
+                let mut cs = vec![f32::NAN; m * n + off];
+                if beta != 0.0 {
+                    cs[off..].copy_from_slice(&c0);
+                }
+                crate::sgemm(
+                    false,
+                    false,
+                    m,
+                    n,
+                    k,
+                    1.0,
+                    &a,
+                    k,
+                    &bs[off..],
+                    n,
+                    beta,
+                    &mut cs[off..],
+                    n,
+                )
+                .expect("valid sgemm");
+                for (x, (&d, &c)) in cs[off..].iter().zip(dot.iter().zip(&c0)) {
+                    let want = d + if beta == 0.0 { 0.0 } else { c };
+                    assert_eq!(*x, want, "m {m} n {n} k {k} beta {beta} off {off}");
+                }
             }
         }
     }
