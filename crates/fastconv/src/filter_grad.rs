@@ -172,6 +172,7 @@ pub(crate) fn backward_filter(
                     src,
                     dims: src_dims,
                     channels,
+                    count: channels,
                     pad,
                     alpha: tile,
                     step: &mp,

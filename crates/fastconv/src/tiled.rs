@@ -17,7 +17,9 @@
 //!
 //! The block-sized tensors V and M are each written once and read once. The kernel transform U
 //! (α^N × C × K) is computed once (see [`crate::plan`]). Blocks of tiles are sized to stay in
-//! cache and run on rayon's pool, a wave of blocks at a time.
+//! cache and run on rayon's pool: whole images per thread, a wave of blocks at a time, or, when
+//! the threads' shares of the tiles are below a block, every block shared by the threads (input
+//! channels split for the input side, output channels for the products and the output side).
 
 use std::cell::RefCell;
 
@@ -132,8 +134,8 @@ pub(crate) fn correlate(
     let group = |channels: usize, tb: usize| channel_group(channels, a_n, tb);
     let phased = Phased::new(&alpha, &m);
     // Where the input side writes the rows of channels c0.. in V.
-    // (Blocks of `tb` tiles, `tbp` per channel of V.)
-    let group_dest = |c0: usize, tb: usize, tbp: usize| match path {
+    // (Blocks of `tb` tiles, `tbp` per channel of V, `cv` channels in V.)
+    let group_dest = |c0: usize, tb: usize, tbp: usize, cv: usize| match path {
         // V rows (ξ, channels c0..c0 + cn, all tiles) are contiguous: c0·tb .. (c0 + cn)·tb.
         GemmPath::Driver => RowsDest::Rows { at: c0 * tb },
         // Channel c0 + c, tile t of a V row at (t / NR)·C·NR + (c0 + c)·NR + t mod NR.
@@ -142,33 +144,39 @@ pub(crate) fn correlate(
             seg: tbp,
             len: tbp,
             nr,
-            panel_stride: c_in * nr,
+            panel_stride: cv * nr,
         },
     };
 
-    // One block: tiles t0..t1 → M_ξ = U_ξᵀ V_ξ in `bufs.mm`, laid out (α^N, K, T_b).
-    let run_block = |bufs: &mut Buffers, t0: usize, t1: usize| -> Result<()> {
+    // The input side of tiles t0..t1, channels `chans` of x, into `v` as the V of a
+    // `chans.len()`-channel problem (ξ, C′, T_b) (in panels: (ξ, panels, C′, NR)); returns the
+    // tiles per channel of V (`tb` padded to whole NR-wide panels in the panel layout).
+    let input_side = |local: &mut Local,
+                      segs: &mut Vec<Segment>,
+                      runs: &mut Vec<usize>,
+                      v: &mut AlignedVec,
+                      t0: usize,
+                      t1: usize,
+                      chans: std::ops::Range<usize>|
+     -> usize {
         let tb = t1 - t0;
-        let Buffers {
-            v,
-            mm,
-            local,
-            segs,
-            runs,
-        } = bufs;
+        let cv = chans.len();
         // Tiles per channel in D and V: the block, padded to whole NR-wide panels for V in the
         // GEMM's panel layout.
         let tbp = match path {
             GemmPath::Panels => tb.div_ceil(nr) * nr,
             GemmPath::Driver => tb,
         };
-        v.resize(a_n * c_in * tbp, 0.0);
-        let cg = group(c_in, tb);
+        v.resize(a_n * cv * tbp, 0.0);
+        let cg = group(cv, tb);
+        // The channels' planes from x's start (the plane stride stays c_in).
+        let xs = &x[chans.start * in_len..];
         if let Some(ph) = &phased {
             let inp = PhasedSource {
-                src: x,
+                src: xs,
                 dims: &job.input,
                 channels: c_in,
+                count: cv,
                 pad: &job.pad_before,
                 alpha: &alpha,
                 step: &m,
@@ -192,8 +200,8 @@ pub(crate) fn correlate(
                 segs,
                 ends: runs,
             };
-            input_side_phased(ph, &inp, t0, tb, tbp, cg, bufs, v, c_in * tbp, |c0| {
-                group_dest(c0, tb, tbp)
+            input_side_phased(ph, &inp, t0, tb, tbp, cg, bufs, v, cv * tbp, |c0| {
+                group_dest(c0, tb, tbp, cv)
             });
         } else {
             gather_segments(
@@ -210,15 +218,15 @@ pub(crate) fn correlate(
             let mut dims = alpha.clone();
             dims.push(0);
             let mut c0 = 0;
-            while c0 < c_in {
-                let cn = cg.min(c_in - c0);
+            while c0 < cv {
+                let cn = cg.min(cv - c0);
                 // No clearing: the gather writes every entry but the padding lanes of a last
                 // partial panel (tb < tbp), whose values only meet B's padding columns, which never
                 // reach M.
                 local.d.resize(a_n * cn * tbp, 0.0);
                 gather_apply(
                     segs,
-                    x,
+                    xs,
                     in_len,
                     c_in,
                     c0..c0 + cn,
@@ -228,7 +236,7 @@ pub(crate) fn correlate(
                     &mut local.d,
                 );
                 *dims.last_mut().unwrap_or(&mut 0) = cn * tbp;
-                let dest = group_dest(c0, tb, tbp);
+                let dest = group_dest(c0, tb, tbp, cv);
                 transform_into_rows(
                     &local.d,
                     &dims,
@@ -236,12 +244,26 @@ pub(crate) fn correlate(
                     &mut local.scratch,
                     &mut local.tmp,
                     v,
-                    c_in * tbp,
+                    cv * tbp,
                     dest,
                 );
                 c0 += cn;
             }
         }
+        tbp
+    };
+
+    // One block: tiles t0..t1 → M_ξ = U_ξᵀ V_ξ in `bufs.mm`, laid out (α^N, K, T_b).
+    let run_block = |bufs: &mut Buffers, t0: usize, t1: usize| -> Result<()> {
+        let tb = t1 - t0;
+        let Buffers {
+            v,
+            mm,
+            local,
+            segs,
+            runs,
+        } = bufs;
+        let tbp = input_side(local, segs, runs, v, t0, t1, 0..c_in);
         if path == GemmPath::Panels {
             // M_ξ (K × T_b) = U_ξᵀ (K × C) · V_ξ (C × T_b) for all ξ, both operands read in
             // place (U packed once, V written in panels above). beta = 0: M is never read.
@@ -310,7 +332,7 @@ pub(crate) fn correlate(
             tmp,
             out,
         );
-        scatter_tiles(&og, ys, plane0, &out[..len], ta, s, ks);
+        scatter_tiles(&og, ys, plane0, &out[..len], s, ta, s, ks);
     };
     // All channels of a block, a group at a time.
     let finish_all = |bufs: &mut Buffers, ys: &mut [f32], plane0: usize, t0: usize, t1: usize| {
@@ -341,6 +363,155 @@ pub(crate) fn correlate(
             k0 += kn;
         }
     };
+
+    // Few tiles for the threads (each thread's share below the default block: ResNet-50's 256@14²
+    // and 512@7² at batch 8, 24 and 16 tiles per thread): split by images, every thread would
+    // stream all of U for a part-empty NR-wide panel of tiles, its input and output transforms
+    // running on the padded panel as well. Instead the threads share each default-sized block:
+    // each transforms its share of the input channels into its own V, the shares are merged
+    // into one V (ξ split among the threads), then each thread runs the products of its share
+    // of the output channels K (its rows of U only: U is read once in all) and their output
+    // transform and scatter. M and the outputs are the same bits as one thread's.
+    let default_block = crate::plan::default_block_tiles(a_n, c_in, k_out);
+    if threads > 1 && path == GemmPath::Panels && total.div_ceil(threads) < default_block {
+        // The block the plan would give one thread (unless it was set: then as set).
+        let kblock = if block == total.div_ceil(threads) {
+            default_block.clamp(1, total.max(1))
+        } else {
+            block
+        };
+        // Thread h: output channels k_at(h)..k_at(h + 1) (whole MR-tall panels of U), input
+        // channels c_at(h)..c_at(h + 1).
+        let k_panels = k_out.div_ceil(mr);
+        let k_at = |h: usize| (h * k_panels / threads * mr).min(k_out);
+        let c_at = |h: usize| h * c_in / threads;
+        let mut sets: Vec<Pooled> = (0..threads).map(|_| Pooled::take()).collect();
+        let mut shared = Pooled::take();
+        let (ua, stride_a) = u.panels();
+        let img_len = k_out * out_len;
+        let mut t0 = 0;
+        while t0 < total {
+            let t1 = (t0 + kblock).min(total);
+            let tb = t1 - t0;
+            let tbp = tb.div_ceil(nr) * nr;
+            let panels = tbp / nr;
+            // 1. Each thread's input channels into its own V (ξ, panels, C_h, NR).
+            sets.par_iter_mut().enumerate().for_each(|(h, set)| {
+                let Buffers {
+                    v,
+                    local,
+                    segs,
+                    runs,
+                    ..
+                } = &mut set.0;
+                input_side(local, segs, runs, v, t0, t1, c_at(h)..c_at(h + 1));
+            });
+            // 2. Merged into one V (ξ, panels, C, NR), the ξ split among the threads.
+            let per_xi = c_in * tbp;
+            let vs = &mut shared.0.v;
+            vs.resize(a_n * per_xi, 0.0);
+            let xi_per = a_n.div_ceil(threads);
+            let parts = &sets;
+            vs[..a_n * per_xi]
+                .par_chunks_mut(xi_per * per_xi)
+                .enumerate()
+                .for_each(|(i, dst)| {
+                    for (xl, dxi) in dst.chunks_exact_mut(per_xi).enumerate() {
+                        let xi = i * xi_per + xl;
+                        for (p, dp) in dxi.chunks_exact_mut(c_in * nr).enumerate() {
+                            for (h, part) in parts.iter().enumerate() {
+                                let (c0, c1) = (c_at(h), c_at(h + 1));
+                                let ch = c1 - c0;
+                                dp[c0 * nr..c1 * nr].copy_from_slice(
+                                    &part.0.v[(xi * panels + p) * ch * nr..][..ch * nr],
+                                );
+                            }
+                        }
+                    }
+                });
+            // 3. Each thread's output channels: the products (its rows of U), the output
+            // transform and the scatter into its planes of the block's images.
+            let (n0, n1) = (t0 / tiles_per_image, (t1 - 1) / tiles_per_image + 1);
+            let mut outs: Vec<Vec<(usize, &mut [f32])>> =
+                (0..threads).map(|_| Vec::new()).collect();
+            for (i, img) in y[n0 * img_len..n1 * img_len]
+                .chunks_mut(img_len)
+                .enumerate()
+            {
+                let mut rest = img;
+                for (h, list) in outs.iter_mut().enumerate() {
+                    let (a, b) = rest.split_at_mut((k_at(h + 1) - k_at(h)) * out_len);
+                    list.push((n0 + i, a));
+                    rest = b;
+                }
+            }
+            let v = &shared.0.v;
+            sets.par_iter_mut()
+                .zip(outs.par_iter_mut())
+                .enumerate()
+                .try_for_each(|(h, (set, ys))| -> Result<()> {
+                    let (k0, k1) = (k_at(h), k_at(h + 1));
+                    let kn = k1 - k0;
+                    if kn == 0 {
+                        return Ok(());
+                    }
+                    let Buffers { mm, local, .. } = &mut set.0;
+                    mm.resize(a_n * kn * tb, 0.0);
+                    gemm.gemm_packed_batched(
+                        kn,
+                        tb,
+                        c_in,
+                        &ua[k0 * c_in..],
+                        stride_a,
+                        v,
+                        per_xi,
+                        0.0,
+                        mm,
+                        tb,
+                        kn * tb,
+                        a_n,
+                    )?;
+                    let kg = group(k_out, tb).next_power_of_two().min(kn);
+                    let Local {
+                        scratch, tmp, out, ..
+                    } = local;
+                    let mut g0 = 0;
+                    while g0 < kn {
+                        let gn = kg.min(kn - g0);
+                        let len = transform_from_rows(
+                            &mm[g0 * tb..],
+                            kn * tb,
+                            &alpha,
+                            gn * tb,
+                            &at,
+                            scratch,
+                            tmp,
+                            out,
+                        );
+                        for (n, ys) in ys.iter_mut() {
+                            let (ta, tz) = (
+                                t0.max(*n * tiles_per_image),
+                                t1.min((*n + 1) * tiles_per_image),
+                            );
+                            scatter_tiles(
+                                &og,
+                                ys,
+                                *n * k_out + k0,
+                                &out[ta - t0..len],
+                                tb,
+                                ta,
+                                tz - ta,
+                                k0 + g0..k0 + g0 + gn,
+                            );
+                        }
+                        g0 += gn;
+                    }
+                    Ok(())
+                })?;
+            t0 = t1;
+        }
+        return Ok(());
+    }
 
     // Batches that split evenly over the threads (or are large): one contiguous range of whole
     // images per thread, each task writing only its images' output planes, with no waves or
@@ -501,7 +672,10 @@ impl Phased {
 pub(crate) struct PhasedSource<'a> {
     pub src: &'a [f32],
     pub dims: &'a [usize],
+    /// Channels per image of `src` (the plane stride).
     pub channels: usize,
+    /// Channels transformed: `0..count` from `src`'s start.
+    pub count: usize,
     pub pad: &'a [isize],
     pub alpha: &'a [usize],
     pub step: &'a [usize],
@@ -556,7 +730,7 @@ pub(crate) fn input_side_phased(
     let (alpha, m, tpd) = (inp.alpha, inp.step, inp.tpd);
     let last = alpha.len() - 1;
     let (s, a_last, extra) = (m[last], alpha[last], ph.extra);
-    let c_in = inp.channels;
+    let (c_in, count) = (inp.channels, inp.count);
     let in_len: usize = inp.dims.iter().product();
     let (prefix, b_last) = inp.mats.split_at(last);
     let b_last = b_last[0];
@@ -593,8 +767,8 @@ pub(crate) fn input_side_phased(
     }
     let mut dims = Vec::with_capacity(last + 1);
     let mut c0 = 0;
-    while c0 < c_in {
-        let cn = cg.min(c_in - c0);
+    while c0 < count {
+        let cn = cg.min(count - c0);
         // The tiles' phases (rows × channels × tbp), then the phantoms' (rows × channels ×
         // n_ph). Every column but the padding lanes tb..tbp is written (they only meet B's
         // padding columns, which never reach M): no clearing.
@@ -829,7 +1003,7 @@ impl OutGeom<'_> {
 }
 
 /// Scatters the outputs of tiles `ta..ta + s` and channels `ks`, `yb` laid out
-/// (m^N, ks.len(), s), into `ys`: the output planes (image, channel) from plane `plane0` on. Only
+/// (m^N, ks.len(), cols) with tile `ta` in column 0 (`cols` ≥ `s`), into `ys`: the output planes (image, channel) from plane `plane0` on. Only
 /// the in-range part of edge tiles is written, in runs of tiles along the last dimension as in
 /// [`gather_tiles`]: contiguous reads of `yb`'s rows, writes with stride m into the same few
 /// output lines.
@@ -838,14 +1012,16 @@ fn scatter_tiles(
     ys: &mut [f32],
     plane0: usize,
     yb: &[f32],
+    cols: usize,
     ta: usize,
     s: usize,
     ks: std::ops::Range<usize>,
 ) {
+    debug_assert!(cols >= s);
     let m_last = og.m[og.m.len() - 1];
     let out_last = og.output[og.m.len() - 1];
     let kn = ks.len();
-    let row_stride = kn * s;
+    let row_stride = kn * cols;
     og.for_each_line(
         ta,
         s,
@@ -864,7 +1040,7 @@ fn scatter_tiles(
             for (kl, k) in ks.clone().enumerate() {
                 let plane = n * og.k_total + k - plane0;
                 let row = &mut ys[plane * og.out_len + off..][..out_last];
-                let src = &yb[(pf * m_last * kn + kl) * s + j..];
+                let src = &yb[(pf * m_last * kn + kl) * cols + j..];
                 interleave_rows(&mut row[o0..], src, row_stride, full, m_last);
                 if full == run {
                     continue;

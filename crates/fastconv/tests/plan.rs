@@ -323,6 +323,78 @@ fn thread_counts_and_batch_splits() {
     }
 }
 
+/// Layers with few tiles for the threads (each thread's share below the default block) run
+/// with the threads splitting the output channels of each block instead of the images: on 2
+/// and 3 threads, 1-D, 2-D and 3-D, channels that do not split evenly (and fewer output
+/// channels than a micro-panel's rows, so a thread gets none), the default block and a set one;
+/// forward and backward-data give the same bits as on one thread, and match the reference.
+#[test]
+fn few_tiles_split_output_channels() {
+    // (batch, C, K, input, kernel, tile)
+    type Case = (
+        usize,
+        usize,
+        usize,
+        &'static [usize],
+        &'static [usize],
+        &'static [usize],
+    );
+    let cases: [Case; 5] = [
+        (2, 37, 21, &[11, 9], &[3, 3], &[4, 3]),
+        (3, 5, 3, &[7, 6], &[3, 2], &[3, 2]),
+        (1, 19, 40, &[23], &[3], &[4]),
+        (2, 9, 13, &[5, 6, 5], &[3, 3, 3], &[2, 3, 2]),
+        (4, 64, 24, &[6, 6], &[3, 3], &[4, 4]),
+    ];
+    for (case, &(batch, c, k, input, kernel, tile)) in cases.iter().enumerate() {
+        let g = ConvGeometry::new(batch, c, k, input, kernel)
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap();
+        let (x, w, dy) = (
+            uniform(case as u64, g.x_len()),
+            uniform(case as u64 + 10, g.w_len()),
+            uniform(case as u64 + 20, g.y_len()),
+        );
+        let mut y_ref = vec![0.0; g.y_len()];
+        reference::forward(&g, &x, &w, None, &mut y_ref).unwrap();
+        let mut dx_ref = vec![0.0; g.x_len()];
+        reference::backward_data(&g, &dy, &w, &mut dx_ref).unwrap();
+        for block in [None, Some(7)] {
+            let mut first: Option<(Vec<u32>, Vec<u32>)> = None;
+            for threads in 1..=3 {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let mut plan = WinogradPlan::new(&g, Some(tile)).unwrap();
+                if let Some(b) = block {
+                    plan.set_block_tiles(b).unwrap();
+                }
+                let (mut y, mut dx) = (vec![f32::NAN; g.y_len()], vec![f32::NAN; g.x_len()]);
+                pool.install(|| {
+                    plan.forward(&x, &w, &mut y).unwrap();
+                    plan.backward_data(&dy, &w, &mut dx).unwrap();
+                });
+                let ctx = format!("case {case} {g:?} block {block:?} threads {threads}");
+                assert!(max_rel_error(&y, &f64s(&y_ref)) <= TOL, "forward {ctx}");
+                assert!(
+                    max_rel_error(&dx, &f64s(&dx_ref)) <= TOL,
+                    "backward-data {ctx}"
+                );
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                match &first {
+                    None => first = Some((bits(&y), bits(&dx))),
+                    Some((fy, fdx)) => {
+                        assert!(*fy == bits(&y), "forward bits {ctx}");
+                        assert!(*fdx == bits(&dx), "backward-data bits {ctx}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Block buffers are kept per thread between calls and shared by all plans: a large plan, a
 /// small one (shorter buffers holding the large one's values), and the large one again, each
 /// against the reference on NaN-filled outputs.
