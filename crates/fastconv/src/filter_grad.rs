@@ -6,8 +6,9 @@
 //! images are summed in the transformed domain — per ξ one GEMM `M_ξ += U′_ξ · V_ξᵀ`,
 //! (K × T_b)·(T_b × C), accumulated over tile blocks — and one output transform per (k, c) at the
 //! end. Blocks run on rayon's pool: with small accumulators each thread accumulates its own M,
-//! summed at the end; with large ones (C3D's 512 × 512 3×3×3 layers: 216 MiB each) the threads
-//! transform a block each and then share the products of every block, ξ by ξ, into one M.
+//! summed at the end; with large ones (C3D's 512 × 512 3×3×3 layers: 216 MiB each, ResNet-50's
+//! 256@14² and 512@7²) the threads share every block: two transform its two sides, then all
+//! share its products, ξ by ξ, into one M.
 
 use conv_ops::ConvGeometry;
 use core_blas::AlignedVec;
@@ -102,10 +103,10 @@ struct BlockBufs {
 /// (`tt.out_tile()` = kernel, `tt.kernel()` = m′). Shapes validated by the caller.
 ///
 /// With several threads, an accumulator (α^N × K × C) of more than `shared_acc_above` bytes is
-/// not kept per thread: waves of one block per thread transform their tiles in parallel, then
-/// every block's α^N products run across the threads (whole products per thread) into one
-/// accumulator, in block order. Smaller ones are one per thread, each over a contiguous range of
-/// blocks, summed at the end.
+/// not kept per thread: blocks of `shared_block` tiles are each transformed by two threads (V
+/// and U′ side by side), then every block's α^N products run across the threads (whole products
+/// per thread) into one accumulator, in block order. Smaller ones are one per thread, each over a
+/// contiguous range of blocks of `block_tiles`, summed at the end.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward_filter(
     g: &ConvGeometry,
@@ -114,6 +115,7 @@ pub(crate) fn backward_filter(
     dy: &[f32],
     dw: &mut [f32],
     block_tiles: usize,
+    shared_block: usize,
     shared_acc_above: usize,
     ws: &mut FilterWorkspace,
 ) -> Result<()> {
@@ -126,12 +128,14 @@ pub(crate) fn backward_filter(
     debug_assert_eq!(tt.out_tile(), g.kernel());
     let tpd = tiles_per_dim(g.output(), &mp);
     let total = g.batch() * tpd.iter().product::<usize>();
-    let block = block_tiles.clamp(1, total.max(1));
+    let acc_len = a_n * k_out * c_in;
+    let pool_threads = rayon::current_num_threads().max(1);
+    // One accumulator shared by the threads (see below), whose blocks the threads share.
+    let shared = pool_threads > 1 && 4 * acc_len > shared_acc_above;
+    let block = if shared { shared_block } else { block_tiles }.clamp(1, total.max(1));
     let n_blocks = total.div_ceil(block);
     let pad: Vec<isize> = g.pad_before().iter().map(|&p| p as isize).collect();
     let zero_pad = vec![0isize; rank];
-    let acc_len = a_n * k_out * c_in;
-    let shared_above = shared_acc_above;
     let phased = Phased::new(&alpha, &mp);
     if n_blocks == 0 {
         dw.fill(0.0);
@@ -139,10 +143,8 @@ pub(crate) fn backward_filter(
     }
 
     let block_len = |b: usize| ((b + 1) * block).min(total) - b * block;
-    // V and U′ of block b into `bufs.v` and `bufs.u`.
-    let transform_block = |bufs: &mut BlockBufs, b: usize| {
-        let t0 = b * block;
-        let tb = block_len(b);
+    // V (side 0) or U′ (side 1) of tiles t0..t0 + tb into `bufs.v` or `bufs.u`.
+    let transform_side = |bufs: &mut BlockBufs, t0: usize, tb: usize, side: usize| {
         let BlockBufs {
             d,
             v,
@@ -158,13 +160,12 @@ pub(crate) fn backward_filter(
         // V = D ×ₙ Bₙᵀ and U′ = E ×ₙ Gₙ (in f32: the chunks of dy change every call), a group
         // of channels at a time: gather the group's tiles, transform, and the last mode's product
         // writes the group's rows of V (ξ, C, T_b) or U′ (ξ, K, T_b) in place (see `tiled`).
-        for (side, (src, src_dims, tile, pad, channels, mats, dst)) in [
-            (x, g.input(), &alpha, &pad, c_in, tt.bt(), &mut *v),
-            (dy, g.output(), &mp, &zero_pad, k_out, tt.g32(), &mut *u),
-        ]
-        .into_iter()
-        .enumerate()
         {
+            let (src, src_dims, tile, pad, channels, mats, dst) = if side == 0 {
+                (x, g.input(), &alpha, &pad, c_in, tt.bt(), &mut *v)
+            } else {
+                (dy, g.output(), &mp, &zero_pad, k_out, tt.g32(), &mut *u)
+            };
             if let Some(ph) = phased.as_ref().filter(|_| side == 0) {
                 // x by phases of the last dimension (see `tiled::Phased`).
                 dst.resize(a_n * channels * tb, 0.0);
@@ -192,7 +193,7 @@ pub(crate) fn backward_filter(
                 input_side_phased(ph, &inp, t0, tb, tb, cg, bufs, dst, channels * tb, |c0| {
                     RowsDest::Rows { at: c0 * tb }
                 });
-                continue;
+                return;
             }
             gather_segments(src_dims, tile, &mp, pad, &tpd, t0, tb, (0, 0), segs);
             let src_len: usize = src_dims.iter().product();
@@ -232,9 +233,15 @@ pub(crate) fn backward_filter(
             }
         }
     };
-    // M_ξ (K × C) += U′_ξ (K × T_b) · V_ξᵀ (T_b × C) for block b (transformed into `bufs`); `first`
+    // V and U′ of block b into `bufs.v` and `bufs.u`.
+    let transform_block = |bufs: &mut BlockBufs, b: usize| {
+        let (t0, tb) = (b * block, block_len(b));
+        transform_side(bufs, t0, tb, 0);
+        transform_side(bufs, t0, tb, 1);
+    };
+    // M_ξ (K × C) += U′_ξ (K × T_b) · V_ξᵀ (T_b × C) for block b (U′ in `u`, V in `v`); `first`
     // overwrites `acc` (beta = 0), so the accumulator is never cleared.
-    let accumulate = |bufs: &BlockBufs, acc: &mut AlignedVec, b: usize, first: bool| {
+    let accumulate = |u: &[f32], v: &[f32], acc: &mut AlignedVec, b: usize, first: bool| {
         let tb = block_len(b);
         acc.resize(acc_len, 0.0);
         core_blas::sgemm_batched(
@@ -244,10 +251,10 @@ pub(crate) fn backward_filter(
             c_in,
             tb,
             1.0,
-            &bufs.u,
+            u,
             tb,
             k_out * tb,
-            &bufs.v,
+            v,
             tb,
             c_in * tb,
             if first { 0.0 } else { 1.0 },
@@ -312,34 +319,31 @@ pub(crate) fn backward_filter(
             }
             Ok(())
         };
-    let threads = rayon::current_num_threads().clamp(1, n_blocks);
+    let threads = pool_threads.clamp(1, if shared { pool_threads } else { n_blocks });
     ws.states
         .resize_with(threads.max(ws.states.len()), ThreadState::default);
     let states = &mut ws.states[..threads];
-    if threads > 1 && 4 * acc_len > shared_above {
-        // One accumulator for all threads: waves of one block per thread transform in parallel,
-        // then each block's α^N products run over the threads (core-blas gives each thread whole
-        // products, i.e. its own ξ), adding into the one accumulator in block order.
+    if shared {
+        // One accumulator for all threads, each block shared by them: two threads transform its
+        // two sides (V from x, U′ from dy) side by side, then its α^N products run over the
+        // threads (core-blas gives each thread whole products, i.e. its own ξ), adding into the
+        // one accumulator in block order. The blocks are the size one thread would use (the
+        // caller's `shared_block`): blocks cut to a share per thread (waves of one block per
+        // thread) ran the products on half-length inner dimensions and read and wrote the
+        // accumulator once per share.
         let (first, rest) = states.split_at_mut(1);
-        let acc = &mut first[0].acc;
         for st in rest.iter_mut() {
             // A per-thread accumulator of an earlier call is not needed here.
             st.acc = AlignedVec::new();
         }
-        let mut b = 0;
-        while b < n_blocks {
-            let wave = threads.min(n_blocks - b);
-            let mut bufs: Vec<&mut BlockBufs> = std::iter::once(&mut first[0].bufs)
-                .chain(rest.iter_mut().map(|st| &mut st.bufs))
-                .take(wave)
-                .collect();
-            bufs.par_iter_mut()
-                .enumerate()
-                .for_each(|(i, bb)| transform_block(bb, b + i));
-            for (i, bb) in bufs.iter().enumerate() {
-                accumulate(bb, acc, b + i, b + i == 0)?;
-            }
-            b += wave;
+        let (s0, s1) = (&mut first[0], &mut rest[0]);
+        for b in 0..n_blocks {
+            let (t0, tb) = (b * block, block_len(b));
+            rayon::join(
+                || transform_side(&mut s0.bufs, t0, tb, 0),
+                || transform_side(&mut s1.bufs, t0, tb, 1),
+            );
+            accumulate(&s1.bufs.u, &s0.bufs.v, &mut s0.acc, b, b == 0)?;
         }
     } else {
         // Contiguous ranges of blocks, one per thread, each into its own accumulator.
@@ -351,7 +355,8 @@ pub(crate) fn backward_filter(
                 if a_n <= PACKED_MAX_ALPHA_N {
                     accumulate_packed(&mut st.bufs, &mut st.acc, b, b == b0)?;
                 } else {
-                    accumulate(&st.bufs, &mut st.acc, b, b == b0)?;
+                    let ThreadState { bufs, acc } = st;
+                    accumulate(&bufs.u, &bufs.v, acc, b, b == b0)?;
                 }
             }
             Ok(())
@@ -463,7 +468,17 @@ mod tests {
                 for shared_above in [usize::MAX, 0] {
                     let mut dw = vec![f32::NAN; g.w_len()];
                     pool.install(|| {
-                        backward_filter(&g, &tt, &x, &dy, &mut dw, block, shared_above, &mut ws)
+                        backward_filter(
+                            &g,
+                            &tt,
+                            &x,
+                            &dy,
+                            &mut dw,
+                            block,
+                            block,
+                            shared_above,
+                            &mut ws,
+                        )
                     })
                     .unwrap();
                     let err = max_rel_error(&dw, &want);

@@ -537,7 +537,10 @@ impl WinogradPlan {
         let alpha_n: usize = self.bwd_filter.in_tile().iter().product();
         let tiles = self.tiles(g.output(), &self.filter_tile);
         let (c, k) = (g.in_channels(), g.out_channels());
-        let block = self.block(default_filter_block_tiles(alpha_n, c, k), tiles);
+        let default = default_filter_block_tiles(alpha_n, c, k);
+        let block = self.block(default, tiles);
+        // With one accumulator shared by the threads, they share each block: one thread's size.
+        let shared_block = self.block_tiles.unwrap_or(default);
         let mut run = |ws: &mut FilterWorkspace| {
             crate::filter_grad::backward_filter(
                 &g,
@@ -546,6 +549,7 @@ impl WinogradPlan {
                 dy,
                 dw,
                 block,
+                shared_block,
                 crate::filter_grad::SHARED_ACC_BYTES,
                 ws,
             )
