@@ -648,6 +648,9 @@ pub(crate) struct Phased {
     tile: Vec<usize>,
     /// Phantom tiles per run.
     extra: usize,
+    /// Whether [`input_side_phased`] takes the fused 2-D form ([`fused_rows_2d`]); `None`: by
+    /// [`fused_applies`].
+    pub(crate) fused: Option<bool>,
 }
 
 impl Phased {
@@ -663,6 +666,7 @@ impl Phased {
         Some(Phased {
             tile,
             extra: alpha[last].div_ceil(m[last]) - 1,
+            fused: None,
         })
     }
 }
@@ -739,18 +743,23 @@ pub(crate) fn input_side_phased(
     let a_p = alpha[last - 1];
     // ξ′: rows over the modes before the last, after their transforms (α^(N−1)).
     let outer: usize = alpha[..last].iter().product();
-    block_runs(tpd, t0, tb, ends);
-    let n_ph = gather_segments(
-        inp.dims,
-        &ph.tile,
-        m,
-        inp.pad,
-        tpd,
-        t0,
-        tb,
-        (extra, 0),
-        segs,
-    );
+    let fused = ph.fused.unwrap_or_else(|| fused_applies(inp));
+    let n_ph = if fused {
+        0
+    } else {
+        block_runs(tpd, t0, tb, ends);
+        gather_segments(
+            inp.dims,
+            &ph.tile,
+            m,
+            inp.pad,
+            tpd,
+            t0,
+            tb,
+            (extra, 0),
+            segs,
+        )
+    };
     let tile_n: usize = ph.tile.iter().product();
     // For each shift q = 1..=extra, the tiles j whose tile j + q lies past their run's end, and
     // the phantom that stands for it: `fixes[fix_at[q − 1]..fix_at[q]]`.
@@ -769,6 +778,29 @@ pub(crate) fn input_side_phased(
     let mut c0 = 0;
     while c0 < count {
         let cn = cg.min(count - c0);
+        if fused {
+            // The rows before the last mode straight from the source (see `fused_rows_2d`).
+            let ex_row = cn * tbp;
+            ex.resize(outer * a_last * ex_row, 0.0);
+            fused_rows_2d(inp, lastp, t0, tb, tbp, c0..c0 + cn, d, scratch, ex);
+            if let RowsDest::Panels { .. } = dest(c0) {
+                scratch.grow_to(b_last.rows() * ex_row);
+            }
+            for o in 0..outer {
+                last_mode_rows(
+                    b_last,
+                    o,
+                    &ex[o * a_last * ex_row..],
+                    ex_row,
+                    scratch,
+                    v,
+                    ldv,
+                    dest(c0),
+                );
+            }
+            c0 += cn;
+            continue;
+        }
         // The tiles' phases (rows × channels × tbp), then the phantoms' (rows × channels ×
         // n_ph). Every column but the padding lanes tb..tbp is written (they only meet B's
         // padding columns, which never reach M): no clearing.
@@ -854,6 +886,168 @@ pub(crate) fn input_side_phased(
         c0 += cn;
     }
 }
+
+/// Source planes of at least this many values take the fused 2-D input side
+/// ([`fused_rows_2d`]). Measured (wino_probe blocks, forward, CPU ms, minima, base / fused,
+/// alternating processes, quiet 14:08-14:17 UTC session 24): the paper layers (224², 6×6) 6.15 /
+/// 5.65, 5.93 / 5.52, 5.68 / 5.06 (batch 20: 121.2-123.4 / 113.6-117.3), VGG 128@112² (7×7)
+/// 78.0-86.1 / 73.7-75.0, 64@224² (7×4) 113.7-120.0 / 112.6-113.4; on planes that stay in cache
+/// it loses: ResNet-50 64@56² (7×4, 3136 values) 7.65-7.83 / 7.87-7.95, 512@7² (7×2) 8.73-8.99 /
+/// 9.17-10.24, 128@28² and 256@14² level.
+const FUSED_MIN_PLANE: usize = 8192;
+
+/// Whether the 2-D input side reads the source by [`fused_rows_2d`]: two dimensions, large
+/// planes ([`FUSED_MIN_PLANE`]) and m ≥ 3 along the last one.
+fn fused_applies(inp: &PhasedSource<'_>) -> bool {
+    inp.dims.len() == 2 && inp.dims.iter().product::<usize>() >= FUSED_MIN_PLANE && inp.step[1] >= 3
+}
+
+/// The 2-D input side's rows before the last mode, fused with the gather: per run of a block's
+/// tiles along the last dimension and channel, mode 0 (`b0`, α₀ × α₀) runs straight on the
+/// source rows (contiguous vector reads, `z` = α₀ × the run's α₁ + (run − 1)·m₁ columns; columns
+/// outside the source are zero, rows outside it are staged), then each transformed row of `z` is
+/// de-interleaved by `core_blas::Gemm::deinterleave` into its m₁ phases, the tiles' columns
+/// w < m₁ of `ex` ((α₀, α₁, channels, tbp)); column w ≥ m₁ is column w − m₁ shifted by one tile.
+/// No phantom tiles and no strided reads of the source: the gather's source reads waited on the
+/// lines (session 18: a vectorised gather alone was level), the product's contiguous ones, with
+/// the source band of the (run, channel) [`FUSED_PREFETCH`] items on prefetched toward L2, do not
+/// (measured at [`FUSED_MIN_PLANE`]; without the prefetch the fused form was 7-10 % slower than
+/// the gather).
+#[allow(clippy::too_many_arguments)]
+fn fused_rows_2d(
+    inp: &PhasedSource<'_>,
+    b0: &SparseTransform<f32>,
+    t0: usize,
+    tb: usize,
+    tbp: usize,
+    chans: std::ops::Range<usize>,
+    stage: &mut AlignedVec,
+    z: &mut AlignedVec,
+    ex: &mut [f32],
+) {
+    let (h, w) = (inp.dims[0], inp.dims[1]);
+    let (a0, a1) = (inp.alpha[0], inp.alpha[1]);
+    let (m0, m1) = (inp.step[0], inp.step[1]);
+    let (tp0, tp1) = (inp.tpd[0], inp.tpd[1]);
+    let per_image = tp0 * tp1;
+    let cn = chans.len();
+    let ex_row = cn * tbp;
+    let max_zw = (tp1.min(tb) - 1) * m1 + a1;
+    let ldz = max_zw.next_multiple_of(16);
+    z.grow_to(a0 * ldz);
+    // The block's runs: (first block tile, tiles, image, tile row, first tile column).
+    let mut runs = Vec::new();
+    let mut j = 0;
+    while j < tb {
+        let t = t0 + j;
+        let img = t / per_image;
+        let (ty, tx) = ((t % per_image) / tp1, t % tp1);
+        let run = (tp1 - tx).min(tb - j);
+        runs.push((j, run, img, ty, tx));
+        j += run;
+    }
+    let pfd = FUSED_PREFETCH;
+    let gemm = Gemm::global().ok();
+    // The source rows and columns a (run, channel) reads: (plane offset, rows, columns).
+    let band = |k: usize, c: usize| {
+        let (_, run, img, ty, tx) = runs[k];
+        let zw = (run - 1) * m1 + a1;
+        let row0 = (ty * m0) as isize - inp.pad[0];
+        let col0 = (tx * m1) as isize - inp.pad[1];
+        let lo = (-col0).clamp(0, zw as isize) as usize;
+        let hi = (w as isize - col0).clamp(lo as isize, zw as isize) as usize;
+        let r_lo = row0.clamp(0, h as isize) as usize;
+        let r_hi = (row0 + a0 as isize).clamp(0, h as isize) as usize;
+        let plane = (img * inp.channels + c) * h * w;
+        (plane, row0, col0, zw, lo, hi, r_lo, r_hi)
+    };
+    let items = runs.len() * cn;
+    for it in 0..items {
+        let (k, cl) = (it / cn, it % cn);
+        let c = chans.start + cl;
+        {
+            // The band `pfd` items on (next channel of the run, the next run, or the next
+            // group's first channels), toward L2.
+            let nx = it + pfd;
+            let (nk, nc) = if nx < items {
+                (nx / cn, chans.start + nx % cn)
+            } else {
+                (0, chans.end + (nx - items))
+            };
+            if nc < inp.count {
+                let (plane, _, col0, _, lo, hi, r_lo, r_hi) = band(nk, nc);
+                if lo < hi {
+                    for r in r_lo..r_hi {
+                        let at = plane + r * w + (col0 + lo as isize) as usize;
+                        for i in (0..hi - lo).step_by(16) {
+                            core_blas::pack::prefetch_l2(inp.src, at + i);
+                        }
+                        core_blas::pack::prefetch_l2(inp.src, at + hi - lo - 1);
+                    }
+                }
+            }
+        }
+        let (j, run, ..) = runs[k];
+        let (plane, row0, col0, zw, lo, hi, _, _) = band(k, c);
+        {
+            // Columns outside the source transform to zero (mode 0 acts column by column): only
+            // the in-range columns lo..hi of z are computed; rows outside it are staged.
+            if lo > 0 || hi < zw {
+                for o in 0..a0 {
+                    z[o * ldz..][..lo].fill(0.0);
+                    z[o * ldz + hi..][..zw - hi].fill(0.0);
+                }
+            }
+            if lo < hi {
+                let c_at = (col0 + lo as isize) as usize;
+                if row0 >= 0 && row0 as usize + a0 <= h {
+                    let at = plane + row0 as usize * w + c_at;
+                    strided_product(b0, hi - lo, &inp.src[at..], w, &mut z[lo..], ldz);
+                } else {
+                    let sw = hi - lo;
+                    stage.grow_to(a0 * sw);
+                    for i in 0..a0 {
+                        let dst = &mut stage[i * sw..][..sw];
+                        let r = row0 + i as isize;
+                        if r < 0 || r as usize >= h {
+                            dst.fill(0.0);
+                        } else {
+                            dst.copy_from_slice(&inp.src[plane + r as usize * w + c_at..][..sw]);
+                        }
+                    }
+                    strided_product(b0, sw, stage, sw, &mut z[lo..], ldz);
+                }
+            }
+            for o in 0..a0 {
+                let zr = &z[o * ldz..];
+                let base = o * a1 * ex_row + cl * tbp + j;
+                let done = gemm.is_some_and(|g| {
+                    g.deinterleave(&mut ex[base..], ex_row, &zr[..run * m1], m1, run)
+                        .is_ok()
+                });
+                if !done {
+                    for wi in 0..m1 {
+                        let dst = &mut ex[base + wi * ex_row..][..run];
+                        strided_read(dst, &zr[wi..], m1);
+                    }
+                }
+                // Row w ≥ m₁: row w − m₁ shifted by one tile, the run's last tile from z.
+                for wi in m1..a1 {
+                    let (lo_rows, hi_rows) = ex.split_at_mut(base + wi * ex_row);
+                    let prev = &lo_rows[base + (wi - m1) * ex_row..][..run];
+                    let dst = &mut hi_rows[..run];
+                    dst[..run - 1].copy_from_slice(&prev[1..]);
+                    dst[run - 1] = zr[(run - 1) * m1 + wi];
+                }
+            }
+        }
+    }
+}
+
+/// Prefetch distance of [`fused_rows_2d`], in (run, channel) items. Measured (paper layers b1
+/// forward, quiet 14:02:20 UTC session 24, minima): 1 and 3 level (17.06-17.26 ms for the three
+/// layers), none 18.6-19.2.
+const FUSED_PREFETCH: usize = 2;
 
 thread_local! {
     /// Block buffers kept by each thread between calls (see [`Pooled`]).
@@ -1445,6 +1639,113 @@ mod tests {
     use super::*;
     use rand::rngs::SmallRng;
     use rand::{Rng, SeedableRng};
+
+    /// The fused 2-D input side ([`fused_rows_2d`]) against the phased gather on random 2-D
+    /// geometries: paddings and croppings, m 1-6 (below 3 too), blocks that cut runs, several
+    /// images and channel groups, both destinations (rows and NR-wide panels), every tile's
+    /// value within float rounding of the gather's.
+    #[test]
+    fn fused_input_side_matches_gather() {
+        let mut rng = SmallRng::seed_from_u64(24);
+        for case in 0..80 {
+            let r: Vec<usize> = (0..2).map(|_| rng.random_range(2..=4)).collect();
+            let m: Vec<usize> = r
+                .iter()
+                .map(|&r| rng.random_range(1..=(9 - r).min(6)))
+                .collect();
+            let tts: Vec<_> = r
+                .iter()
+                .zip(&m)
+                .map(|(&r, &m)| crate::points::transform_for(m, r).unwrap())
+                .collect();
+            let tt = TileTransforms::new(&tts).unwrap();
+            let alpha = tt.in_tile();
+            let mut ph = Phased::new(&alpha, &m).expect("α > m along the last dimension");
+            let dims: Vec<usize> = (0..2).map(|_| rng.random_range(3..=30)).collect();
+            let pad: Vec<isize> = (0..2)
+                .map(|_| rng.random_range(-2i64..=3) as isize)
+                .collect();
+            let output: Vec<usize> = dims.iter().map(|&d| rng.random_range(1..=d + 3)).collect();
+            let tpd = tiles_per_dim(&output, &m);
+            let (batch, channels) = (rng.random_range(1..=2), rng.random_range(1..=7));
+            let src: Vec<f32> = (0..batch * channels * dims[0] * dims[1])
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
+            let total = batch * tpd[0] * tpd[1];
+            let t0 = rng.random_range(0..total);
+            let tb = rng.random_range(1..=(total - t0).min(40));
+            let cg = rng.random_range(1..=channels);
+            let bt = tt.bt();
+            let inp = PhasedSource {
+                src: &src,
+                dims: &dims,
+                channels,
+                count: channels,
+                pad: &pad,
+                alpha: &alpha,
+                step: &m,
+                tpd: &tpd,
+                mats: &bt,
+            };
+            let a_n: usize = alpha.iter().product();
+            let nr = 16;
+            for panels in [false, true] {
+                let tbp = if panels { tb.div_ceil(nr) * nr } else { tb };
+                let ldv = channels * tbp;
+                let dest = |c0: usize| {
+                    if panels {
+                        RowsDest::Panels {
+                            at: c0 * nr,
+                            seg: tbp,
+                            len: tbp,
+                            nr,
+                            panel_stride: channels * nr,
+                        }
+                    } else {
+                        RowsDest::Rows { at: c0 * tb }
+                    }
+                };
+                let mut outs = Vec::new();
+                for fused in [false, true] {
+                    ph.fused = Some(fused);
+                    let mut v = vec![f32::NAN; a_n * ldv];
+                    let mut l = Local::default();
+                    let (mut segs, mut ends) = (Vec::new(), Vec::new());
+                    let bufs = PhasedBufs {
+                        d: &mut l.d,
+                        scratch: &mut l.scratch,
+                        tmp: &mut l.tmp,
+                        ex: &mut l.ex,
+                        pt: &mut l.pt,
+                        segs: &mut segs,
+                        ends: &mut ends,
+                    };
+                    input_side_phased(&ph, &inp, t0, tb, tbp, cg, bufs, &mut v, ldv, dest);
+                    outs.push(v);
+                }
+                let scale = outs[0].iter().fold(1f32, |a, v| a.max(v.abs()));
+                for xi in 0..a_n {
+                    for c in 0..channels {
+                        for t in 0..tb {
+                            let at = xi * ldv
+                                + if panels {
+                                    (t / nr) * channels * nr + c * nr + t % nr
+                                } else {
+                                    c * tb + t
+                                };
+                            let (want, got) = (outs[0][at], outs[1][at]);
+                            assert!(
+                                (want - got).abs() <= 1e-5 * scale,
+                                "case {case}: dims {dims:?} pad {pad:?} m {m:?} r {r:?} tpd \
+                                 {tpd:?} t0 {t0} tb {tb} cg {cg} panels {panels}: ξ {xi} c {c} \
+                                 t {t}: {got} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     /// `interleave_rows` equals the naive double loop for every tile size 1-9 (the fixed-size
     /// forms and the generic one) and run lengths 0-40, touching nothing past `n · m`.
