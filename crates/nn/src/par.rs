@@ -142,6 +142,54 @@ pub(crate) fn planes(
     }
 }
 
+/// `f(p, a_p)` for every plane `p` of `plane` values of `a` (a multiple of `plane` long), read
+/// front to back in runs of whole planes across threads; the results in plane order, or the
+/// first error.
+pub(crate) fn map_planes<R: Send>(
+    a: &[f32],
+    plane: usize,
+    f: impl Fn(usize, &[f32]) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
+    if plane == 0 {
+        return Ok(Vec::new());
+    }
+    if split(a.len()) {
+        a.par_chunks(plane)
+            .enumerate()
+            .with_min_len(PAR_MIN.div_ceil(plane))
+            .map(|(p, a)| f(p, a))
+            .collect()
+    } else {
+        a.chunks(plane).enumerate().map(|(p, a)| f(p, a)).collect()
+    }
+}
+
+/// The same over matching planes of `a` and `b` (one length).
+pub(crate) fn map_planes2<R: Send>(
+    a: &[f32],
+    b: &[f32],
+    plane: usize,
+    f: impl Fn(usize, &[f32], &[f32]) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
+    if plane == 0 {
+        return Ok(Vec::new());
+    }
+    if split(a.len()) {
+        a.par_chunks(plane)
+            .zip(b.par_chunks(plane))
+            .enumerate()
+            .with_min_len(PAR_MIN.div_ceil(plane))
+            .map(|(p, (a, b))| f(p, a, b))
+            .collect()
+    } else {
+        a.chunks(plane)
+            .zip(b.chunks(plane))
+            .enumerate()
+            .map(|(p, (a, b))| f(p, a, b))
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,6 +300,21 @@ mod tests {
                             .enumerate()
                             .all(|(i, &v)| v == 1.0 + (i / plane) as f32)
                     );
+                    // Every plane once, with its own partner, results in plane order.
+                    let got = on(&mut || {
+                        let sums = map_planes(&q, plane, |k, x| Ok((k, x.iter().sum::<f32>())))?;
+                        let pairs = map_planes2(&p, &q, plane, |k, x, y| {
+                            Ok((k, x.len() == y.len() && x[0] == 2.0 * y[0] - 1.0))
+                        })?;
+                        assert_eq!(sums.len(), n / plane);
+                        assert_eq!(pairs.len(), n / plane);
+                        for (k, &(j, s)) in sums.iter().enumerate() {
+                            assert_eq!((j, s), (k, plane as f32 * (1.0 + k as f32)));
+                        }
+                        assert!(pairs.iter().enumerate().all(|(k, &(j, ok))| j == k && ok));
+                        Ok(())
+                    });
+                    got.unwrap();
                 }
             }
         }
