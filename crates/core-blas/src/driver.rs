@@ -289,11 +289,13 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     // 89.4/89.9, 86.6/87.0, 85.7/86.6%; avx512 level (256×3136×2304 93.0/93.2, 89.6/88.5,
     // 90.1/90.1%; 64×50176×576 85.1/85.2, 83.0/82.6, 82.3/83.8%).
     let head = match (sink.direct, fuse) {
-        (Some(d), Some((data, ld))) if d.cs == 1 && (d.rs * 4) % 64 == 0 => {
+        (Some(d), Some((data, ld))) if d.cs == 1 && d.rs.is_multiple_of(16) => {
             let c_off = d.ptr.wrapping_add(rows.0 * d.rs + cols.0) as usize % 64;
             let b_off = data.as_ptr().wrapping_add(cols.0) as usize % 64;
             let h = (64 - c_off) % 64 / 4;
-            let aligned_b = (ld * 4) % 64 == 0 && b_off == c_off;
+            // Row strides as multiples of 16 floats (64 bytes): `ld` may be any size (`usize::MAX`
+            // when k = 1), so never scaled to bytes.
+            let aligned_b = ld.is_multiple_of(16) && b_off == c_off;
             if aligned_b && h < cols.1 - cols.0 {
                 h
             } else {
