@@ -71,6 +71,62 @@ pub(crate) fn runs_bits(
     }
 }
 
+/// `f(run_a, run_b, bits)` over matching runs of `a` and `b` (one length) with the bytes of
+/// a one-bit-per-value mask `bits` that cover them (as [`runs_bits_mut`]).
+pub(crate) fn runs_ref_bits_mut(
+    a: &mut [f32],
+    b: &[f32],
+    bits: &mut [u8],
+    f: impl Fn(&mut [f32], &[f32], &mut [u8]) -> Result<()> + Sync,
+) -> Result<()> {
+    if split(a.len()) {
+        a.par_chunks_mut(PAR_MIN)
+            .zip(b.par_chunks(PAR_MIN))
+            .zip(bits.par_chunks_mut(PAR_MIN / 8))
+            .try_for_each(|((a, b), m)| f(a, b, m))
+    } else {
+        f(a, b, bits)
+    }
+}
+
+/// `f(run_a, run_b, bits)` over matching runs of `a` and `b` (one length, both written) with
+/// the mask bytes that cover them, read only.
+pub(crate) fn runs_mut_bits(
+    a: &mut [f32],
+    b: &mut [f32],
+    bits: &[u8],
+    f: impl Fn(&mut [f32], &mut [f32], &[u8]) -> Result<()> + Sync,
+) -> Result<()> {
+    if split(a.len()) {
+        a.par_chunks_mut(PAR_MIN)
+            .zip(b.par_chunks_mut(PAR_MIN))
+            .zip(bits.par_chunks(PAR_MIN / 8))
+            .try_for_each(|((a, b), m)| f(a, b, m))
+    } else {
+        f(a, b, bits)
+    }
+}
+
+/// `dst = src` (one length), in runs across threads.
+pub(crate) fn copy(dst: &mut [f32], src: &[f32]) {
+    if split(dst.len()) {
+        dst.par_chunks_mut(PAR_MIN)
+            .zip(src.par_chunks(PAR_MIN))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+    } else {
+        dst.copy_from_slice(src);
+    }
+}
+
+/// Every value of `a` set to zero, in runs across threads.
+pub(crate) fn zero(a: &mut [f32]) {
+    if split(a.len()) {
+        a.par_chunks_mut(PAR_MIN).for_each(|r| r.fill(0.0));
+    } else {
+        a.fill(0.0);
+    }
+}
+
 /// `f(p, &mut a_p, &mut b_p)` for every plane `p` of `plane` values of `a` and `b` (one
 /// length, a multiple of `plane`), planes in order on one thread or in groups across threads.
 pub(crate) fn planes_mut(
@@ -255,6 +311,49 @@ mod tests {
                     })
                 })
                 .unwrap();
+                // The three-operand runs see matching runs and their own mask bytes.
+                let mut sum: Vec<f32> = (0..len).map(|i| i as f32).collect();
+                let mut bits2 = vec![0u8; len.div_ceil(8)];
+                on(&mut || {
+                    runs_ref_bits_mut(&mut sum, &idx, &mut bits2, |x, y, b| {
+                        assert_eq!(x.len(), y.len());
+                        for (j, b) in b.iter_mut().enumerate().take(x.len().div_ceil(8)) {
+                            *b = ((y[8 * j] as usize / 8) % 251) as u8;
+                        }
+                        x.iter_mut().zip(y).for_each(|(x, y)| *x += y);
+                        Ok(())
+                    })
+                })
+                .unwrap();
+                assert_eq!(bits2, bits);
+                assert!(sum.iter().enumerate().all(|(i, &v)| v == 2.0 * i as f32));
+                let mut out = vec![0.0f32; len];
+                on(&mut || {
+                    runs_mut_bits(&mut sum, &mut out, &bits, |x, o, b| {
+                        for (j, &b) in b.iter().enumerate().take(x.len().div_ceil(8)) {
+                            assert_eq!(b as usize, (x[8 * j] as usize / 16) % 251);
+                        }
+                        o.copy_from_slice(x);
+                        x.iter_mut().for_each(|v| *v = -*v);
+                        Ok(())
+                    })
+                })
+                .unwrap();
+                assert!(out.iter().enumerate().all(|(i, &v)| v == 2.0 * i as f32));
+                assert!(sum.iter().enumerate().all(|(i, &v)| v == -2.0 * i as f32));
+                let mut copied = vec![1.0f32; len];
+                on(&mut || {
+                    copy(&mut copied, &out);
+                    Ok(())
+                })
+                .unwrap();
+                assert_eq!(copied, out);
+                on(&mut || {
+                    zero(&mut copied);
+                    Ok(())
+                })
+                .unwrap();
+                assert!(copied.iter().all(|&v| v == 0.0));
                 let failed = on(&mut || {
                     runs(&mut a, |_| {
                         Err(NnError::NoForward {

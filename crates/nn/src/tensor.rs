@@ -248,7 +248,7 @@ pub(crate) fn step_done() {
 fn zeroed(len: usize) -> Storage {
     match reuse(len) {
         Some(mut v) => {
-            v.fill(0.0);
+            crate::par::zero(&mut v);
             v
         }
         None => fresh(len),
@@ -261,11 +261,12 @@ fn scratch(len: usize) -> Storage {
     reuse(len).unwrap_or_else(|| fresh(len))
 }
 
-/// A copy of `src` in a recycled buffer of its length if one waits, else in a new one.
+/// A copy of `src` in a recycled buffer of its length if one waits, else in a new one (a recycled
+/// buffer is filled in runs across threads).
 fn copied(src: &[f32]) -> Storage {
     match reuse(src.len()) {
         Some(mut v) => {
-            v.copy_from_slice(src);
+            crate::par::copy(&mut v, src);
             v
         }
         None if huge(src.len()) => Storage::Huge(AlignedVec::from(src)),

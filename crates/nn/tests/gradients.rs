@@ -685,9 +685,30 @@ fn batch_norm_and_residual_gradients() {
 /// right where its outputs cluster (around 0), so finite differences of the whole block are
 /// unreliable. Its backward must instead equal the chain rule over its parts, each of which is
 /// checked by finite differences above: the same layers built from the same seed, run by hand.
+///
+/// The large identity case (138 320 values: several of the fused ReLU's steps and, on two
+/// threads, several parallel runs, none a whole number of steps) runs on one and two threads;
+/// its backward without dx must leave the same parameter gradients.
 #[test]
 fn residual_block_is_the_chain_of_its_parts() {
-    for (cin, cout, stride, shape) in [(4, 4, 1, [3, 4, 5, 6]), (3, 5, 2, [3, 3, 7, 6])] {
+    let cases = [
+        (1, 4, 4, 1, [3, 4, 5, 6]),
+        (1, 3, 5, 2, [3, 3, 7, 6]),
+        (1, 4, 4, 1, [2, 4, 91, 190]),
+        (2, 4, 4, 1, [2, 4, 91, 190]),
+        (2, 3, 5, 2, [3, 3, 7, 6]),
+    ];
+    for (threads, cin, cout, stride, shape) in cases {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(|| residual_chain(cin, cout, stride, shape));
+    }
+}
+
+fn residual_chain(cin: usize, cout: usize, stride: usize, shape: [usize; 4]) {
+    {
         let algo = ConvAlgo::Convgemm;
         let mut block =
             BasicBlock::basic_block(cin, cout, stride, algo, &mut SmallRng::seed_from_u64(5))
@@ -765,6 +786,18 @@ fn residual_block_is_the_chain_of_its_parts() {
             .collect();
         let block_grads: Vec<&Tensor> = block.params().into_iter().map(|(_, p)| &p.grad).collect();
         assert_eq!(block_grads, grads, "parameter gradients");
+
+        // The same block without dx (the identity's gradient copy is skipped).
+        let mut again =
+            BasicBlock::basic_block(cin, cout, stride, algo, &mut SmallRng::seed_from_u64(5))
+                .unwrap();
+        again.forward(x, true).unwrap();
+        let rng = &mut SmallRng::seed_from_u64(6);
+        let _ = random(&shape, rng);
+        let r = random(y.shape(), rng);
+        assert!(again.backward(r, false).unwrap().is_none());
+        let again_grads: Vec<&Tensor> = again.params().into_iter().map(|(_, p)| &p.grad).collect();
+        assert_eq!(again_grads, block_grads, "parameter gradients without dx");
     }
 }
 

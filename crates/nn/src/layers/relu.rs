@@ -24,6 +24,88 @@ impl Relu {
     }
 }
 
+/// Values per step of the fused passes below (16 KiB of f32, a multiple of 8 so that each
+/// step starts on a mask byte): each operand's step stays in L1 between the two kernels.
+const FUSED_STEP: usize = 4096;
+
+impl Relu {
+    /// `relu(h + skip)` as this layer's forward of `h + skip`, in one pass over memory: per
+    /// step of [`FUSED_STEP`] values the sum, then the ReLU (and its mask) while the step is
+    /// in L1. `h` and `skip` have one shape (the caller checks). The residual blocks' output.
+    pub(crate) fn forward_sum(
+        &mut self,
+        mut h: Tensor,
+        skip: &Tensor,
+        train: bool,
+    ) -> Result<Tensor> {
+        let v = Vector::global()?;
+        if h.len() != skip.len() {
+            return Err(NnError::shape(
+                "ReLU",
+                "skip",
+                skip.shape(),
+                format!("{:?}", h.shape()),
+            ));
+        }
+        if train {
+            self.mask.clear();
+            self.mask.resize(mask_bytes(h.len()), 0);
+            crate::par::runs_ref_bits_mut(h.data_mut(), skip.data(), &mut self.mask, |x, s, m| {
+                for ((x, s), m) in x
+                    .chunks_mut(FUSED_STEP)
+                    .zip(s.chunks(FUSED_STEP))
+                    .zip(m.chunks_mut(FUSED_STEP / 8))
+                {
+                    v.add(x, s)?;
+                    v.relu_train(x, m)?;
+                }
+                Ok(())
+            })?;
+            self.saved = Some(h.shape().to_vec());
+        } else {
+            crate::par::runs_ref(h.data_mut(), skip.data(), |x, s| {
+                for (x, s) in x.chunks_mut(FUSED_STEP).zip(s.chunks(FUSED_STEP)) {
+                    v.add(x, s)?;
+                    v.relu(x);
+                }
+                Ok(())
+            })?;
+        }
+        Ok(h)
+    }
+
+    /// This layer's backward, returning the gradient twice (for a residual block's two paths)
+    /// in one pass over memory: per step of [`FUSED_STEP`] values the ReLU's backward, then
+    /// the copy while the step is in L1.
+    pub(crate) fn backward_fork(&mut self, mut dy: Tensor) -> Result<(Tensor, Tensor)> {
+        let shape = self.saved.take().ok_or_else(|| NnError::NoForward {
+            layer: self.describe(),
+        })?;
+        if dy.shape() != shape.as_slice() {
+            return Err(NnError::shape(
+                "ReLU",
+                "dy",
+                dy.shape(),
+                format!("{shape:?}"),
+            ));
+        }
+        let v = Vector::global()?;
+        let mut copy = Tensor::scratch(&shape);
+        crate::par::runs_mut_bits(dy.data_mut(), copy.data_mut(), &self.mask, |d, c, m| {
+            for ((d, c), m) in d
+                .chunks_mut(FUSED_STEP)
+                .zip(c.chunks_mut(FUSED_STEP))
+                .zip(m.chunks(FUSED_STEP / 8))
+            {
+                v.relu_backward(d, m)?;
+                c.copy_from_slice(d);
+            }
+            Ok(())
+        })?;
+        Ok((dy, copy))
+    }
+}
+
 impl Layer for Relu {
     fn describe(&self) -> String {
         "ReLU".into()

@@ -246,7 +246,7 @@ impl Layer for Residual {
             Some((_, s)) => s.forward(x.clone(), train)?,
             None => x.clone(),
         };
-        let mut h = self.body.forward(x, train)?;
+        let h = self.body.forward(x, train)?;
         if h.shape() != skip.shape() {
             return Err(NnError::shape(
                 self.describe(),
@@ -255,20 +255,26 @@ impl Layer for Residual {
                 format!("a shortcut of shape {:?}", h.shape()),
             ));
         }
-        add_into(&mut h, &skip)?;
-        self.out.forward(h, train)
+        self.out.forward_sum(h, &skip, train)
     }
 
     fn backward(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
-        let d = self
-            .out
-            .backward(dy, true)?
-            .ok_or_else(|| NnError::NoForward {
-                layer: self.desc.clone(),
-            })?;
+        // The gradient reaches both paths: the ReLU's backward writes it twice in one pass
+        // (once when the identity's copy is not needed).
+        if self.shortcut.is_none() && !need_dx {
+            let d = self
+                .out
+                .backward(dy, true)?
+                .ok_or_else(|| NnError::NoForward {
+                    layer: self.desc.clone(),
+                })?;
+            Layer::backward(&mut self.body, d, false)?;
+            return Ok(None);
+        }
+        let (d, d2) = self.out.backward_fork(dy)?;
         let skip = match &mut self.shortcut {
-            Some((_, s)) => Layer::backward(s, d.clone(), need_dx)?,
-            None => need_dx.then(|| d.clone()),
+            Some((_, s)) => Layer::backward(s, d2, need_dx)?,
+            None => Some(d2),
         };
         let main = Layer::backward(&mut self.body, d, need_dx)?;
         Ok(match (main, skip) {
