@@ -29,8 +29,15 @@ const PAR_MIN_MNK_PER_THREAD: usize = 1 << 20;
 /// but 256×3136×2304 (12 rows) and 2048³ (16 rows) lost 1-4 points on `Vec` operands (91.7/91.1,
 /// 82.7/81.2, 90.2/86.4, 91.0/89.4%; 93.5/92.3, 95.0/93.4, 95.0/94.0, 94.7/93.8%): prefetches
 /// inside the k-loop of lines on 4 KiB pages slow its tiles by 200-550 TSC cycles
-/// (`CORE_BLAS_TT`, s22-blas-wip), more than the burst costs when it is short.
-const SPREAD_MIN_ROWS: usize = 24;
+/// (`CORE_BLAS_TT`, s22-blas-wip), more than the burst costs when it is short. Session 25, with
+/// today's kernels (spread on every tile, i.e. from 1 row, against 24; avx512, quiet 17:17 and
+/// 17:18 UTC, base/new): 256×3136×2304 (12 rows) `--aligned` 94.9/95.4, 94.7/95.8, 94.5/95.7,
+/// 95.3/96.1, 95.5/96.6, 90.5/91.0%, `Vec` 88.3/89.2, 90.9/91.4, 90.1/88.8, 91.2/92.1,
+/// 91.9/93.2, 91.9/92.6%; 2048³ (16 rows) level (`--aligned` 95.4/93.5, 96.5/96.7, 96.0/95.4,
+/// 96.9/96.8, 96.5/97.2, 95.1/94.7%, `Vec` 94.0/94.4, 94.2/94.6, 93.8/93.8, 95.7/95.2,
+/// 94.8/95.3, 95.6/95.4%); 2 threads level. Hence 12; shorter shares (not measured) keep the
+/// burst.
+const SPREAD_MIN_ROWS: usize = 12;
 
 /// Largest register tile (`MR · NR`) of any family: the size of the tile buffer for custom stores.
 const MAX_TILE: usize = 1024;
