@@ -214,8 +214,15 @@ pub(crate) struct KernelSource<'a> {
     pub(crate) flip: bool,
 }
 
-/// Panel values per matrix staged by [`fill_panel`] before they are copied out.
-const STAGE: usize = 512;
+/// Panel values per matrix staged by [`fill_panel`] before they are copied out. 128: the stage
+/// of all α^N matrices (36-63 rows of 128 values plus [`STAGE_PAD`], 21-36 KiB) stays near L1
+/// and on the heap; at 512 values (74-129 KiB, r50_256's above glibc's 128 KiB mmap threshold:
+/// mapped and faulted in per panel) the ResNet-50 256@14² kernel transform was ~8 % slower at
+/// 2 threads (session 25).
+const STAGE: usize = 128;
+/// Values between the staged rows past [`STAGE`]: one 64-byte line, so the rows of the matrices
+/// do not all fall into the same few L1 sets (512 values apart = 2 KiB: two of its 64 sets).
+const STAGE_PAD: usize = 16;
 
 /// Panel `q` of every matrix (`outs[ξ]`, `mr · cols` values each) of
 /// [`PackedKernels::transform_from`], `L` consecutive values of the panel at a time (`L` a
@@ -237,7 +244,8 @@ fn fill_panel<const L: usize>(
     // matrix by matrix: stored straight into the matrices, the transform wrote α^N streams at
     // once (63 for F(7,3) × F(5,3)) and half its time went into those stores.
     let span = STAGE.next_multiple_of(L);
-    let mut stage = vec![0.0f32; outs.len() * span];
+    let pitch = span + STAGE_PAD;
+    let mut stage = vec![0.0f32; outs.len() * pitch];
     for s0 in (0..len).step_by(span) {
         let s1 = (s0 + span).min(len);
         for at in (s0..s1).step_by(L) {
@@ -267,7 +275,7 @@ fn fill_panel<const L: usize>(
                 }
             }
             if !any {
-                for out in stage.chunks_exact_mut(span) {
+                for out in stage.chunks_exact_mut(pitch) {
                     out[at - s0..at - s0 + valid].fill(0.0);
                 }
                 continue;
@@ -277,7 +285,7 @@ fn fill_panel<const L: usize>(
             }
             let u = lt.apply(&g, &mut a, &mut b);
             let zero_from = (rows - q * mr).min(mr);
-            for (out, ux) in stage.chunks_exact_mut(span).zip(u) {
+            for (out, ux) in stage.chunks_exact_mut(pitch).zip(u) {
                 let v: [f32; L] = std::array::from_fn(|l| ux[l] as f32);
                 if valid == L && zero_from == mr {
                     let o: &mut [f32; L] = (&mut out[at - s0..at - s0 + L])
@@ -291,7 +299,7 @@ fn fill_panel<const L: usize>(
                 }
             }
         }
-        for (out, st) in outs.iter_mut().zip(stage.chunks_exact(span)) {
+        for (out, st) in outs.iter_mut().zip(stage.chunks_exact(pitch)) {
             out[s0..s1].copy_from_slice(&st[..s1 - s0]);
         }
     }
@@ -379,8 +387,8 @@ mod tests {
     /// The fused transform gives the batched transform's values packed, to the bit: for 1-D,
     /// 2-D and 3-D tiles, kernels read in order (the forward's weights) and flipped from the
     /// transposed matrices (backward-data's), panel heights with lanes of 16, 12 and 1,
-    /// rows that end inside a panel, on 1 and 3 threads, over storage that held other (larger,
-    /// NaN) matrices before.
+    /// rows that end inside a panel, panels longer than the stage (19 × 40), on 1 and 3
+    /// threads, over storage that held other (larger, NaN) matrices before.
     #[test]
     fn transform_from_matches_batched_transform() {
         let pool = rayon::ThreadPoolBuilder::new()
@@ -398,7 +406,7 @@ mod tests {
                 TileTransforms::from_forms(forms.collect::<crate::Result<_>>().expect("forms"));
             let lt = tt.lane_transform();
             let (taps, points) = (lt.taps(), lt.points());
-            for (rows, cols) in [(11, 5), (37, 3), (1, 1)] {
+            for (rows, cols) in [(11, 5), (37, 3), (1, 1), (19, 40)] {
                 let n = rows * cols;
                 let w: Vec<f32> = (0..n * taps)
                     .map(|i| ((i * 53 % 29) as f32 - 14.0) / 3.0)
