@@ -782,8 +782,43 @@ pub(crate) fn input_side_phased(
             // The rows before the last mode straight from the source (see `fused_rows_2d`).
             let ex_row = cn * tbp;
             ex.resize(outer * a_last * ex_row, 0.0);
-            fused_rows_2d(inp, lastp, t0, tb, tbp, c0..c0 + cn, d, scratch, ex);
-            if let RowsDest::Panels { .. } = dest(c0) {
+            let to = dest(c0);
+            // Into V's panels: `ex` in panel order, the last mode straight into each panel.
+            let panel = match to {
+                RowsDest::Panels { seg, len, nr, .. }
+                    if seg == tbp && len == tbp && nr > 0 && tbp.is_multiple_of(nr) =>
+                {
+                    Some(nr)
+                }
+                _ => None,
+            };
+            fused_rows_2d(inp, lastp, t0, tb, tbp, c0..c0 + cn, panel, d, scratch, ex);
+            if let (
+                Some(nr),
+                RowsDest::Panels {
+                    at, panel_stride, ..
+                },
+            ) = (panel, to)
+            {
+                // Panel p of `ex`'s rows (cn · nr values) is the group's piece of V's panel p:
+                // the product writes it in place, no copies.
+                let rows = b_last.rows();
+                for o in 0..outer {
+                    for p in 0..tbp / nr {
+                        strided_product(
+                            b_last,
+                            cn * nr,
+                            &ex[o * a_last * ex_row + p * cn * nr..],
+                            ex_row,
+                            &mut v[at + o * rows * ldv + p * panel_stride..],
+                            ldv,
+                        );
+                    }
+                }
+                c0 += cn;
+                continue;
+            }
+            if let RowsDest::Panels { .. } = to {
                 scratch.grow_to(b_last.rows() * ex_row);
             }
             for o in 0..outer {
@@ -913,6 +948,15 @@ fn fused_applies(inp: &PhasedSource<'_>) -> bool {
 /// the source band of the (run, channel) [`FUSED_PREFETCH`] items on prefetched toward L2, do not
 /// (measured at [`FUSED_MIN_PLANE`]; without the prefetch the fused form was 7-10 % slower than
 /// the gather).
+///
+/// With `panel = Some(nr)` the columns of `ex`'s rows are in panel order instead, (⌈tbp / nr⌉
+/// panels, channels, nr): each panel's cn · nr values are then the group's piece of the
+/// (panels, C, NR) micro-panels of V, which the last mode writes in place (no copies through
+/// scratch). The runs are cut where they cross a panel. Measured (wino_probe blocks, forward,
+/// thread CPU ms, minima, alternating processes, quiet 19:31:12 and 19:36:05 UTC session 26): the
+/// paper layers 5.64-5.83 → 5.44-5.61, 5.68-6.00 → 5.47-5.63, 5.46-5.54 → 5.21-5.39 (one
+/// binary, 9 of 9 pairs faster); main / new 6.01 / 5.71, 5.86 / 5.69, 5.71 / 5.69, 5.76 / 5.62,
+/// 5.55 / 5.74, 5.69 / 5.56, 5.19 / 5.26, 5.14 / 4.97, 5.10 / 5.00 (7 of 9).
 #[allow(clippy::too_many_arguments)]
 fn fused_rows_2d(
     inp: &PhasedSource<'_>,
@@ -921,6 +965,7 @@ fn fused_rows_2d(
     tb: usize,
     tbp: usize,
     chans: std::ops::Range<usize>,
+    panel: Option<usize>,
     stage: &mut AlignedVec,
     z: &mut AlignedVec,
     ex: &mut [f32],
@@ -1020,24 +1065,38 @@ fn fused_rows_2d(
             }
             for o in 0..a0 {
                 let zr = &z[o * ldz..];
-                let base = o * a1 * ex_row + cl * tbp + j;
-                let done = gemm.is_some_and(|g| {
-                    g.deinterleave(&mut ex[base..], ex_row, &zr[..run * m1], m1, run)
-                        .is_ok()
-                });
-                if !done {
-                    for wi in 0..m1 {
-                        let dst = &mut ex[base + wi * ex_row..][..run];
-                        strided_read(dst, &zr[wi..], m1);
+                // The run in pieces that stay in one panel (panel order), or whole.
+                let mut ja = j;
+                while ja < j + run {
+                    let (jb, pos) = match panel {
+                        Some(nr) => (
+                            ((ja / nr + 1) * nr).min(j + run),
+                            (ja / nr) * cn * nr + cl * nr + ja % nr,
+                        ),
+                        None => (j + run, cl * tbp + ja),
+                    };
+                    let n = jb - ja;
+                    let zo = (ja - j) * m1;
+                    let base = o * a1 * ex_row + pos;
+                    let done = gemm.is_some_and(|g| {
+                        g.deinterleave(&mut ex[base..], ex_row, &zr[zo..][..n * m1], m1, n)
+                            .is_ok()
+                    });
+                    if !done {
+                        for wi in 0..m1 {
+                            let dst = &mut ex[base + wi * ex_row..][..n];
+                            strided_read(dst, &zr[zo + wi..], m1);
+                        }
                     }
-                }
-                // Row w ≥ m₁: row w − m₁ shifted by one tile, the run's last tile from z.
-                for wi in m1..a1 {
-                    let (lo_rows, hi_rows) = ex.split_at_mut(base + wi * ex_row);
-                    let prev = &lo_rows[base + (wi - m1) * ex_row..][..run];
-                    let dst = &mut hi_rows[..run];
-                    dst[..run - 1].copy_from_slice(&prev[1..]);
-                    dst[run - 1] = zr[(run - 1) * m1 + wi];
+                    // Row w ≥ m₁: row w − m₁ shifted by one tile, the piece's last tile from z.
+                    for wi in m1..a1 {
+                        let (lo_rows, hi_rows) = ex.split_at_mut(base + wi * ex_row);
+                        let prev = &lo_rows[base + (wi - m1) * ex_row..][..n];
+                        let dst = &mut hi_rows[..n];
+                        dst[..n - 1].copy_from_slice(&prev[1..]);
+                        dst[n - 1] = zr[zo + (n - 1) * m1 + wi];
+                    }
+                    ja = jb;
                 }
             }
         }
