@@ -9,6 +9,8 @@
 //! `KEEP=0` transforms the kernels on every call (as in training), `CPU=1` times on the thread's CPU clock instead of the wall clock (this guest's steal is not
 //! in it; at one thread every pass runs on the calling thread).
 //! `... -- plans [ROUNDS]`: plan-creation time per layer (first and second plan, `choose_tile`).
+//! `... -- chain [ROUNDS]`: the paper benchmark's forward, its three layers chained as in the
+//! bench, batch `B` (20), ms per call (the pool's threads as above).
 //! `... -- acc`: F(4,3) and F(6,3) in 2-D against an f64 direct sum (the layer of
 //! `tests/plan.rs`'s `accuracy_goals_f4_f6`).
 
@@ -274,6 +276,52 @@ fn main() {
             }
             black_box((&y, &dx, &dw));
         }
+        Some("chain") => {
+            // The paper benchmark's forward as the bench runs it (benches/winograd.rs
+            // `Net::forward`): its three layers chained, batch `B` (20), kernels kept; `ROUNDS`
+            // calls, each call's ms and its layers', then the minimum and median call.
+            let rounds: usize = args.get(2).map_or(10, |s| s.parse().unwrap());
+            let batch: usize = std::env::var("B").map_or(20, |s| s.parse().unwrap());
+            let geoms: Vec<ConvGeometry> = [224usize, 221, 218]
+                .iter()
+                .map(|&s| g(batch, 32, 32, &[s, s], &[4, 4], 0))
+                .collect();
+            let mut acts = vec![uniform(10, geoms[0].x_len())];
+            acts.extend(geoms.iter().map(|g| vec![0f32; g.y_len()]));
+            let w: Vec<Vec<f32>> = geoms
+                .iter()
+                .enumerate()
+                .map(|(i, g)| uniform(20 + i as u64, g.w_len()))
+                .collect();
+            let mut plans: Vec<WinogradPlan> = geoms
+                .iter()
+                .map(|g| WinogradPlan::new(g, None).unwrap())
+                .collect();
+            let mut calls = Vec::new();
+            for r in 0..rounds {
+                let s = Clock::now();
+                let mut per = [0f64; 3];
+                for (i, plan) in plans.iter_mut().enumerate() {
+                    let (head, tail) = acts.split_at_mut(i + 1);
+                    let l = Clock::now();
+                    plan.forward(&head[i], &w[i], &mut tail[0]).unwrap();
+                    per[i] = l.ms();
+                }
+                let ms = s.ms();
+                calls.push(ms);
+                println!(
+                    "round {r} {ms:.2} ms, layers {:.2} {:.2} {:.2}",
+                    per[0], per[1], per[2]
+                );
+            }
+            calls.sort_by(f64::total_cmp);
+            println!(
+                "chain b{batch}: min {:.2} med {:.2} ms",
+                calls[0],
+                calls[calls.len() / 2]
+            );
+            black_box(&acts);
+        }
         Some("acc") => {
             // As tests/plan.rs accuracy_goals_f4_f6, printing the figures.
             let g = ConvGeometry::new(1, 64, 8, &[24, 24], &[3, 3])
@@ -324,6 +372,8 @@ fn main() {
                 println!("F({m},3) 2-D: max err / max|y| = {e:.3e} (f32 reference: {er:.3e})");
             }
         }
-        _ => eprintln!("usage: wino_probe tiles | blocks LAYER ROUNDS B..."),
+        _ => eprintln!(
+            "usage: wino_probe tiles | blocks LAYER ROUNDS B... | plans | cost | chain | acc"
+        ),
     }
 }
