@@ -17,11 +17,14 @@
 //!
 //! The block-sized tensors V and M are each written once and read once. The kernel transform U
 //! (α^N × C × K) is computed once (see [`crate::plan`]). Blocks of tiles are sized to stay in
-//! cache and run on rayon's pool: whole images per thread, a wave of blocks at a time, or, when
-//! the threads' shares of the tiles are below a block, every block shared by the threads (input
-//! channels split for the input side, output channels for the products and the output side).
+//! cache and run on rayon's pool: a range of blocks per thread (idle threads steal from the
+//! others' ranges), a wave of blocks at a time, or, when the threads' shares of the tiles are
+//! below a block, every block shared by the threads (input channels split for the input side,
+//! output channels for the products and the output side).
 
 use std::cell::RefCell;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rayon::prelude::*;
 
@@ -513,31 +516,76 @@ pub(crate) fn correlate(
         return Ok(());
     }
 
-    // Batches that split evenly over the threads (or are large): one contiguous range of whole
-    // images per thread, each task writing only its images' output planes, with no waves or
-    // barriers in between, and allocating its buffers once. A task's blocks run across its
-    // images' tiles, so small planes (a few tiles per image) still make blocks of `block` tiles:
-    // blocks cut at every image made VGG-16's 512@4² forward (1 tile per image, batch 64) 6×
-    // slower on 2 threads than on 1, its products shrinking to one column each.
-    if threads > 1 && (job.batch.is_multiple_of(threads) || job.batch >= 4 * threads) {
+    // Batches that split evenly over the threads (or are large): each thread runs a contiguous
+    // range of the blocks (across images, so small planes of a few tiles per image still make
+    // blocks of `block` tiles: blocks cut at every image made VGG-16's 512@4² forward, 1 tile per
+    // image at batch 64, 6× slower on 2 threads than on 1), with no waves or barriers in between
+    // and its buffers allocated once; a thread whose range is done takes blocks from the back of
+    // the range with the most blocks left ([`BlockRanges::take`]). Each image's output planes sit
+    // behind a lock, held only while a channel group's tiles are scattered into them (two
+    // threads meet in an image only where a range ends). Measured (wino_probe chain: the paper
+    // benchmark's three b20 layers at 2 threads, per-task timings, quiet 19:30-19:41 UTC session
+    // 26): with whole images per thread the threads' CPU times for the same work differed by
+    // 1-7 % (and a thread was now and then descheduled for a few ms), the layer waiting for the
+    // slower one (its end 2.3 ms after the other's on average; 0.25 ms with the stealing). Main
+    // / stealing, medians of 10 calls, alternating (quiet 19:47:32): 189.0 / 172.4, 199.0 /
+    // 181.9, 184.6 / 178.8 ms; paper1_b20 forward minima 58.7 / 58.7, 60.7 / 57.3, backward-data
+    // 61.4 / 59.4, 62.2 / 59.2.
+    if threads > 1
+        && (job.batch.is_multiple_of(threads) || job.batch >= 4 * threads)
+        && let Some(ranges) = BlockRanges::new(n_blocks, threads)
+    {
         let img_len = k_out * out_len;
-        let per_task = job.batch.div_ceil(threads).max(1);
-        return y
-            .par_chunks_mut(per_task * img_len)
-            .enumerate()
-            .try_for_each_init(Pooled::take, |bufs, (i, ys)| -> Result<()> {
-                let bufs = &mut bufs.0;
-                let n0 = i * per_task;
-                let (first, end) = (
-                    n0 * tiles_per_image,
-                    (n0 + ys.len() / img_len) * tiles_per_image,
-                );
-                let mut t0 = first;
-                while t0 < end {
-                    let t1 = (t0 + block).min(end);
+        let images: Vec<Mutex<&mut [f32]>> = y.chunks_mut(img_len).map(Mutex::new).collect();
+        let (at, ranges, images) = (&at, &ranges, &images);
+        return (0..threads)
+            .into_par_iter()
+            .try_for_each(|task| -> Result<()> {
+                let mut pooled = Pooled::take();
+                let bufs = &mut pooled.0;
+                while let Some(b) = ranges.take(task) {
+                    let (t0, t1) = (b * block, ((b + 1) * block).min(total));
+                    let tb = t1 - t0;
                     run_block(bufs, t0, t1)?;
-                    finish_all(bufs, ys, n0 * k_out, t0, t1);
-                    t0 = t1;
+                    // As `finish_all`, each image's part of the group scattered under its lock.
+                    let (n0, n1) = (t0 / tiles_per_image, (t1 - 1) / tiles_per_image + 1);
+                    let part = |n: usize| {
+                        let ta = t0.max(n * tiles_per_image);
+                        (ta, t1.min((n + 1) * tiles_per_image) - ta)
+                    };
+                    let lock = |n: usize| images[n].lock().unwrap_or_else(|e| e.into_inner());
+                    let kg = group(k_out, tb).next_power_of_two().min(k_out);
+                    let Buffers { mm, local, .. } = bufs;
+                    let Local {
+                        scratch, tmp, out, ..
+                    } = local;
+                    let mut k0 = 0;
+                    while k0 < k_out {
+                        let kn = kg.min(k_out - k0);
+                        if k0 + kn < k_out {
+                            let next = k0 + kn..(k0 + 2 * kn).min(k_out);
+                            for n in n0..n1 {
+                                let (ta, s) = part(n);
+                                prefetch_tiles(&og, &lock(n), n * k_out, ta, s, next.clone());
+                            }
+                        }
+                        let len = transform_from_rows(
+                            &mm[k0 * tb..],
+                            k_out * tb,
+                            &alpha,
+                            kn * tb,
+                            at,
+                            scratch,
+                            tmp,
+                            out,
+                        );
+                        for n in n0..n1 {
+                            let (ta, s) = part(n);
+                            let yb = &out[ta - t0..len];
+                            scatter_tiles(&og, &mut lock(n), n * k_out, yb, tb, ta, s, k0..k0 + kn);
+                        }
+                        k0 += kn;
+                    }
                 }
                 Ok(())
             });
@@ -585,6 +633,68 @@ pub(crate) fn correlate(
         b = wave_end;
     }
     Ok(())
+}
+
+/// Contiguous ranges of blocks, one per thread, that a thread whose range is done steals from:
+/// each range `lo..hi` packed in one atomic as `lo << 32 | hi`.
+struct BlockRanges(Vec<AtomicU64>);
+
+impl BlockRanges {
+    /// `n` blocks split evenly into `threads` ranges; `None` beyond 2³² − 1 blocks.
+    fn new(n: usize, threads: usize) -> Option<BlockRanges> {
+        u32::try_from(n).ok()?;
+        Some(BlockRanges(
+            (0..threads)
+                .map(|t| {
+                    let (lo, hi) = (t * n / threads, (t + 1) * n / threads);
+                    AtomicU64::new(((lo as u64) << 32) | hi as u64)
+                })
+                .collect(),
+        ))
+    }
+
+    /// The next block for task `t`: the front of its own range, else the back of the range with
+    /// the most blocks left; `None` once every range is empty. Every block is returned once.
+    fn take(&self, t: usize) -> Option<usize> {
+        let pop = |r: &AtomicU64, front: bool| -> Option<usize> {
+            let mut v = r.load(Ordering::Relaxed);
+            loop {
+                let (lo, hi) = (v >> 32, v & 0xffff_ffff);
+                if lo >= hi {
+                    return None;
+                }
+                let (nv, b) = if front {
+                    (((lo + 1) << 32) | hi, lo)
+                } else {
+                    ((lo << 32) | (hi - 1), hi - 1)
+                };
+                match r.compare_exchange_weak(v, nv, Ordering::AcqRel, Ordering::Relaxed) {
+                    Ok(_) => return usize::try_from(b).ok(),
+                    Err(x) => v = x,
+                }
+            }
+        };
+        if let Some(b) = self.0.get(t).and_then(|r| pop(r, true)) {
+            return Some(b);
+        }
+        loop {
+            let (best, left) = self
+                .0
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    let v = r.load(Ordering::Acquire);
+                    (i, (v & 0xffff_ffff).saturating_sub(v >> 32))
+                })
+                .max_by_key(|&(_, left)| left)?;
+            if left == 0 {
+                return None;
+            }
+            if let Some(b) = pop(&self.0[best], false) {
+                return Some(b);
+            }
+        }
+    }
 }
 
 /// Channels per group of the per-channel-group transforms, for tiles of `a_n` values and blocks
@@ -1802,6 +1912,38 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// `BlockRanges` hands out every block exactly once, to threads racing for them (each
+    /// starting on its own range, then stealing), for block counts below, at and above the
+    /// thread count.
+    #[test]
+    fn block_ranges_take_each_block_once() {
+        for threads in 1..=4 {
+            for n in [0usize, 1, 3, 4, 7, 64, 1000] {
+                let ranges = BlockRanges::new(n, threads).expect("fits");
+                let taken: Vec<Vec<usize>> = std::thread::scope(|s| {
+                    let hs: Vec<_> = (0..threads)
+                        .map(|t| {
+                            let r = &ranges;
+                            s.spawn(move || std::iter::from_fn(|| r.take(t)).collect::<Vec<_>>())
+                        })
+                        .collect();
+                    hs.into_iter()
+                        .map(|h| h.join().expect("no panic"))
+                        .collect()
+                });
+                let mut all: Vec<usize> = taken.concat();
+                all.sort_unstable();
+                assert_eq!(
+                    all,
+                    (0..n).collect::<Vec<_>>(),
+                    "{threads} threads, {n} blocks"
+                );
+                // A task past the end of the ranges finds nothing.
+                assert_eq!(ranges.take(threads), None);
             }
         }
     }
