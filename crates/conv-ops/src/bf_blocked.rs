@@ -227,6 +227,30 @@ impl PackB for Im2colTBBlocked<'_> {
     }
 }
 
+/// The GEMM context for dW's product over [`Im2colTBBlocked`] (`m` rows: K/G, `n` columns:
+/// C/G·R): with one A block (`m` at most MC), MC raised to at least `n` rounded up to the tile
+/// width (the A block stays the same). With one A block core-blas
+/// keeps the B block in L2, NC at most MC·KC/KC_max columns; the packer then rebuilds a
+/// block's position-major copy for every such column block (each copy covers 16 channels,
+/// while a 336-wide B block of C3D's 64@8×56² covers fewer than 16 channels × 27 taps, and
+/// the block order is columns outermost). With MC ≥ n the B block spans all columns and each
+/// copy is made once per k block. Zen 4 (AVX-512), `probe_passes 1 64 64 8x56x56 3x3x3 1 1 3
+/// bwd-filter/convgemm-trans`, `CORE_BLAS_MC` default (336) / 672 / 1344 / 1800, quiet
+/// 19:48:33 UTC, medians of 3: 59.44 / 57.60 / 56.24 / 55.41 ms.
+pub(crate) fn gemm(m: usize, n: usize) -> crate::Result<core_blas::Gemm> {
+    let gemm = *core_blas::Gemm::global().map_err(crate::error::gemm_err)?;
+    let bs = gemm.block_sizes();
+    if m > bs.mc {
+        return Ok(gemm);
+    }
+    let nr = gemm.tile().1.max(1);
+    gemm.with_block_sizes(core_blas::BlockSizes {
+        mc: bs.mc.max(n.div_ceil(nr) * nr),
+        ..bs
+    })
+    .map_err(crate::error::gemm_err)
+}
+
 /// dW of one group from the blocked column order back to (channel, tap): `dw` is `k` rows of
 /// `c·r` values. Each block of 16 channels is an `r × 16` transpose (core-blas's
 /// `transpose_lanes`, through a copy of the block); rows split across threads when dW is large.
