@@ -3,12 +3,13 @@
 //! noisy shared machine.
 //!
 //! Cases (the fastconv issue's targets):
-//! - `paper_4x4_c32_224_b{1,20}`: the Winograd paper's benchmark (Budden et al., Fig. 4): three
+//! - `paper_4x4_c32_224_b{1,20,200}`: the Winograd paper's benchmark (Budden et al., Fig. 4): three
 //!   stacked 4×4 convolutions 32→32 on 224×224 inputs, no padding; `fwd` (three forwards) and
 //!   `train` (three forwards, then backward-filter and backward-data of every layer; the weights
 //!   change every step, as in training, so the kernel transforms are recomputed). Extra records:
 //!   `images_per_s` and `megavoxels_per_s` (input voxels, 224², per second, the paper's unit),
-//!   from the median of the measured samples.
+//!   from the median of the measured samples. Batch 200 (~10 GiB of activations and gradients,
+//!   seconds per call) runs only when `WINO_CASES` names it.
 //! - `r50_3x3_c{64,128,256,512}_*`: ResNet-50's 3×3 stride-1 layers at batch 8, every pass;
 //! - `c3d_64_8x56x56_b1`: C3D's 3×3×3 64→64 layer on 8×56×56, batch 1, every pass.
 //!
@@ -62,6 +63,11 @@ fn wanted(name: &str) -> bool {
     std::env::var("WINO_CASES")
         .map(|w| w.split(',').any(|n| n == name))
         .unwrap_or(true)
+}
+
+/// Whether `WINO_CASES` names the case explicitly (for cases too large for a default run).
+fn named(name: &str) -> bool {
+    std::env::var("WINO_CASES").is_ok_and(|w| w.split(',').any(|n| n == name))
 }
 
 fn quick() -> bool {
@@ -301,11 +307,11 @@ fn median(v: &mut [f64]) -> f64 {
     }
 }
 
-/// The paper's benchmark: forward and training step, batch 1 and 20.
+/// The paper's benchmark: forward and training step, batch 1, 20 and (only when named) 200.
 fn bench_paper(c: &mut Criterion, pools: &[(usize, rayon::ThreadPool)]) {
-    for batch in [1usize, 20] {
+    for batch in [1usize, 20, 200] {
         let name = format!("paper_4x4_c32_224_b{batch}");
-        if !wanted(&name) {
+        if !wanted(&name) || (batch > 20 && !named(&name)) {
             continue;
         }
         // Built on first use, so a filtered run that skips these cases does not allocate them.
@@ -316,7 +322,11 @@ fn bench_paper(c: &mut Criterion, pools: &[(usize, rayon::ThreadPool)]) {
         group
             .sample_size(10)
             .warm_up_time(Duration::from_millis(300))
-            .measurement_time(Duration::from_secs(if batch == 1 { 2 } else { 5 }));
+            .measurement_time(Duration::from_secs(match batch {
+                1 => 2,
+                20 => 5,
+                _ => 30,
+            }));
         for (t, pool) in pools {
             if quick() && batch > 1 && *t == 1 {
                 continue;
