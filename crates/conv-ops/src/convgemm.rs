@@ -27,12 +27,20 @@ pub struct Im2colB<'a> {
     src: Source<'a>,
     rows: usize,
     cols: usize,
-    /// First column (image · O) of the view: a view of images `n0..` starts at `n0 · O`.
+    /// First column of the view: a view of images `n0..` starts at `n0 · wlen`.
     col0: usize,
-    /// The kernel taps of the view: `taps` of them from `tap0` on (all by default), row `p`
-    /// being channel `p / taps`, tap `tap0 + p % taps`.
+    /// The output positions of each image the columns cover: `wlen` of them from `wlo` on
+    /// (all O by default); column `j` (from `col0` on) is image `j / wlen`, position `wlo + j
+    /// % wlen`.
+    wlo: usize,
+    wlen: usize,
+    /// The kernel taps of the view: `taps` of them from `tap0` on (all by default), in groups
+    /// of `gw` consecutive taps (one group by default), rows group by group: row `p` is group
+    /// `p / (C/G · gw)`, and inside its group channel `(p / gw) % C/G`, tap `p % gw` of the
+    /// group (with one group: channel `p / taps`, tap `tap0 + p % taps`).
     tap0: usize,
     taps: usize,
+    gw: usize,
     /// Whether [`PackB::conv_panel`] describes full panels (the forward convgemm's B only:
     /// elsewhere the rows may grow with the batch, and the description's per-row table with
     /// them).
@@ -43,7 +51,7 @@ pub struct Im2colB<'a> {
 #[derive(Default)]
 struct Scratch {
     /// The geometry (and panel width) the cached tables below belong to.
-    key: Option<(Dims3, [usize; 4])>,
+    key: Option<(Dims3, [usize; 6])>,
     /// Per output position O of the first column of a full panel: index into `entries`.
     slots: Vec<u32>,
     entries: Vec<Entry>,
@@ -192,8 +200,11 @@ impl<'a> Im2colB<'a> {
             rows: g.in_channels_per_group() * g.kernel_len(),
             cols: count * g.output_spatial_len(),
             col0: n0 * g.output_spatial_len(),
+            wlo: 0,
+            wlen: g.output_spatial_len(),
             tap0: 0,
             taps: g.kernel_len(),
+            gw: g.kernel_len(),
             fused: false,
         }
     }
@@ -213,11 +224,62 @@ impl<'a> Im2colB<'a> {
     pub(crate) fn with_taps(self, tap0: usize, taps: usize) -> Self {
         debug_assert!(tap0 + taps <= self.src.rlen);
         Im2colB {
-            rows: self.rows / self.src.rlen * taps,
+            rows: self.rows / self.taps * taps,
             tap0,
             taps,
+            gw: taps,
             ..self
         }
+    }
+
+    /// The rows of kernel taps `tap0..tap0 + groups · gw` group by group, `gw` consecutive
+    /// taps a group: row `p` is group `q = p / (C/G · gw)`, channel `(p / gw) % C/G`, tap
+    /// `tap0 + q · gw + p % gw`. A K range of whole groups is then a block of consecutive
+    /// rows (the A operand's columns in the same order serve every such range). Validated by
+    /// the caller: `tap0 + groups · gw <= R`.
+    pub(crate) fn with_tap_groups(self, tap0: usize, groups: usize, gw: usize) -> Self {
+        Im2colB {
+            gw: gw.max(1),
+            ..self.with_taps(tap0, groups * gw)
+        }
+    }
+
+    /// Only the output positions `wlo..wlo + wlen` of each image as columns: column `j` is
+    /// image `n0 + j / wlen`, position `wlo + j % wlen` (validated by the caller: `wlo + wlen
+    /// <= O`, `wlen > 0`). A view of all images (from [`Im2colB::new`]).
+    pub(crate) fn with_window(self, wlo: usize, wlen: usize) -> Self {
+        debug_assert!(wlen > 0 && wlo + wlen <= self.src.olen());
+        let n0 = self.col0 / self.wlen;
+        let count = self.cols / self.wlen;
+        Im2colB {
+            cols: count * wlen,
+            col0: n0 * wlen,
+            wlo,
+            wlen,
+            ..self
+        }
+    }
+
+    /// Rows of one tap group.
+    fn group_rows(&self) -> usize {
+        self.rows / (self.taps / self.gw)
+    }
+
+    /// Group `q` of a grouped view as a view of its own (one group).
+    fn group(&self, q: usize) -> Self {
+        Im2colB {
+            rows: self.group_rows(),
+            tap0: self.tap0 + q * self.gw,
+            taps: self.gw,
+            ..*self
+        }
+    }
+
+    /// Image and output position of the view's column `j` (counted from the view's first
+    /// image on, i.e. `col0 + j`).
+    #[inline(always)]
+    fn locate(&self, j: usize) -> (usize, usize) {
+        (j / self.wlen, self.wlo + j % self.wlen)
     }
 }
 
@@ -229,14 +291,20 @@ impl PackB for Im2colB<'_> {
         self.cols
     }
     fn pack_b(&self, pc: usize, kc: usize, jc: usize, nc: usize, nr: usize, dst: &mut [f32]) {
-        // The common panel widths as constants, so that a row's zero fill is a few vector
-        // stores instead of a call into memset.
-        match nr {
-            16 => self.pack_panels(pc, kc, jc, nc, 16, dst),
-            8 => self.pack_panels(pc, kc, jc, nc, 8, dst),
-            32 => self.pack_panels(pc, kc, jc, nc, 32, dst),
-            48 => self.pack_panels(pc, kc, jc, nc, 48, dst),
-            _ => self.pack_panels(pc, kc, jc, nc, nr, dst),
+        if self.gw == self.taps {
+            self.pack_rows(pc, kc, jc, nc, nr, dst, (kc, 0));
+            return;
+        }
+        // Tap groups: each group's rows of the block packed by the group's own view, into
+        // their rows of every micro-panel.
+        let gr = self.group_rows();
+        let mut p = pc;
+        while p < pc + kc {
+            let q = p / gr;
+            let end = ((q + 1) * gr).min(pc + kc);
+            self.group(q)
+                .pack_rows(p - q * gr, end - p, jc, nc, nr, dst, (kc, p - pc));
+            p = end;
         }
     }
     /// Stride-1 layers whose full panels are 16-value chunks (core-blas's [`ConvPack`] there).
@@ -263,10 +331,24 @@ impl PackB for Im2colB<'_> {
         if !self.conv_fusable(nr) || kc == 0 || j + nr > self.cols {
             return None;
         }
+        if self.gw != self.taps {
+            // Tap groups: a block inside one group is that group's block.
+            let gr = self.group_rows();
+            let q = pc / gr;
+            if (pc + kc - 1) / gr != q {
+                return None;
+            }
+            // (The group's description reads x, as this view's would.)
+            let src = self.src.x;
+            return self
+                .group(q)
+                .conv_panel(pc - q * gr, kc, j, nr, out)
+                .map(|_| src);
+        }
         let src = &self.src;
         let (rl, nch) = (self.taps, nr / CHUNK_LANES);
         let first = self.col0 + j;
-        let shift = first / src.olen() * src.image_len();
+        let shift = self.locate(first).0 * src.image_len();
         SCRATCH.with_borrow_mut(|s| {
             self.reset_key(s, nr);
             let e = self.entry(s, first, nr, nr, true);
@@ -289,7 +371,7 @@ impl PackB for Im2colB<'_> {
     /// C3D 0.95×, ResNet-20's 16@32² 0.99×, 64@8² 0.98×, LeNet c2 0.95×), while ResNet-50's
     /// stride-2 128@56² runs 1.02× slower without them (ResNet-20's 16→32 stride 2: 0.97×).
     fn prefetch_b(&self, pc: usize, kc: usize, jc: usize, nc: usize) {
-        if kc == 0 || nc == 0 || self.src.d.stride[2] == 1 {
+        if kc == 0 || nc == 0 || self.src.d.stride[2] == 1 || self.wlen != self.src.olen() {
             return;
         }
         let src = &self.src;
@@ -304,24 +386,39 @@ impl Im2colB<'_> {
     /// Drops the cached tables when they belong to another geometry or panel width.
     fn reset_key(&self, s: &mut Scratch, nr: usize) {
         let src = &self.src;
-        let key = (src.d, [src.plane(0), src.image_len(), src.rlen, nr]);
+        let key = (
+            src.d,
+            [
+                src.plane(0),
+                src.image_len(),
+                src.rlen,
+                nr,
+                self.wlo,
+                self.wlen,
+            ],
+        );
         if s.key != Some(key) {
             s.key = Some(key);
             s.slots.clear();
-            s.slots.resize(src.olen(), EMPTY);
+            s.slots.resize(self.wlen, EMPTY);
             s.clear_tables();
         }
     }
     /// The cached tables of the panel whose first column is `first` (`w` columns of a panel
-    /// `nr` wide; full panels are cached per output position), built if missing; chunks only
-    /// when `chunks` (core-blas's [`ConvPack`] is there) and `nr` is a multiple of 16.
+    /// `nr` wide; full panels are cached per position in the window), built if missing;
+    /// chunks only when `chunks` (core-blas's [`ConvPack`] is there) and `nr` is a multiple
+    /// of 16.
     fn entry(&self, s: &mut Scratch, first: usize, w: usize, nr: usize, chunks: bool) -> Entry {
         let src = &self.src;
         let stride = src.d.stride[2];
-        let (image, olen) = (src.image_len(), src.olen());
-        let (n, pos) = (first / olen, first % olen);
+        let image = src.image_len();
+        let n = self.locate(first).0;
         let cached = w == nr;
-        let slot = if cached { s.slots[pos] } else { EMPTY };
+        let slot = if cached {
+            s.slots[first % self.wlen]
+        } else {
+            EMPTY
+        };
         if slot != EMPTY {
             s.entries[slot as usize]
         } else {
@@ -332,7 +429,7 @@ impl Im2colB<'_> {
             }
             let e = Entry {
                 runs: s.runs.len(),
-                count: src.push_runs(first, w, &mut s.runs),
+                count: self.push_runs(first, w, &mut s.runs),
                 segs: s.segs.len(),
                 full: s.full.len(),
                 lin: s.lin.len(),
@@ -368,19 +465,76 @@ impl Im2colB<'_> {
                 }
             }));
             if cached {
-                s.slots[pos] = s.entries.len() as u32;
+                s.slots[first % self.wlen] = s.entries.len() as u32;
             }
             s.entries.push(e);
             e
         }
     }
 
-    /// [`PackB::pack_b`] for panels `nr` wide (inlined per constant `nr`).
+    /// The runs of the view's columns `first..first + w` ([`Source::push_runs`] over the
+    /// window's stretch of each image they cover), appended to `runs`; returns how many.
+    fn push_runs(&self, first: usize, w: usize, runs: &mut Vec<Run>) -> usize {
+        let (src, olen) = (&self.src, self.src.olen());
+        if self.wlen == olen {
+            return src.push_runs(first, w, runs);
+        }
+        let mut count = 0;
+        let mut t = 0;
+        while t < w {
+            let (n, pos) = self.locate(first + t);
+            let len = (w - t).min(self.wlo + self.wlen - pos);
+            let at = runs.len();
+            count += src.push_runs(n * olen + pos, len, runs);
+            for r in &mut runs[at..] {
+                r.start += t;
+            }
+            t += len;
+        }
+        count
+    }
+
+    /// [`PackB::pack_b`] for the panels `nr` wide of the rows `pc..pc + kc` (one tap group),
+    /// written from row `roff` on of micro-panels `depth` rows deep.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn pack_rows(
+        &self,
+        pc: usize,
+        kc: usize,
+        jc: usize,
+        nc: usize,
+        nr: usize,
+        dst: &mut [f32],
+        (depth, roff): (usize, usize),
+    ) {
+        // The common panel widths as constants, so that a row's zero fill is a few vector
+        // stores instead of a call into memset.
+        match nr {
+            16 => self.pack_panels(pc, kc, jc, nc, 16, dst, (depth, roff)),
+            8 => self.pack_panels(pc, kc, jc, nc, 8, dst, (depth, roff)),
+            32 => self.pack_panels(pc, kc, jc, nc, 32, dst, (depth, roff)),
+            48 => self.pack_panels(pc, kc, jc, nc, 48, dst, (depth, roff)),
+            _ => self.pack_panels(pc, kc, jc, nc, nr, dst, (depth, roff)),
+        }
+    }
+
+    /// [`Im2colB::pack_rows`] for panels `nr` wide (inlined per constant `nr`).
     #[inline(always)]
-    fn pack_panels(&self, pc: usize, kc: usize, jc: usize, nc: usize, nr: usize, dst: &mut [f32]) {
+    #[allow(clippy::too_many_arguments)]
+    fn pack_panels(
+        &self,
+        pc: usize,
+        kc: usize,
+        jc: usize,
+        nc: usize,
+        nr: usize,
+        dst: &mut [f32],
+        (depth, roff): (usize, usize),
+    ) {
         let src = &self.src;
         let stride = src.d.stride[2];
-        let (image, olen, rlen) = (src.image_len(), src.olen(), src.rlen);
+        let (image, rlen) = (src.image_len(), src.rlen);
         // Rows are (channel, tap of the view's window): `rl` per channel.
         let (tap0, rl) = (self.tap0, self.taps);
         // Masked vector copies for full panels of 16-value chunks.
@@ -394,9 +548,10 @@ impl Im2colB<'_> {
                 s.planes.clear();
                 s.planes.extend((pc..pc + kc).map(|p| src.plane(p / rl)));
             }
-            for (j0, w, panel) in micro_panels(dst, kc, nr, jc, nc) {
+            for (j0, w, panel) in micro_panels(dst, depth, nr, jc, nc) {
+                let panel = &mut panel[roff * nr..][..kc * nr];
                 let first = self.col0 + j0;
-                let n = first / olen;
+                let n = self.locate(first).0;
                 let e = self.entry(s, first, w, nr, cp.is_some());
                 let count = e.count;
                 let prun = &s.runs[e.runs..][..count];

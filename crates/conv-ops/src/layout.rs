@@ -469,6 +469,152 @@ pub(crate) fn forward_panels<A: PackA, B: PackB>(
     result
 }
 
+/// One class of output rows of [`forward_classes`]: `b`'s columns are the output positions
+/// `wlo..wlo + wlen` of every image, its rows A's columns `k0..k0 + b.rows()` (in the order
+/// of [`forward_classes`]'s prepacked A).
+pub(crate) struct RowClass<B> {
+    pub(crate) b: B,
+    pub(crate) k0: usize,
+    pub(crate) wlo: usize,
+    pub(crate) wlen: usize,
+}
+
+/// Columns `k0..k0 + k` of an A source, as an A source of its own.
+struct KRange<'a, A> {
+    a: &'a A,
+    k0: usize,
+    k: usize,
+}
+
+impl<A: PackA> PackA for KRange<'_, A> {
+    fn rows(&self) -> usize {
+        self.a.rows()
+    }
+    fn cols(&self) -> usize {
+        self.k
+    }
+    fn pack_a(&self, ic: usize, mc: usize, pc: usize, kc: usize, mr: usize, dst: &mut [f32]) {
+        self.a.pack_a(ic, mc, self.k0 + pc, kc, mr, dst)
+    }
+    fn packed_a(
+        &self,
+        ic: usize,
+        mc: usize,
+        pc: usize,
+        kc: usize,
+        mr: usize,
+    ) -> Option<(&[f32], usize)> {
+        self.a.packed_a(ic, mc, self.k0 + pc, kc, mr)
+    }
+}
+
+/// The forward convgemm over a whole batch of small output planes as several products, one
+/// per class of output rows (see [`RowClass`]), each over its own K range of one A: `a`'s
+/// columns, `(channel, tap)` with `taps` taps per channel (`ch` channels), are packed once in
+/// the order (tap group, channel, tap of the group), groups of `gw` consecutive taps, so that
+/// a class whose rows read only some groups (the first and last output rows of a padded
+/// kernel) is a contiguous K range. Each product runs C panel by C panel as in
+/// [`forward_panels`]; the blocks of all classes are shared out over the threads by their
+/// work (largest first, to the least loaded thread).
+pub(crate) fn forward_classes<A: PackA, B: PackB + Sync>(
+    a: &A,
+    (ch, taps, gw): (usize, usize, usize),
+    classes: &[RowClass<B>],
+    y: &mut [f32],
+    (channels, plane, c0): (usize, usize, usize),
+    epi: Epilogue<'_>,
+) -> Result<(), core_blas::Error> {
+    use rayon::prelude::*;
+    let rows = a.rows();
+    let k = a.cols();
+    if rows == 0 || k == 0 || classes.is_empty() {
+        return Ok(());
+    }
+    debug_assert_eq!(k, ch * taps);
+    let gemm = core_blas::Gemm::global()?;
+    let (mr, nr) = gemm.tile();
+    let threads = rayon::current_num_threads().max(1);
+    let target = (PANEL_FLOATS / rows).max(4 * nr);
+    // Blocks (class, first column, columns): a class's blocks as in `forward_panels`.
+    let mut tasks = Vec::new();
+    for (ci, cl) in classes.iter().enumerate() {
+        let n = cl.b.cols();
+        if n == 0 {
+            continue;
+        }
+        let mut blocks = n.div_ceil(target);
+        if n >= threads * 4 * nr {
+            blocks = blocks.div_ceil(threads) * threads;
+        }
+        let cols_max = n.div_ceil(blocks).div_ceil(nr) * nr;
+        let mut j0 = 0;
+        while j0 < n {
+            let cols = cols_max.min(n - j0);
+            tasks.push((ci, j0, cols));
+            j0 += cols;
+        }
+    }
+    // Largest first to the least loaded thread.
+    let work = |&(ci, _, cols): &(usize, usize, usize)| cols * classes[ci].b.rows();
+    tasks.sort_by_key(|t| std::cmp::Reverse(work(t)));
+    let mut lists = vec![(0usize, Vec::new()); threads.min(tasks.len()).max(1)];
+    for t in tasks {
+        let least = lists
+            .iter_mut()
+            .min_by_key(|(load, _)| *load)
+            .expect("at least one list");
+        least.0 += work(&t);
+        least.1.push(t);
+    }
+    let mut buf = PREPACKED.with_borrow_mut(std::mem::take);
+    let pre = Prepacked::pack_ordered(a, mr, threads, &mut buf, (ch, taps, gw));
+    let out = YPtr {
+        ptr: y.as_mut_ptr(),
+        len: y.len(),
+    };
+    let run = |&(ci, j0, cols): &(usize, usize, usize)| -> Result<(), core_blas::Error> {
+        let cl = &classes[ci];
+        let ak = KRange {
+            a: &pre,
+            k0: cl.k0,
+            k: cl.b.rows(),
+        };
+        with_panel(rows * cols, |panel| {
+            let c = core_blas::MatMut::row_major("panel", panel, rows, cols, cols)?;
+            let mut store = OneThread(DenseStore::new(c, 1.0, 0.0));
+            core_blas::gemm_with(&ak, &Columns { b: &cl.b, j0, cols }, &mut store)?;
+            for (r, src) in panel.chunks_exact(cols).enumerate() {
+                let chn = c0 + r;
+                let add = epi.bias.map_or(0.0, |b| b[chn]);
+                let mut t = 0;
+                while t < cols {
+                    let j = j0 + t;
+                    let (img, pos) = (j / cl.wlen, cl.wlo + j % cl.wlen);
+                    let len = (cols - t).min(cl.wlo + cl.wlen - pos);
+                    let off = (img * channels + chn) * plane + pos;
+                    // SAFETY: `off .. off + len` is one run of channel `chn` of image `img`
+                    // inside y (the class's columns lie in the batch and its window in the
+                    // plane, C's rows in the channels), and only this block writes these
+                    // positions (the classes' windows are disjoint, see `YPtr`).
+                    let dst = unsafe { out.slice(off, len) };
+                    epi.apply(dst, &src[t..t + len], add);
+                    t += len;
+                }
+            }
+            Ok(())
+        })
+    };
+    let result = if lists.len() == 1 {
+        lists[0].1.iter().try_for_each(run)
+    } else {
+        lists
+            .par_iter()
+            .try_for_each(|(_, list)| list.iter().try_for_each(run))
+    };
+    PREPACKED.with_borrow_mut(|kept| *kept = buf);
+    result
+}
+
 thread_local! {
     /// The buffer of [`Prepacked`] on this thread, kept across calls (taken out during a call,
     /// so that a nested call on the same thread packs into a buffer of its own).
@@ -507,6 +653,58 @@ impl<'a> Prepacked<'a> {
         let part = |(i, dst): (usize, &mut [f32])| {
             let ic = i * per * mr;
             a.pack_a(ic, (per * mr).min(rows - ic), 0, cols, mr, dst);
+        };
+        if threads > 1 {
+            data.par_chunks_mut(per * mr * cols)
+                .enumerate()
+                .for_each(part);
+        } else {
+            data.chunks_mut(per * mr * cols).enumerate().for_each(part);
+        }
+        let data: &'a [f32] = data;
+        Prepacked {
+            rows,
+            cols,
+            mr,
+            data,
+        }
+    }
+}
+
+impl<'a> Prepacked<'a> {
+    /// [`Prepacked::pack`] with A's columns reordered: column `c·taps + q·gw + t` (channel
+    /// `c` of `ch`, tap `q·gw + t`) becomes column `(q·ch + c)·gw + t` (groups of `gw`
+    /// consecutive taps, group-major). Each micro-panel is packed in A's own order into a
+    /// buffer of one micro-panel, then copied group by group (`gw · mr` values a copy).
+    fn pack_ordered<A: PackA>(
+        a: &A,
+        mr: usize,
+        threads: usize,
+        buf: &'a mut Vec<f32>,
+        (ch, taps, gw): (usize, usize, usize),
+    ) -> Self {
+        use rayon::prelude::*;
+        let (rows, cols) = (a.rows(), a.cols());
+        debug_assert!(cols == ch * taps && taps.is_multiple_of(gw));
+        let panels = rows.div_ceil(mr);
+        let len = panels * mr * cols;
+        if buf.len() < len {
+            buf.resize(len, 0.0);
+        }
+        let data = &mut buf[..len];
+        let per = panels.div_ceil(threads.max(1)).max(1);
+        let part = |(i, dst): (usize, &mut [f32])| {
+            let mut tmp = vec![0f32; cols * mr];
+            for (q, panel) in dst.chunks_exact_mut(cols * mr).enumerate() {
+                let ic = (i * per + q) * mr;
+                a.pack_a(ic, mr.min(rows - ic), 0, cols, mr, &mut tmp);
+                for g in 0..taps / gw {
+                    for c in 0..ch {
+                        let from = &tmp[(c * taps + g * gw) * mr..][..gw * mr];
+                        panel[(g * ch + c) * gw * mr..][..gw * mr].copy_from_slice(from);
+                    }
+                }
+            }
         };
         if threads > 1 {
             data.par_chunks_mut(per * mr * cols)
