@@ -698,10 +698,14 @@ impl<'a> Prepacked<'a> {
             for (q, panel) in dst.chunks_exact_mut(cols * mr).enumerate() {
                 let ic = (i * per + q) * mr;
                 a.pack_a(ic, mr.min(rows - ic), 0, cols, mr, &mut tmp);
+                let run = gw * mr;
                 for g in 0..taps / gw {
                     for c in 0..ch {
-                        let from = &tmp[(c * taps + g * gw) * mr..][..gw * mr];
-                        panel[(g * ch + c) * gw * mr..][..gw * mr].copy_from_slice(from);
+                        let from = &tmp[(c * taps + g * gw) * mr..][..run];
+                        let to = &mut panel[(g * ch + c) * run..][..run];
+                        // SAFETY: `from` and `to` hold `run` values each (bounds checked when
+                        // they were taken) and do not overlap (`tmp` is this part's own).
+                        unsafe { copy_run(to.as_mut_ptr(), from.as_ptr(), run, 1) };
                     }
                 }
             }
