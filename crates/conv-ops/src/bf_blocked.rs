@@ -12,10 +12,12 @@
 //! [`unblock`] puts dW's columns back in (channel, tap) order afterwards.
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use core_blas::PackB;
+use core_blas::{CHUNK_LANES, Chunk, ConvPack, ConvPanel, PackB};
 
 use crate::geometry::ConvGeometry;
+use crate::im2col::split3;
 use crate::source::{Run, Seg, Source, micro_panels};
 
 /// Channels per block: the lanes of one position in the copy.
@@ -28,6 +30,8 @@ pub(crate) struct Im2colTBBlocked<'a> {
     src: Source<'a>,
     rows: usize,
     cols: usize,
+    /// This instance's key for the thread's copy.
+    id: u64,
 }
 
 /// Whether the blocked packer takes the layer: channels per group a multiple of [`GROUP`] and
@@ -43,22 +47,55 @@ pub(crate) fn applies(g: &ConvGeometry) -> bool {
 /// 19.57, 17.75 / 19.72, 17.67 / 19.35 (1.10× slower).
 const MIN_LINE: usize = 16;
 
+/// The fused packing ([`PackB::conv_panel`]) takes blocks of at least this many output lines:
+/// the driver resolves a panel's rows one output line at a time (`ConvRows::resolve`: 3.6% of
+/// C3D's samples at 7 lines a block, 1.9% at 14), which does not pay on blocks of one or two
+/// lines (VGG's 64@224² at KC 384, 1.7 lines: 41.7 ms fused against 37.9, quiet 22:06 UTC; at
+/// 4 lines level, 37.48 against 37.71 unfused, quiet 22:22:10).
+const MIN_BLOCK_LINES: usize = 4;
+
+/// The fused blocks run about this many times the GEMM's KC deep (see [`block_depth`]). Zen 4
+/// (AVX-512, KC 384), `probe_passes ... 5 bwd-filter/convgemm-trans`, medians of 6-10
+/// alternations, main / 7 / 14 lines a block (quiet 22:17:44 UTC): C3D 64@8×56² 55.80 / 54.25
+/// / 53.62 ms, ResNet-50 64@56² 18.90 / 18.52 / 17.96, 128@28² (7 / 14 / 28 lines) 17.78 /
+/// 17.26 / 17.24 / 17.13; 14 / 28 / 8 lines (quiet 22:19:46): C3D 53.43 / 54.09 / 54.46,
+/// 64@56² 18.33 / 18.53 / -.
+const DEPTH_FACTOR: usize = 2;
+
 #[derive(Default)]
 struct Scratch {
+    /// The block `runs` … `slot` describe: (instance, pc, kc).
+    key: Option<(u64, usize, usize)>,
+    /// The channel block `copy` holds for that block.
+    copied: Option<usize>,
     runs: Vec<Run>,
     segs: Vec<Seg>,
     /// The input lines (offset of the line in channel plane 0 of x) the block reads, sorted.
     lines: Vec<usize>,
-    /// Per segment, its line's index in `lines` (unused for empty segments).
+    /// Per segment, its line's row in `copy` (unused for empty segments).
     slot: Vec<u32>,
-    /// `lines.len()` lines of `input[2]` positions × [`GROUP`] channels, position-major.
+    /// Per line of `lines`, its row in `copy`.
+    row_of: Vec<u32>,
+    /// The rows of `copy` that stand for padding lines (zeros).
+    zero_rows: Vec<u32>,
+    /// Rows of `copy`: the lines and the zero rows.
+    copy_rows: usize,
+    /// `copy_rows` lines of `input[2]` positions × [`GROUP`] channels, position-major.
     copy: Vec<f32>,
+    /// The view's taps of the panels [`PackB::conv_panel`] describes, for (instance, first
+    /// tap along the kernel line, chunks per row).
+    taps: Vec<Chunk>,
+    taps_key: Option<(u64, usize, usize)>,
 }
 
 thread_local! {
     /// The block's runs, segments and position-major copy: no allocation in steady state.
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
+
+/// Distinguishes the instances (one per product): a thread's copy is reused only for the
+/// instance, block and channel block it was made for.
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 impl<'a> Im2colTBBlocked<'a> {
     /// Group `grp` of x (validated by the caller: `x.len() == g.x_len()`, [`applies`]).
@@ -68,7 +105,110 @@ impl<'a> Im2colTBBlocked<'a> {
             src: Source::new(g, grp, x),
             rows: g.batch() * g.output_spatial_len(),
             cols: g.in_channels_per_group() * g.kernel_len(),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         }
+    }
+
+    /// Makes `s` describe the block of rows `pc..pc + kc` (its runs, segments and lines) and,
+    /// with `cb`, hold the position-major copy of channel block `cb` on its lines; kept when it
+    /// already does.
+    fn prepare(&self, s: &mut Scratch, pc: usize, kc: usize, cb: Option<usize>) {
+        let src = &self.src;
+        let width = src.d.input[2];
+        let line_len = width * GROUP;
+        if s.key != Some((self.id, pc, kc)) {
+            let Scratch {
+                key,
+                copied,
+                runs,
+                segs,
+                lines,
+                slot,
+                row_of,
+                zero_rows,
+                copy_rows,
+                ..
+            } = s;
+            src.runs(pc, kc, runs);
+            src.segments(runs, segs);
+            // The lines the block reads (every segment lies on one input line).
+            lines.clear();
+            lines.extend(
+                segs.iter()
+                    .filter(|g| g.hi > g.lo)
+                    .map(|g| g.at - g.at % width),
+            );
+            lines.sort_unstable();
+            lines.dedup();
+            // Each line's row in the copy, with zero rows for the padding lines around each
+            // input plane's first and last lines (the fused rows step through them).
+            let d = &src.d;
+            let (i1len, i2len) = (d.input[1], d.input[2]);
+            let reach = (d.output[1] - 1) * d.stride[1] + (d.kernel[1] - 1) * d.dilation[1];
+            let (z_lo, z_hi) = (d.pad[1], (reach + 1).saturating_sub(d.pad[1] + i1len));
+            row_of.clear();
+            zero_rows.clear();
+            let mut rows = 0u32;
+            for &l in lines.iter() {
+                let i1 = (l / i2len) % i1len;
+                if i1 == 0 {
+                    zero_rows.extend(rows..rows + z_lo as u32);
+                    rows += z_lo as u32;
+                }
+                row_of.push(rows);
+                rows += 1;
+                if i1 + 1 == i1len {
+                    zero_rows.extend(rows..rows + z_hi as u32);
+                    rows += z_hi as u32;
+                }
+            }
+            *copy_rows = rows as usize;
+            slot.clear();
+            slot.extend(segs.iter().map(|g| {
+                if g.hi > g.lo {
+                    row_of[lines.partition_point(|&l| l < g.at - g.at % width)]
+                } else {
+                    0
+                }
+            }));
+            *key = Some((self.id, pc, kc));
+            *copied = None;
+        }
+        let Some(cb) = cb else { return };
+        if s.copied == Some(cb) {
+            return;
+        }
+        let Scratch {
+            lines,
+            row_of,
+            zero_rows,
+            copy_rows,
+            copy,
+            copied,
+            ..
+        } = s;
+        copy.resize(*copy_rows * line_len, 0.0);
+        for &z in zero_rows.iter() {
+            copy[z as usize * line_len..][..line_len].fill(0.0);
+        }
+        let gemm = core_blas::Gemm::global().ok();
+        let mut from: [&[f32]; GROUP] = [&[]; GROUP];
+        // The position-major copy of channels cb·16.. on the block's lines.
+        for (line, &row) in lines.iter().zip(row_of.iter()) {
+            let out = &mut copy[row as usize * line_len..][..line_len];
+            for (c, f) in from.iter_mut().enumerate() {
+                *f = &src.x[src.plane(cb * GROUP + c) + line..][..width];
+            }
+            let done = gemm.is_some_and(|g| g.transpose_lanes(out, GROUP, &from, width, 1).is_ok());
+            if !done {
+                for (t, row) in out.chunks_exact_mut(GROUP).enumerate() {
+                    for (v, f) in row.iter_mut().zip(&from) {
+                        *v = f[t];
+                    }
+                }
+            }
+        }
+        *copied = Some(cb);
     }
 }
 
@@ -120,38 +260,9 @@ impl PackB for Im2colTBBlocked<'_> {
         let src = &self.src;
         let (stride, width, rlen) = (src.d.stride[2], src.d.input[2], src.rlen);
         let line_len = width * GROUP;
-        let gemm = core_blas::Gemm::global().ok();
         SCRATCH.with_borrow_mut(|s| {
-            let Scratch {
-                runs,
-                segs,
-                lines,
-                slot,
-                copy,
-            } = s;
-            src.runs(pc, kc, runs);
-            src.segments(runs, segs);
-            let count = runs.len();
-            // The lines the block reads (every segment lies on one input line).
-            lines.clear();
-            lines.extend(
-                segs.iter()
-                    .filter(|g| g.hi > g.lo)
-                    .map(|g| g.at - g.at % width),
-            );
-            lines.sort_unstable();
-            lines.dedup();
-            slot.clear();
-            slot.extend(segs.iter().map(|g| {
-                if g.hi > g.lo {
-                    lines.partition_point(|&l| l < g.at - g.at % width) as u32
-                } else {
-                    0
-                }
-            }));
-            copy.resize(lines.len() * line_len, 0.0);
-            let mut copied = usize::MAX;
-            let mut from: [&[f32]; GROUP] = [&[]; GROUP];
+            self.prepare(s, pc, kc, None);
+            let count = s.runs.len();
             for (j0, w, panel) in micro_panels(dst, kc, nr, jc, nc) {
                 debug_assert!(panel.len() >= kc * nr);
                 let base = panel.as_mut_ptr();
@@ -167,25 +278,14 @@ impl PackB for Im2colTBBlocked<'_> {
                     let j = j0 + l;
                     let (cb, tap, lane0) = (j / (rlen * GROUP), (j / GROUP) % rlen, j % GROUP);
                     let n = (GROUP - lane0).min(w - l).min(nr - l);
-                    if cb != copied {
-                        // The position-major copy of channels cb·16.. on the block's lines.
-                        for (line, out) in lines.iter().zip(copy.chunks_exact_mut(line_len)) {
-                            for (c, f) in from.iter_mut().enumerate() {
-                                *f = &src.x[src.plane(cb * GROUP + c) + line..][..width];
-                            }
-                            let done = gemm.is_some_and(|g| {
-                                g.transpose_lanes(out, GROUP, &from, width, 1).is_ok()
-                            });
-                            if !done {
-                                for (t, row) in out.chunks_exact_mut(GROUP).enumerate() {
-                                    for (v, f) in row.iter_mut().zip(&from) {
-                                        *v = f[t];
-                                    }
-                                }
-                            }
-                        }
-                        copied = cb;
-                    }
+                    self.prepare(s, pc, kc, Some(cb));
+                    let Scratch {
+                        runs,
+                        segs,
+                        slot,
+                        copy,
+                        ..
+                    } = &*s;
                     for (i, run) in runs.iter().enumerate() {
                         let g = &segs[tap * count + i];
                         let (lo, hi) = if g.hi > g.lo { (g.lo, g.hi) } else { (0, 0) };
@@ -225,6 +325,138 @@ impl PackB for Im2colTBBlocked<'_> {
             }
         });
     }
+
+    /// Panels of whole 16-channel groups (48 wide: three taps of 16 channels) on a kernel
+    /// that packs B in its first tile.
+    fn conv_fusable(&self, nr: usize) -> bool {
+        let line = self.src.d.output[2];
+        nr.is_multiple_of(CHUNK_LANES)
+            && nr / CHUNK_LANES <= 3
+            && self.src.d.dilation[2] == 1
+            && ConvPack::global().is_ok()
+            && core_blas::Gemm::global()
+                .is_ok_and(|g| DEPTH_FACTOR * g.block_sizes().kc >= MIN_BLOCK_LINES * line)
+    }
+
+    /// The full panel at `(pc, j)` as rows of the thread's position-major copy: with the
+    /// columns (channel block, tap, channel), a panel of `nr / 16` taps that are consecutive
+    /// along the kernel line reads, for one output position, `nr` consecutive values of the
+    /// copy (the positions under the taps, 16 channels each), so the block's rows repeat per
+    /// output line (the view's taps are the positions along the line, its channel planes the
+    /// copied input lines, `stride[1]` lines apart; padding lines are zero rows of the copy).
+    /// `None` (packed by [`PackB::pack_b`]) when the block crosses an output plane, or is
+    /// shorter than [`MIN_BLOCK_LINES`] lines; a panel whose taps read a padding plane is
+    /// described with every lane zero.
+    ///
+    /// The slice returned is the thread's copy: it stays as it is until the next call into
+    /// this source on this thread (the driver reads it in the panel's first tile, right
+    /// after this call).
+    fn conv_panel(
+        &self,
+        pc: usize,
+        kc: usize,
+        j: usize,
+        nr: usize,
+        out: &mut ConvPanel,
+    ) -> Option<&[f32]> {
+        let src = &self.src;
+        let d = &src.d;
+        let (rlen, nch) = (src.rlen, nr / CHUNK_LANES);
+        let width = rlen * GROUP;
+        if !self.conv_fusable(nr)
+            || kc < MIN_BLOCK_LINES * d.output[2]
+            || pc + kc > self.rows
+            || j + nr > self.cols
+            || !j.is_multiple_of(GROUP)
+            || j % width + nr > width
+        {
+            return None;
+        }
+        let (cb, tap0) = (j / width, (j / GROUP) % rlen);
+        let [kd, kh, kw0] = split3(tap0, &d.kernel);
+        if kw0 + nch > d.kernel[2] {
+            return None;
+        }
+        // The block's first and last rows: (image, output plane, line, position).
+        let olen = src.olen();
+        let (o1len, o2len) = (d.output[1], d.output[2]);
+        let at = |p: usize| {
+            let pos = p % olen;
+            (
+                p / olen,
+                pos / (o1len * o2len),
+                (pos / o2len) % o1len,
+                pos % o2len,
+            )
+        };
+        let (n, o0, o1f, first) = at(pc);
+        let (n1, o01, o1l, _) = at(pc + kc - 1);
+        if (n, o0) != (n1, o01) {
+            return None;
+        }
+        let signed = |v: usize| isize::try_from(v).ok();
+        let i0 = signed(o0 * d.stride[0] + kd * d.dilation[0])? - signed(d.pad[0])?;
+        out.taps.clear();
+        out.period = o2len;
+        out.first = first;
+        out.step = 0;
+        out.base = 0;
+        if i0 < 0 || i0 >= signed(d.input[0])? {
+            // A padding plane: every lane zero, nothing read.
+            out.taps.resize(o2len * nch, Chunk::ZERO);
+            return Some(&src.x[..0]);
+        }
+        let i1 = |o1: usize| -> Option<isize> {
+            Some(signed(o1 * d.stride[1] + kh * d.dilation[1])? - signed(d.pad[1])?)
+        };
+        let (i1f, i1l) = (i1(o1f)?, i1(o1l)?);
+        let i1len = signed(d.input[1])?;
+        let (i2len, line_len) = (d.input[2], d.input[2] * GROUP);
+        let line =
+            |i1: isize| n * src.image_len() + (i0 as usize * d.input[1] + i1 as usize) * i2len;
+        let lines_apart = (o1l - o1f) * d.stride[1];
+        SCRATCH.with_borrow_mut(|s| {
+            self.prepare(s, pc, kc, Some(cb));
+            // The copy's row of input line `i1` of the plane (a padding line: a zero row
+            // before its first line or after its last).
+            let row = |i1: isize| -> Option<isize> {
+                let near = i1.clamp(0, i1len - 1);
+                let at = s.lines.binary_search(&line(near)).ok()?;
+                signed(s.row_of[at] as usize).map(|r| r + i1 - near)
+            };
+            let (rf, rl) = (row(i1f)?, row(i1l)?);
+            // Every line between the first and the last row's is in the copy, in order (rows
+            // of one plane increase with the line, by one between lines both present).
+            if rf < 0 || rl - rf != signed(lines_apart)? || (rl as usize) >= s.copy_rows {
+                return None;
+            }
+            if s.taps_key != Some((self.id, kw0, nch)) {
+                s.taps.clear();
+                for o2 in 0..o2len {
+                    let p2 = signed(o2 * d.stride[2] + kw0)? - signed(d.pad[2])?;
+                    for q in 0..nch as isize {
+                        let i2 = p2 + q;
+                        let inside = i2 >= 0 && (i2 as usize) < i2len;
+                        s.taps.push(Chunk::Lines {
+                            step: 1,
+                            m1: if inside { u16::MAX } else { 0 },
+                            m2: 0,
+                            off1: i2 * GROUP as isize,
+                            off2: 0,
+                        });
+                    }
+                }
+                s.taps_key = Some((self.id, kw0, nch));
+            }
+            out.taps.extend_from_slice(&s.taps);
+            out.base = rf.checked_mul(signed(line_len)?)?;
+            out.step = signed(d.stride[1] * line_len)?;
+            // SAFETY: the copy's buffer is this thread's and is only written by `prepare`,
+            // which no call reaches before the driver is done with this panel's first tile
+            // (the contract above); it lives as long as the thread.
+            Some(unsafe { std::slice::from_raw_parts(s.copy.as_ptr(), s.copy.len()) })
+        })
+    }
 }
 
 /// The GEMM context for dW's product over [`Im2colTBBlocked`] (`m` rows: K/G, `n` columns:
@@ -237,7 +469,7 @@ impl PackB for Im2colTBBlocked<'_> {
 /// copy is made once per k block. Zen 4 (AVX-512), `probe_passes 1 64 64 8x56x56 3x3x3 1 1 3
 /// bwd-filter/convgemm-trans`, `CORE_BLAS_MC` default (336) / 672 / 1344 / 1800, quiet
 /// 19:48:33 UTC, medians of 3: 59.44 / 57.60 / 56.24 / 55.41 ms.
-pub(crate) fn gemm(m: usize, n: usize) -> crate::Result<core_blas::Gemm> {
+pub(crate) fn gemm(g: &ConvGeometry, m: usize, n: usize) -> crate::Result<core_blas::Gemm> {
     let gemm = *core_blas::Gemm::global().map_err(crate::error::gemm_err)?;
     let bs = gemm.block_sizes();
     if m > bs.mc {
@@ -246,9 +478,30 @@ pub(crate) fn gemm(m: usize, n: usize) -> crate::Result<core_blas::Gemm> {
     let nr = gemm.tile().1.max(1);
     gemm.with_block_sizes(core_blas::BlockSizes {
         mc: bs.mc.max(n.div_ceil(nr) * nr),
+        kc: block_depth(g, gemm.isa(), bs.kc),
         ..bs
     })
     .map_err(crate::error::gemm_err)
+}
+
+/// KC for the fused packing ([`PackB::conv_panel`]): whole output lines, as many as a divisor
+/// of the output plane's lines (at least [`MIN_BLOCK_LINES`]), the depth nearest
+/// [`DEPTH_FACTOR`]·`kc`; then no block crosses an output plane and every block starts a line
+/// (`kc` itself otherwise). Deeper blocks resolve fewer panels (per output line, see
+/// [`MIN_BLOCK_LINES`]), transpose fewer halo lines and load / store C less often; the panel is
+/// packed by its first tile, so the B block need not fit L2.
+fn block_depth(g: &ConvGeometry, isa: core_blas::Isa, kc: usize) -> usize {
+    let d = g.dims3();
+    let (lines, line) = (d.output[1], d.output[2]);
+    // Only the AVX-512 family packs B in its first tiles (the others keep their KC).
+    if isa != core_blas::Isa::Avx512 || DEPTH_FACTOR * kc < MIN_BLOCK_LINES * line {
+        return kc;
+    }
+    (MIN_BLOCK_LINES..=lines)
+        .filter(|q| lines.is_multiple_of(*q))
+        .map(|q| q * line)
+        .min_by_key(|&depth| depth.abs_diff(DEPTH_FACTOR * kc))
+        .unwrap_or(kc)
 }
 
 /// dW of one group from the blocked column order back to (channel, tap): `dw` is `k` rows of
@@ -355,5 +608,91 @@ mod tests {
             assert!(super::applies(g), "{g:?}");
             crate::convgemm_trans::check_against_reference_on_1_and_2_threads(g);
         }
+    }
+
+    /// The panels [`PackB::conv_panel`] describes hold the values [`PackB::pack_b`] writes
+    /// (read as the fused kernel reads them: masked step-1 chunks, every lane read inside the
+    /// slice), on blocks inside one output plane, across planes and images, at the padding
+    /// lines and planes, asked in an order that revisits blocks; on AVX-512 machines only.
+    #[test]
+    fn described_panels_match_pack_b() {
+        use core_blas::{Chunk, ConvPanel, PackB};
+        if core_blas::ConvPack::global().is_err() {
+            return;
+        }
+        let geoms = [
+            ConvGeometry::new(2, 32, 3, &[4, 6, 20], &[3, 3, 3])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+            ConvGeometry::new(2, 16, 3, &[13, 41], &[3, 3])
+                .unwrap()
+                .with_stride(&[2, 2])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+            ConvGeometry::new(1, 32, 3, &[9, 18], &[3, 5])
+                .unwrap()
+                .with_padding_per_side(&[0, 2], &[1, 1])
+                .unwrap(),
+        ];
+        let mut described = 0;
+        let mut desc = ConvPanel::default();
+        for g in &geoms {
+            let x = crate::testing::uniform(7, g.x_len());
+            let b = super::Im2colTBBlocked::new(g, 0, &x);
+            let (rows, cols) = (b.rows(), b.cols());
+            let blocks: Vec<(usize, usize)> =
+                [(0, 100), (37, 130), (0, 100), (101, 250), (5, 1), (3, 90)]
+                    .into_iter()
+                    .chain((0..rows).step_by(95).map(|p| (p, 95)))
+                    .map(|(p, k)| (p.min(rows - 1), k.min(rows - p.min(rows - 1))))
+                    .collect();
+            for &(pc, kc) in &blocks {
+                for j in (0..cols.saturating_sub(47)).step_by(16) {
+                    let mut want = vec![f32::NAN; kc * 48];
+                    b.pack_b(pc, kc, j, 48, 48, &mut want);
+                    let Some(data) = b.conv_panel(pc, kc, j, 48, &mut desc) else {
+                        continue;
+                    };
+                    described += 1;
+                    assert_eq!(desc.taps.len(), desc.period * 3);
+                    for p in 0..kc {
+                        let (t, chan) = (
+                            (desc.first + p) % desc.period,
+                            (desc.first + p) / desc.period,
+                        );
+                        for q in 0..3 {
+                            let Chunk::Lines {
+                                step: 1,
+                                m1,
+                                m2: 0,
+                                off1,
+                                ..
+                            } = desc.taps[t * 3 + q]
+                            else {
+                                panic!("{g:?}: chunk {:?}", desc.taps[t * 3 + q]);
+                            };
+                            for l in 0..16 {
+                                let got = if m1 & (1 << l) != 0 {
+                                    let at =
+                                        desc.base + chan as isize * desc.step + off1 + l as isize;
+                                    *data.get(at as usize).expect("read inside the slice")
+                                } else {
+                                    0.0
+                                };
+                                assert_eq!(
+                                    got.to_bits(),
+                                    want[p * 48 + q * 16 + l].to_bits(),
+                                    "{g:?} block {pc}+{kc} panel {j} row {p} lane {}",
+                                    q * 16 + l
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(described > 0);
     }
 }

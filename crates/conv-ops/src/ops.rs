@@ -561,7 +561,7 @@ pub fn backward_filter(
                 let c = MatMut::row_major("dw", &mut *dwg, kg, wcols, wcols).map_err(gemm_err)?;
                 let mut store = DenseStore::new(c, 1.0, 0.0);
                 let b = crate::bf_blocked::Im2colTBBlocked::new(g, grp, x);
-                crate::bf_blocked::gemm(kg, wcols)?
+                crate::bf_blocked::gemm(g, kg, wcols)?
                     .gemm_with(&a, &b, &mut store)
                     .map_err(gemm_err)?;
                 crate::bf_blocked::unblock(dwg, kg, g.in_channels_per_group(), g.kernel_len());
