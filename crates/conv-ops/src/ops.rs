@@ -264,13 +264,30 @@ const MIN_ROW_PADDING_SHARE: f64 = 0.02;
 /// 7.04 / 7.55.
 const MIN_ROW_CHANNELS: usize = 128;
 
+/// Columns (images · output positions) of the narrowest class from which [`row_classes`]
+/// splits the product, and the largest A (floats) it splits it for: the first and last rows'
+/// products read all of their A for their few columns. `probe_passes`, 1 thread, 3
+/// alternations, ms, one product / classes (quiet 22:45:20 and 22:46:35 UTC): 256@14² batch 1
+/// (14 columns) forward 2.33 / 2.44, 2.55 / 2.74, 2.54 / 2.75, flipped backward-data 2.38 /
+/// 2.62, 2.48 / 2.70, 2.62 / 2.76; batch 4 (56) forward 8.98 / 8.86, 8.62 / 8.85, 9.17 /
+/// 9.13 (level); batch 8 (112): the gain in [`MIN_ROW_PADDING_SHARE`]; 128@28² batch 1 (28)
+/// 2.16 / 2.19, 2.13 / 2.18, 2.15 / 2.40; 512@14² batch 2 (28 columns, A 2.4 Mi floats) 18.40 /
+/// 18.48, 18.28 / 18.59, flipped 19.03 / 19.67, 18.86 / 19.61; batch 8 (112) 69.98 / 71.68,
+/// 70.74 / 71.59, flipped 69.68 / 72.56, 71.33 / 68.90. (Test builds take any width, so that
+/// the tests reach the classes on small layers.)
+const MIN_CLASS_COLS: usize = if cfg!(test) { 1 } else { 112 };
+
+/// See [`MIN_CLASS_COLS`]: 1 Mi floats (4 MiB; ResNet-50's 256@14² has 0.56 Mi).
+const MAX_CLASS_A: usize = 1 << 20;
+
 /// The output rows of a stride-1 2-D layer on small planes cut into classes by the kernel
 /// rows that reach the input (3×3, padding 1: the first row (kernel rows 1-2), the middle
 /// rows (all), the last row (0-1)), for [`forward_classes`]: each class is one product over
 /// the batch's output positions of its rows and the K range of its kernel rows, so the first
 /// and last rows skip the products of the vertical padding. `None` unless the skipped kernel
 /// rows are at least [`MIN_ROW_PADDING_SHARE`] of all (ResNet-50's 256@14²: 4.8%, 128@28²:
-/// 2.4%), when a row reads only padding, or on fewer than [`MIN_ROW_CHANNELS`] channels.
+/// 2.4%), when a row reads only padding, on fewer than [`MIN_ROW_CHANNELS`] channels, on a
+/// class narrower than [`MIN_CLASS_COLS`] or an A larger than [`MAX_CLASS_A`].
 fn row_classes(g: &ConvGeometry) -> Option<Vec<RowRange>> {
     let d = g.dims3();
     if g.in_channels_per_group().min(g.out_channels_per_group()) < MIN_ROW_CHANNELS
@@ -300,7 +317,13 @@ fn row_classes(g: &ConvGeometry) -> Option<Vec<RowRange>> {
             }),
         }
     }
-    if classes.len() < 2 || (skipped as f64) < MIN_ROW_PADDING_SHARE * (oh * kh) as f64 {
+    let a_len = g.out_channels_per_group() * g.in_channels_per_group() * g.kernel_len();
+    let narrowest = classes.iter().map(|c| c.rows.len()).min().unwrap_or(0);
+    if classes.len() < 2
+        || (skipped as f64) < MIN_ROW_PADDING_SHARE * (oh * kh) as f64
+        || g.batch() * narrowest * d.output[2] < MIN_CLASS_COLS
+        || a_len > MAX_CLASS_A
+    {
         return None;
     }
     Some(classes)
