@@ -253,13 +253,17 @@ impl Plan {
     /// Fills `xq` (length `xq_len`) with the padded polyphase copy of `xg`, the C/G input
     /// channels of one image's group (each a dense input plane).
     fn fill(&self, xg: &[f32], xq: &mut [f32]) {
-        xq.fill(0.0);
         let [ind, inh, inw] = self.input;
         let plane = ind * inh * inw;
         let sub = self.q[0] * self.q[1] * self.q[2];
         let [sd, sh, sw] = self.stride;
+        // The padding zeroed channel by channel just before the channel's copy (a block in L1)
+        // rather than the whole buffer up front (a pass over memory that the copy then reads
+        // back); then the slack after the last channel.
+        xq[xg.len() / plane.max(1) * self.chan..].fill(0.0);
         for (c, xc) in xg.chunks_exact(plane).enumerate() {
             let dst = &mut xq[c * self.chan..][..self.chan];
+            dst.fill(0.0);
             for id in 0..ind {
                 let pd = id + self.pad[0];
                 for ih in 0..inh {
