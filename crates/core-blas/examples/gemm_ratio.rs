@@ -12,7 +12,9 @@
 //! after it on T threads (both wall time), and prints the median of the paired speed-ups
 //! `t(1) / t(T)`, which minute-to-minute drift of the machine affects far less than two separate
 //! runs do, and the median of the T-thread rate over the T-thread FMA peak measured right after
-//! each pair (the alternative 2-thread goal, ≥ 90%).
+//! each pair (the alternative 2-thread goal, ≥ 90%). With `BACK=1` the T-thread product
+//! runs once more right before each timed one, so the pool's workers are awake (back-to-back
+//! products) instead of woken from sleep (their vCPU idle) as in the default pairs.
 //!
 //! `--aligned`: A, B and C are `AlignedVec`s (64-byte aligned; from 2 MiB on, huge-page storage
 //! unless `CORE_BLAS_HUGEPAGES=0`) instead of `Vec`s. The last line printed is the process's
@@ -124,8 +126,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         wall(&one, c);
         wall(&pool, c);
         let (mut ups, mut g1, mut gt, mut of_peak) = (vec![], vec![], vec![], vec![]);
+        // `BACK=1`: the T-thread product runs once more right before the timed one, so the
+        // pool's workers are awake (as in back-to-back products) instead of asleep since the
+        // last pair.
+        let back = std::env::var_os("BACK").is_some();
         for _ in 0..reps {
             let t1 = wall(&one, c);
+            if back {
+                wall(&pool, c);
+            }
             let tt = wall(&pool, c);
             // The other 2-thread criterion: the T-thread rate against the T-thread FMA
             // peak measured right after it (both drop together when the host gives the vCPUs
