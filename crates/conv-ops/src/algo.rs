@@ -332,6 +332,10 @@ impl fmt::Display for Preset {
 /// the store receives, and the C panel of deconvgemm and of the forward convgemm on small
 /// output planes (one per thread, kept in thread-local storage across calls: at most 128 Ki
 /// floats, or K/G × 4·NR, or one output line by one channel's taps, whichever is largest;
+/// independent of the batch), the forward convgemm's weights packed once per call when its
+/// product on small output planes runs in several C panels or row classes (one group's w
+/// rounded up to whole micro-panels, in the calling thread's storage, kept across calls; the
+/// row classes also allocate one packed micro-panel of w per packing thread during the call;
 /// independent of the batch), the direct convolution's padded copy of one image's group and
 /// its packed weights (per thread and per call, independent of the batch), and the direct
 /// backward-filter's padded copies of a block of images (about 256 KiB), their dy rows, and
