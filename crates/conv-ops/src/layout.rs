@@ -640,38 +640,13 @@ struct Prepacked<'a> {
 impl<'a> Prepacked<'a> {
     /// Packs all of `a` into `buf` (resized), micro-panels shared out over `threads`.
     fn pack<A: PackA>(a: &A, mr: usize, threads: usize, buf: &'a mut Vec<f32>) -> Self {
-        use rayon::prelude::*;
         let (rows, cols) = (a.rows(), a.cols());
-        let panels = rows.div_ceil(mr);
-        let len = panels * mr * cols;
-        if buf.len() < len {
-            buf.resize(len, 0.0);
-        }
-        let data = &mut buf[..len];
-        // Whole micro-panels per part: `pack_a` writes panel `q` of a block at `q·kc·mr`.
-        let per = panels.div_ceil(threads.max(1)).max(1);
-        let part = |(i, dst): (usize, &mut [f32])| {
-            let ic = i * per * mr;
-            a.pack_a(ic, (per * mr).min(rows - ic), 0, cols, mr, dst);
-        };
-        if threads > 1 {
-            data.par_chunks_mut(per * mr * cols)
-                .enumerate()
-                .for_each(part);
-        } else {
-            data.chunks_mut(per * mr * cols).enumerate().for_each(part);
-        }
-        let data: &'a [f32] = data;
-        Prepacked {
-            rows,
-            cols,
-            mr,
-            data,
-        }
+        Self::fill(rows, cols, mr, threads, buf, |ic, dst| {
+            // `pack_a` writes panel `q` of a block at `q·kc·mr`: the part's panels in a row.
+            a.pack_a(ic, (dst.len() / cols).min(rows - ic), 0, cols, mr, dst);
+        })
     }
-}
 
-impl<'a> Prepacked<'a> {
     /// [`Prepacked::pack`] with A's columns reordered: column `c·taps + q·gw + t` (channel
     /// `c` of `ch`, tap `q·gw + t`) becomes column `(q·ch + c)·gw + t` (groups of `gw`
     /// consecutive taps, group-major). Each micro-panel is packed in A's own order into a
@@ -683,20 +658,12 @@ impl<'a> Prepacked<'a> {
         buf: &'a mut Vec<f32>,
         (ch, taps, gw): (usize, usize, usize),
     ) -> Self {
-        use rayon::prelude::*;
         let (rows, cols) = (a.rows(), a.cols());
         debug_assert!(cols == ch * taps && taps.is_multiple_of(gw));
-        let panels = rows.div_ceil(mr);
-        let len = panels * mr * cols;
-        if buf.len() < len {
-            buf.resize(len, 0.0);
-        }
-        let data = &mut buf[..len];
-        let per = panels.div_ceil(threads.max(1)).max(1);
-        let part = |(i, dst): (usize, &mut [f32])| {
+        Self::fill(rows, cols, mr, threads, buf, |ic0, dst| {
             let mut tmp = vec![0f32; cols * mr];
             for (q, panel) in dst.chunks_exact_mut(cols * mr).enumerate() {
-                let ic = (i * per + q) * mr;
+                let ic = ic0 + q * mr;
                 a.pack_a(ic, mr.min(rows - ic), 0, cols, mr, &mut tmp);
                 let run = gw * mr;
                 for g in 0..taps / gw {
@@ -709,13 +676,35 @@ impl<'a> Prepacked<'a> {
                     }
                 }
             }
-        };
+        })
+    }
+
+    /// Sizes `buf` for the micro-panels of a `rows` × `cols` A and fills it in parts of whole
+    /// micro-panels shared out over `threads`: `part(ic, dst)` writes the panels of rows
+    /// `ic ..` into `dst` (`cols · mr` values a panel).
+    fn fill(
+        rows: usize,
+        cols: usize,
+        mr: usize,
+        threads: usize,
+        buf: &'a mut Vec<f32>,
+        part: impl Fn(usize, &mut [f32]) + Sync,
+    ) -> Self {
+        use rayon::prelude::*;
+        let panels = rows.div_ceil(mr);
+        let len = panels * mr * cols;
+        if buf.len() < len {
+            buf.resize(len, 0.0);
+        }
+        let data = &mut buf[..len];
+        let per = panels.div_ceil(threads.max(1)).max(1);
+        let run = |(i, dst): (usize, &mut [f32])| part(i * per * mr, dst);
         if threads > 1 {
             data.par_chunks_mut(per * mr * cols)
                 .enumerate()
-                .for_each(part);
+                .for_each(run);
         } else {
-            data.chunks_mut(per * mr * cols).enumerate().for_each(part);
+            data.chunks_mut(per * mr * cols).enumerate().for_each(run);
         }
         let data: &'a [f32] = data;
         Prepacked {
