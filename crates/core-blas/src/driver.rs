@@ -671,6 +671,8 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
             }
             None => None,
         };
+        // Between `conv_panel` above and the first tile below, only `prefetch_b` may be called
+        // on the source (the contract of `PackB::conv_panel`'s slice).
         if let Some((b, pc2, kc2, j2, w2)) = pf
             && !spread
         {

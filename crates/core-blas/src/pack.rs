@@ -66,6 +66,12 @@ pub trait PackB: Sync {
     /// then packs with [`PackB::pack_b`]. The values described must be those `pack_b` would
     /// write; the driver packs with `pack_b` any panel whose chunks its kernel cannot read
     /// (not step-1 single pieces) or whose offsets leave the slice.
+    ///
+    /// The driver reads the returned slice only in the panel's first tile, on the calling
+    /// thread, right after this call: in between it calls at most [`PackB::prefetch_b`] on
+    /// this source, never [`PackB::pack_b`] or `conv_panel`. A source may therefore return a
+    /// slice of per-thread storage that only its `pack_b` or `conv_panel` rewrite (conv-ops's
+    /// blocked backward-filter does).
     #[inline]
     fn conv_panel(
         &self,
