@@ -69,7 +69,7 @@ enum Cmd {
         #[arg(long, value_name = "NAME", default_value = "all")]
         arch: String,
     },
-    /// test, then build --arch all, then bench --quick --json <target>/bench.json.
+    /// test, then build --arch all, then bench --quick --json `<target>/bench.json`.
     Ci,
 }
 

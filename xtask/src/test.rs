@@ -171,7 +171,7 @@ fn mpi_features(metadata: &Value) -> String {
         .join(",")
 }
 
-/// `cargo xtask train-check`: only the `train`-under-`mpirun` steps of [`test`].
+/// `cargo xtask train-check`: only the `train`-under-`mpirun` steps of [`test()`].
 pub fn train_check() -> Result<()> {
     let mut p = Pipeline::default();
     if p.step("prerequisites: Open MPI, libclang", ensure_mpi) {
@@ -190,7 +190,7 @@ pub fn metadata() -> Result<Value> {
     })
 }
 
-/// Builds the test target with `features` on the whole workspace (see [`test`]) and returns its
+/// Builds the test target with `features` on the whole workspace (see [`test()`]) and returns its
 /// executable, read from cargo's JSON messages.
 fn build_test_binary(test: &MpiTest, features: &str) -> Result<PathBuf> {
     let out = run_capture(cargo().args([
@@ -409,6 +409,16 @@ pub fn test() -> Result<()> {
             "warnings",
         ]))
     });
+
+    // Every public item is documented, and its links resolve: rustdoc's warnings are errors.
+    p.step(
+        "cargo doc --workspace --no-deps (rustdoc warnings denied)",
+        || {
+            run(cargo()
+                .args(["doc", "--workspace", "--no-deps"])
+                .env("RUSTDOCFLAGS", "-D warnings"))
+        },
+    );
 
     // The MPI features of every package that has one, enabled together on the whole workspace:
     // dependencies keep the feature set of the plain workspace build, so only the MPI crates and

@@ -4,7 +4,7 @@
 //! results file the same way, and likewise discards it when it was written for other kernels.
 //!
 //! The file is text, one choice per line, keyed like the process-wide cache of
-//! [`ConvAlgo::Auto`](crate::ConvAlgo::Auto) by the whole convolution geometry and the rayon
+//! [`ConvAlgo::Auto`] by the whole convolution geometry and the rayon
 //! thread count:
 //!
 //! ```text

@@ -132,7 +132,7 @@ impl Chunk {
 /// kc`) is tap `t = (first + p) % period` of the view, whose `nch` chunks (panel width / 16)
 /// are `taps[t · nch..][..nch]`, read from the source at the element offset `base + ((first +
 /// p) / period) · step` (one channel plane further every `period` rows). The driver resolves
-/// it ([`ConvRows::resolve`]) and checks every offset the masks read against the source's
+/// it (`ConvRows::resolve`, internal) and checks every offset the masks read against the source's
 /// length before a kernel reads it.
 #[derive(Clone, Debug, Default)]
 pub struct ConvPanel {
