@@ -147,6 +147,29 @@ impl NnError {
         }
     }
 
+    /// A [`NnError::NoForward`] for `layer`: its backward was called with no training forward
+    /// before it (or twice after one).
+    pub(crate) fn no_forward(layer: &(impl crate::layer::Layer + ?Sized)) -> Self {
+        NnError::NoForward {
+            layer: layer.describe(),
+        }
+    }
+
+    /// `Ok` when `got` is `want`, else a [`NnError::Shape`] for `op`'s argument `arg` that
+    /// expected `want`; `op` is called on the error path only (layers describe themselves there).
+    pub(crate) fn expect_shape(
+        op: impl FnOnce() -> String,
+        arg: &'static str,
+        got: &[usize],
+        want: &[usize],
+    ) -> Result<()> {
+        if got == want {
+            Ok(())
+        } else {
+            Err(NnError::shape(op(), arg, got, format!("{want:?}")))
+        }
+    }
+
     /// A [`NnError::Config`] for `arg`.
     pub fn config(arg: &'static str, detail: impl Into<String>) -> Self {
         NnError::Config {

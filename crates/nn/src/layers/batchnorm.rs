@@ -91,6 +91,14 @@ impl BatchNorm {
         Ok((shape[0], shape[2..].iter().product()))
     }
 
+    /// What the last training forward saved, taken (so a second backward is an error), after
+    /// checking that `dy` has the forward output's shape.
+    fn take_saved(&mut self, dy: &Tensor) -> Result<Saved> {
+        let saved = self.saved.take().ok_or_else(|| NnError::no_forward(self))?;
+        NnError::expect_shape(|| self.describe(), "dy", dy.shape(), &saved.shape)?;
+        Ok(saved)
+    }
+
     /// [`Layer::forward`] for a batch split over processes by rows (spatial parallelism): in
     /// training, `reduce` receives per-channel partial statistics of this process's part and
     /// must replace them by their sum over the processes holding the other parts (once for the
@@ -232,17 +240,7 @@ impl BatchNorm {
             shape,
             xhat,
             inv_std,
-        } = self.saved.take().ok_or_else(|| NnError::NoForward {
-            layer: self.describe(),
-        })?;
-        if dy.shape() != shape.as_slice() {
-            return Err(NnError::shape(
-                self.describe(),
-                "dy",
-                dy.shape(),
-                format!("{shape:?}"),
-            ));
-        }
+        } = self.take_saved(&dy)?;
         let (n, plane) = self.dims(&shape)?;
         let c = self.channels;
         let xhat = xhat.data();
@@ -363,17 +361,7 @@ impl BatchNorm {
             shape,
             xhat,
             inv_std,
-        } = self.saved.take().ok_or_else(|| NnError::NoForward {
-            layer: self.describe(),
-        })?;
-        if dy.shape() != shape.as_slice() {
-            return Err(NnError::shape(
-                self.describe(),
-                "dy",
-                dy.shape(),
-                format!("{shape:?}"),
-            ));
-        }
+        } = self.take_saved(&dy)?;
         let (n, plane) = self.dims(&shape)?;
         let c = self.channels;
         let v = Vector::global()?;

@@ -909,17 +909,15 @@ impl Layer for Conv {
     }
 
     fn backward(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
-        let x = self.saved_x.take().ok_or_else(|| NnError::NoForward {
-            layer: self.describe(),
-        })?;
+        let x = self
+            .saved_x
+            .take()
+            .ok_or_else(|| NnError::no_forward(self))?;
         if x.shape().first() == Some(&0) {
             // An empty batch contributes nothing: zero gradients, an empty dx.
             let mut want = vec![0];
             want.extend(self.output_shape(&x.shape()[1..])?);
-            if dy.shape() != want.as_slice() {
-                let want = format!("{want:?}");
-                return Err(NnError::shape(self.describe(), "dy", dy.shape(), want));
-            }
+            NnError::expect_shape(|| self.describe(), "dy", dy.shape(), &want)?;
             for (_, p) in self.params_mut() {
                 p.grad.data_mut().fill(0.0);
             }
@@ -937,14 +935,7 @@ impl Layer for Conv {
         let g = p.geom;
         let mut want = vec![g.batch(), g.out_channels()];
         want.extend(g.output());
-        if dy.shape() != want.as_slice() {
-            return Err(NnError::shape(
-                describe,
-                "dy",
-                dy.shape(),
-                format!("{want:?}"),
-            ));
-        }
+        NnError::expect_shape(|| describe, "dy", dy.shape(), &want)?;
         let w = weight.value.data();
         if let Some(b) = bias.as_mut() {
             conv_ops::bias_grad(&g, dy.data(), b.grad.data_mut())?;

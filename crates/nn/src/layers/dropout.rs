@@ -63,17 +63,8 @@ impl Layer for Dropout {
     }
 
     fn backward(&mut self, mut dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
-        let (shape, mask) = self.mask.take().ok_or_else(|| NnError::NoForward {
-            layer: self.describe(),
-        })?;
-        if dy.shape() != shape.as_slice() {
-            return Err(NnError::shape(
-                self.describe(),
-                "dy",
-                dy.shape(),
-                format!("{shape:?}"),
-            ));
-        }
+        let (shape, mask) = self.mask.take().ok_or_else(|| NnError::no_forward(self))?;
+        NnError::expect_shape(|| self.describe(), "dy", dy.shape(), &shape)?;
         if !need_dx {
             return Ok(None);
         }

@@ -35,9 +35,7 @@ impl Layer for Flatten {
     }
 
     fn backward(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
-        let shape = self.shape.take().ok_or_else(|| NnError::NoForward {
-            layer: self.describe(),
-        })?;
+        let shape = self.shape.take().ok_or_else(|| NnError::no_forward(self))?;
         if !need_dx {
             return Ok(None);
         }

@@ -76,19 +76,13 @@ impl Layer for Linear {
     }
 
     fn backward(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
-        let x = self.saved_x.take().ok_or_else(|| NnError::NoForward {
-            layer: self.describe(),
-        })?;
+        let x = self
+            .saved_x
+            .take()
+            .ok_or_else(|| NnError::no_forward(self))?;
         let n = x.shape()[0];
         let (i, o) = (self.inputs, self.outputs);
-        if dy.shape() != [n, o] {
-            return Err(NnError::shape(
-                self.describe(),
-                "dy",
-                dy.shape(),
-                format!("[{n}, {o}]"),
-            ));
-        }
+        NnError::expect_shape(|| self.describe(), "dy", dy.shape(), &[n, o])?;
         // dW = dyᵀ · x (o × i), db = column sums of dy, dx = dy · W (n × i).
         core_blas::sgemm(
             true,

@@ -217,9 +217,7 @@ impl Layer for MaxPool {
     }
 
     fn backward(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
-        let (shape, arg) = self.saved.take().ok_or_else(|| NnError::NoForward {
-            layer: self.describe(),
-        })?;
+        let (shape, arg) = self.saved.take().ok_or_else(|| NnError::no_forward(self))?;
         if dy.len() != arg.len() {
             return Err(NnError::shape(
                 self.describe(),
@@ -569,19 +567,10 @@ impl Layer for AdaptiveAvgPool {
     }
 
     fn backward(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
-        let shape = self.saved.take().ok_or_else(|| NnError::NoForward {
-            layer: self.describe(),
-        })?;
+        let shape = self.saved.take().ok_or_else(|| NnError::no_forward(self))?;
         let mut want = shape[..2].to_vec();
         want.extend(&self.output);
-        if dy.shape() != want.as_slice() {
-            return Err(NnError::shape(
-                self.describe(),
-                "dy",
-                dy.shape(),
-                format!("{want:?}"),
-            ));
-        }
+        NnError::expect_shape(|| self.describe(), "dy", dy.shape(), &want)?;
         if !need_dx {
             return Ok(None);
         }

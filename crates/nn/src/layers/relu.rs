@@ -78,17 +78,8 @@ impl Relu {
     /// in one pass over memory: per step of [`FUSED_STEP`] values the ReLU's backward, then
     /// the copy while the step is in L1.
     pub(crate) fn backward_fork(&mut self, mut dy: Tensor) -> Result<(Tensor, Tensor)> {
-        let shape = self.saved.take().ok_or_else(|| NnError::NoForward {
-            layer: self.describe(),
-        })?;
-        if dy.shape() != shape.as_slice() {
-            return Err(NnError::shape(
-                "ReLU",
-                "dy",
-                dy.shape(),
-                format!("{shape:?}"),
-            ));
-        }
+        let shape = self.saved.take().ok_or_else(|| NnError::no_forward(self))?;
+        NnError::expect_shape(|| self.describe(), "dy", dy.shape(), &shape)?;
         let v = Vector::global()?;
         let mut copy = Tensor::scratch(&shape);
         crate::par::runs_mut_bits(dy.data_mut(), copy.data_mut(), &self.mask, |d, c, m| {
@@ -132,17 +123,8 @@ impl Layer for Relu {
     }
 
     fn backward(&mut self, mut dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
-        let shape = self.saved.take().ok_or_else(|| NnError::NoForward {
-            layer: self.describe(),
-        })?;
-        if dy.shape() != shape.as_slice() {
-            return Err(NnError::shape(
-                "ReLU",
-                "dy",
-                dy.shape(),
-                format!("{shape:?}"),
-            ));
-        }
+        let shape = self.saved.take().ok_or_else(|| NnError::no_forward(self))?;
+        NnError::expect_shape(|| self.describe(), "dy", dy.shape(), &shape)?;
         if !need_dx {
             return Ok(None);
         }

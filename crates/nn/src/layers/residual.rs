@@ -414,9 +414,7 @@ impl Layer for GlobalAvgPool {
     }
 
     fn backward(&mut self, dy: Tensor, need_dx: bool) -> Result<Option<Tensor>> {
-        let shape = self.shape.take().ok_or_else(|| NnError::NoForward {
-            layer: self.describe(),
-        })?;
+        let shape = self.shape.take().ok_or_else(|| NnError::no_forward(self))?;
         if dy.len() != shape[0] * shape[1] {
             return Err(NnError::shape(
                 self.describe(),
