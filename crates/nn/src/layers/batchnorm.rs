@@ -91,6 +91,20 @@ impl BatchNorm {
         Ok((shape[0], shape[2..].iter().product()))
     }
 
+    /// Moves the running statistics towards the batch's by `momentum`: `mean_var` gives each
+    /// channel's batch mean and biased variance over `count` values; the running variance takes
+    /// the unbiased one (`count / (count - 1)`), as PyTorch's does.
+    fn update_running(&mut self, count: usize, mean_var: impl Iterator<Item = (f64, f64)>) {
+        let unbias = count as f64 / (count - 1) as f64;
+        let mom = f64::from(self.momentum);
+        let rms = self.running_mean.data_mut().iter_mut();
+        let rvs = self.running_var.data_mut().iter_mut();
+        for ((rm, rv), (mean, var)) in rms.zip(rvs).zip(mean_var) {
+            *rm = ((1.0 - mom) * f64::from(*rm) + mom * mean) as f32;
+            *rv = ((1.0 - mom) * f64::from(*rv) + mom * var * unbias) as f32;
+        }
+    }
+
     /// What the last training forward saved, taken (so a second backward is an error), after
     /// checking that `dy` has the forward output's shape.
     fn take_saved(&mut self, dy: &Tensor) -> Result<Saved> {
@@ -205,14 +219,7 @@ impl BatchNorm {
             })?;
         }
         if train {
-            let unbias = count as f64 / (count - 1) as f64;
-            let mom = self.momentum as f64;
-            for ch in 0..c {
-                let rm = &mut self.running_mean.data_mut()[ch];
-                *rm = ((1.0 - mom) * *rm as f64 + mom * mean[ch]) as f32;
-                let rv = &mut self.running_var.data_mut()[ch];
-                *rv = ((1.0 - mom) * *rv as f64 + mom * var[ch] * unbias) as f32;
-            }
+            self.update_running(count, mean.iter().copied().zip(var.iter().copied()));
             self.saved = Some(Saved {
                 xhat,
                 shape,
@@ -335,14 +342,7 @@ impl BatchNorm {
             let m = stats[ch].0 as f32;
             Ok(v.bn_train(p, h, m, inv_std[ch], gamma[ch], beta[ch])?)
         })?;
-        let unbias = count as f64 / (count - 1) as f64;
-        let mom = f64::from(self.momentum);
-        for (ch, &(mean, var)) in stats.iter().enumerate() {
-            let rm = &mut self.running_mean.data_mut()[ch];
-            *rm = ((1.0 - mom) * f64::from(*rm) + mom * mean) as f32;
-            let rv = &mut self.running_var.data_mut()[ch];
-            *rv = ((1.0 - mom) * f64::from(*rv) + mom * var * unbias) as f32;
-        }
+        self.update_running(count, stats.iter().copied());
         self.saved = Some(Saved {
             xhat,
             shape,
