@@ -354,6 +354,11 @@ impl fmt::Display for Preset {
 /// convgemm and the backward-data algorithms, per-thread copies kept across calls of w by tap
 /// (the size of w) and of one block of images' input and output side position by position
 /// (256 Ki floats each, or one image's side if larger: 512@7² runs in blocks of 10 images),
+/// and, for strided 2-D layers of at least 64 input channels and 512 to 1023 output positions
+/// (one group, e.g. ResNet-50's 128@56² stride 2) under the forward convgemm, a per-thread copy
+/// of one block of images' input split into its stride phases (kept across calls: about 512 Ki
+/// floats, or one image's input if larger; independent of the batch) and w packed once per call
+/// (in the calling thread's storage, kept across calls),
 /// and, for the transposed convgemm on
 /// layers of a multiple of 16 input channels per group and output lines of at least 16
 /// positions, a per-thread position-major copy of 16 channels of the input lines one packed

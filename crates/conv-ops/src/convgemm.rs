@@ -45,6 +45,9 @@ pub struct Im2colB<'a> {
     /// elsewhere the rows may grow with the batch, and the description's per-row table with
     /// them).
     fused: bool,
+    /// The kernel tap of each of the view's taps, when they are not `tap0..tap0 + taps`
+    /// ([`Im2colB::with_tap_map`]; one group, `tap0` 0).
+    map: Option<&'a [usize]>,
 }
 
 /// Scratch reused across calls on one thread: no allocation in steady state.
@@ -206,6 +209,7 @@ impl<'a> Im2colB<'a> {
             taps: g.kernel_len(),
             gw: g.kernel_len(),
             fused: false,
+            map: None,
         }
     }
 
@@ -257,6 +261,28 @@ impl<'a> Im2colB<'a> {
             wlo,
             wlen,
             ..self
+        }
+    }
+
+    /// The rows of the kernel taps `map[0], map[1], ..` only, in that order: C/G · `map.len()`
+    /// rows, row `p` = channel `p / map.len()`, tap `map[p % map.len()]` (validated by the
+    /// caller: every tap below R, `map` not empty). The phase-split forward
+    /// ([`crate::phasesplit`]) reads a strided layer's taps as some of the taps of a stride-1
+    /// layer over x's phases.
+    pub(crate) fn with_tap_map(self, map: &'a [usize]) -> Self {
+        debug_assert!(!map.is_empty() && map.iter().all(|&t| t < self.src.rlen));
+        Im2colB {
+            map: Some(map),
+            ..self.with_taps(0, map.len())
+        }
+    }
+
+    /// The kernel tap of the view's tap `t` (`t < taps`).
+    #[inline(always)]
+    fn kernel_tap(&self, t: usize) -> usize {
+        match self.map {
+            Some(m) => m[t],
+            None => self.tap0 + t,
         }
     }
 
@@ -356,8 +382,17 @@ impl PackB for Im2colB<'_> {
                 return None;
             }
             out.taps.clear();
-            out.taps
-                .extend_from_slice(&s.chunks[e.chunks + self.tap0 * nch..][..rl * nch]);
+            match self.map {
+                Some(m) => {
+                    for &kt in m {
+                        out.taps
+                            .extend_from_slice(&s.chunks[e.chunks + kt * nch..][..nch]);
+                    }
+                }
+                None => out
+                    .taps
+                    .extend_from_slice(&s.chunks[e.chunks + self.tap0 * nch..][..rl * nch]),
+            }
             out.period = rl;
             out.first = pc % rl;
             out.base = isize::try_from(src.plane(pc / rl) + shift).ok()?;
@@ -536,7 +571,7 @@ impl Im2colB<'_> {
         let stride = src.d.stride[2];
         let (image, rlen) = (src.image_len(), src.rlen);
         // Rows are (channel, tap of the view's window): `rl` per channel.
-        let (tap0, rl) = (self.tap0, self.taps);
+        let rl = self.taps;
         // Masked vector copies for full panels of 16-value chunks.
         let cp = ConvPack::global()
             .ok()
@@ -577,7 +612,7 @@ impl Im2colB<'_> {
                     }
                     let rows = ((last - tap) / rl + 1).min(b0 + chb) - c_lo;
                     // The tables are indexed by the kernel's tap.
-                    let kt = tap0 + tap;
+                    let kt = self.kernel_tap(tap);
                     let tsegs = &psegs[kt * count..][..count];
                     let row0 = c_lo * rl + tap - pc;
                     debug_assert!((row0 + (rows - 1) * rl) < kc);

@@ -630,7 +630,7 @@ thread_local! {
 /// 17.35, flipped backward-data 18.20 / 17.52, 18.34 / 17.45, 18.12 / 17.41; 128@28² forward
 /// 17.86 / 17.51, 17.68 / 17.53, 18.18 / 17.70; 512@7² flipped 20.89 / 19.27, 20.36 / 18.94,
 /// 20.36 / 19.24, forward level (its A, 9 MiB, is then read from L3 by the kernel).
-struct Prepacked<'a> {
+pub(crate) struct Prepacked<'a> {
     rows: usize,
     cols: usize,
     mr: usize,
@@ -639,7 +639,7 @@ struct Prepacked<'a> {
 
 impl<'a> Prepacked<'a> {
     /// Packs all of `a` into `buf` (resized), micro-panels shared out over `threads`.
-    fn pack<A: PackA>(a: &A, mr: usize, threads: usize, buf: &'a mut Vec<f32>) -> Self {
+    pub(crate) fn pack<A: PackA>(a: &A, mr: usize, threads: usize, buf: &'a mut Vec<f32>) -> Self {
         let (rows, cols) = (a.rows(), a.cols());
         Self::fill(rows, cols, mr, threads, buf, |ic, dst| {
             // `pack_a` writes panel `q` of a block at `q·kc·mr`: the part's panels in a row.

@@ -51,6 +51,7 @@ pub mod im2col;
 mod layout;
 mod ops;
 mod phased;
+mod phasesplit;
 pub mod reference;
 mod reindex;
 mod source;
@@ -72,7 +73,7 @@ pub use ops::{backward_data, backward_filter, bias_grad, forward};
 
 /// Frees conv-ops' per-thread buffers (the direct convolution's padded copies and packed
 /// weights, the C panels of deconvgemm and the small-plane forward, the tap-by-tap forms'
-/// copies, the subsampled inputs) on the calling thread and on every thread of the current
+/// copies, the subsampled inputs, the stride-phase copies of strided inputs) on the calling thread and on every thread of the current
 /// rayon pool; returns the bytes freed. They grow to the largest layer a thread has run and
 /// stay at that size, so that the next call allocates nothing. For a caller that ran large
 /// layers or algorithms once and will not again (`nn`'s `auto` algorithm choice tries every
@@ -83,6 +84,7 @@ pub fn release_workspaces() -> usize {
     let release = || {
         direct::release_thread()
             + layout::release_thread()
+            + phasesplit::release_thread()
             + subsample::release_thread()
             + tapsum::release_thread()
             + tapwise::release_thread()

@@ -139,6 +139,10 @@ pub fn forward(
         // 1×1 strided: the pointwise product on a subsampled block of images.
         return crate::subsample::forward(g, x, w, epi, y);
     }
+    if algo == ForwardAlgo::Convgemm && crate::phasesplit::applies(g) {
+        // Strided 2-D: the stride-1 convgemm over x split into its phases.
+        return crate::phasesplit::forward(g, x, w, epi, y);
+    }
     let result = (0..g.groups()).try_for_each(|grp| {
         let a = weights(g, grp, w)?;
         forward_group(g, grp, &a, x, bias, relu, y, algo, ws)

@@ -1,0 +1,357 @@
+//! The forward convgemm of a strided 2-D layer on x split into its stride phases.
+//!
+//! With stride s along a dimension, input coordinate `i = s·o + r − p` (output o, tap r,
+//! padding p) is phase `a = i mod s`, index `i div s = o + q` of that phase, where `r − p =
+//! s·q + a`: every tap reads one phase at a fixed offset `q` from the output coordinate, with
+//! stride 1. So a block of images is copied once into its phases, channel by channel (`s_h·s_w`
+//! phase planes of `⌈H/s_h⌉ × ⌈W/s_w⌉` values, the phase index as an outer spatial dimension),
+//! and the layer becomes a stride-1 3-D convolution over that copy whose kernel spans every
+//! phase (depth `s_h·s_w`, `q` ranges along the other two): the strided layer's taps are some
+//! of its taps ([`Im2colB::with_tap_map`]; 9 of 16 for 3×3 stride 2), in the layer's own order,
+//! so A is the layer's weights as they are. B is then packed from stride-1 lines as long as the
+//! output line (single-piece chunks, inside the AVX-512 kernel's first tile where it can)
+//! instead of strided, two-piece rows with a prefetch of each block (ResNet-50's 128@56²
+//! stride 2: the packer 11% and its prefetch 4% of the samples, session 27).
+//!
+//! Taken by [`crate::ForwardAlgo::Convgemm`] on the layers of [`applies`]. The copy is
+//! bounded (about [`BLOCK_FLOATS`] values, at least one image), kept per thread across calls
+//! and independent of the batch; A is packed once per call.
+
+use std::cell::RefCell;
+
+use core_blas::{Bias, DenseStore, MatMut, MatRef};
+use rayon::prelude::*;
+
+use crate::Result;
+use crate::convgemm::Im2colB;
+use crate::error::gemm_err;
+use crate::geometry::ConvGeometry;
+use crate::layout::{Epilogue, OneThread, Prepacked, forward_panels};
+
+/// Values of one block of images' phase copy (2 MiB), at least one image: the block's
+/// product reads it right after it is written, from L2 where it fits. ResNet-50's 128@56²
+/// stride 2 (1.6 MB an image), `probe_passes`, 1 thread, quiet 00:57:59 UTC, blocks of 1 / 2
+/// / 8 images: 17.93 / 18.18 / 19.05, 18.13 / 18.15 / 19.52, 18.00 / 18.27 / 18.98 ms (main:
+/// 18.73, 18.63, 19.93). One image is then stored straight into y (a dense K × O matrix).
+/// (Test builds: a few thousand, so that the tests' small layers run several blocks.)
+const BLOCK_FLOATS: usize = if cfg!(test) { 4096 } else { 1 << 19 };
+
+/// Output positions per image from which, and below which, [`applies`] takes a layer:
+/// ResNet's 28² outputs of 56² inputs. Larger planes run image by image (not measured with
+/// the split); on 14² and 7² outputs (ResNet-50's 256@28² and 512@14² stride 2, batch 8) the
+/// one-image blocks' products are narrow and the split was level or slower (`probe_passes`,
+/// quiet 01:12:48 UTC: 19.78 / 19.29, 18.70 / 19.66 and 20.37 / 19.91, 18.94 / 21.07 ms).
+/// (Test builds: any plane, so that the tests reach the split on small layers.)
+const MIN_PLANE: usize = if cfg!(test) { 1 } else { 512 };
+
+/// See [`MIN_PLANE`] (the forward's per-image threshold).
+const MAX_PLANE: usize = 1024;
+
+/// Input channels from which [`applies`] takes a layer (the copy is a pass over x; on few
+/// channels the product it serves is short).
+const MIN_CHANNELS: usize = 64;
+
+/// The split along one spatial dimension.
+#[derive(Clone, Copy, Debug)]
+struct Dim {
+    s: usize,
+    /// Length of a phase (`⌈len / s⌉`).
+    hp: usize,
+    /// Offsets `q` from `qmin` on, `kq` of them: the stride-1 kernel's extent.
+    qmin: isize,
+    kq: usize,
+    /// The stride-1 layer's padding before and after.
+    before: usize,
+    after: usize,
+}
+
+impl Dim {
+    /// Dimension `d` of `g`, `None` when the stride-1 layer would need a negative padding after.
+    fn new(g: &ConvGeometry, d: usize) -> Option<Dim> {
+        let (s, k, p) = (g.stride()[d], g.kernel()[d], g.pad_before()[d] as isize);
+        let (len, out) = (g.input()[d], g.output()[d]);
+        let si = s as isize;
+        let qmin = (-p).div_euclid(si);
+        let qmax = (k as isize - 1 - p).div_euclid(si);
+        let hp = len.div_ceil(s);
+        let after = out as isize + qmax - hp as isize;
+        (after >= 0).then_some(Dim {
+            s,
+            hp,
+            qmin,
+            kq: (qmax - qmin + 1) as usize,
+            before: (-qmin) as usize,
+            after: after as usize,
+        })
+    }
+
+    /// Phase and stride-1 tap of the layer's tap `r`.
+    fn tap(&self, r: usize, p: usize) -> (usize, usize) {
+        let v = r as isize - p as isize;
+        let si = self.s as isize;
+        (
+            v.rem_euclid(si) as usize,
+            (v.div_euclid(si) - self.qmin) as usize,
+        )
+    }
+}
+
+/// Whether [`forward`] takes `g`: 2-D, a stride above 1, no groups or dilation, a kernel
+/// larger than 1×1, at least [`MIN_CHANNELS`] input channels, [`MIN_PLANE`] to
+/// [`MAX_PLANE`] output positions per image, and a split whose stride-1 padding is
+/// non-negative.
+pub(crate) fn applies(g: &ConvGeometry) -> bool {
+    g.rank() == 2
+        && g.stride().iter().any(|&s| s > 1)
+        && g.groups() == 1
+        && g.dilation().iter().all(|&d| d == 1)
+        && g.kernel_len() > 1
+        && g.in_channels() >= MIN_CHANNELS
+        && (MIN_PLANE..MAX_PLANE).contains(&g.output_spatial_len())
+        && (0..2).all(|d| Dim::new(g, d).is_some())
+}
+
+thread_local! {
+    /// This thread's phase copy of a block of images, reused across calls.
+    static XQ: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The packed A of a call on this thread (taken out during the call), reused across calls.
+    static APACK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Frees this thread's buffers ([`crate::release_workspaces`]) and returns their bytes; 0
+/// when in use.
+pub(crate) fn release_thread() -> usize {
+    crate::take_thread_buffer(&XQ, crate::vec_bytes)
+        + crate::take_thread_buffer(&APACK, crate::vec_bytes)
+}
+
+/// The stride-1 layer over the phase copy of `nb` images of `g` and the tap map.
+fn split_geometry(g: &ConvGeometry, dims: &[Dim; 2], nb: usize) -> Result<ConvGeometry> {
+    let ph = dims[0].s * dims[1].s;
+    ConvGeometry::from_parts(
+        nb,
+        g.in_channels(),
+        g.out_channels(),
+        &[ph, dims[0].hp, dims[1].hp],
+        &[ph, dims[0].kq, dims[1].kq],
+        &[1],
+        &[1],
+        &[0, dims[0].before, dims[1].before],
+        &[0, dims[0].after, dims[1].after],
+        1,
+    )
+}
+
+/// Copies the images of `x` (whole images, `g`'s channels) into their phases, `dst` one
+/// image after the other, each channel's `s_h·s_w` planes of `hp_h × hp_w` (phase `a_h·s_w +
+/// a_w`); positions past the input (when a length is not a multiple of its stride) are zero.
+/// Per channel, every phase line is one strided piece of an input row (core-blas's
+/// [`core_blas::Gemm::gather_pieces`]: stride 2 vectorised).
+fn fill(g: &ConvGeometry, dims: &[Dim; 2], x: &[f32], dst: &mut [f32], threads: usize) {
+    use core_blas::Piece;
+    let (h, w) = (g.input()[0], g.input()[1]);
+    let [dh, dw] = *dims;
+    let chan = dh.s * dw.s * dh.hp * dw.hp;
+    let ragged = h % dh.s != 0 || w % dw.s != 0;
+    // The pieces of one channel: input row `iy`, phase `ax` along it.
+    let pieces: Vec<Piece> = (0..h)
+        .flat_map(|iy| (0..dw.s.min(w)).map(move |ax| (iy, ax)))
+        .map(|(iy, ax)| Piece {
+            row: (((iy % dh.s) * dw.s + ax) * dh.hp + iy / dh.s) as u32,
+            col: 0,
+            at: iy * w + ax,
+            len: (w - ax).div_ceil(dw.s) as u32,
+        })
+        .collect();
+    let gemm = core_blas::Gemm::global().ok();
+    let one = |(xc, dc): (&[f32], &mut [f32])| {
+        if ragged {
+            dc.fill(0.0);
+        }
+        let fast = gemm.is_some_and(|gm| gm.gather_pieces(dc, dw.hp, xc, &pieces, dw.s).is_ok());
+        if !fast {
+            for p in &pieces {
+                let d = &mut dc[p.row as usize * dw.hp..][..p.len as usize];
+                for (t, v) in d.iter_mut().enumerate() {
+                    *v = xc[p.at + t * dw.s];
+                }
+            }
+        }
+    };
+    if threads > 1 {
+        // Channels in a few tasks per thread.
+        let per = (x.len() / (h * w)).div_ceil(4 * threads).max(1);
+        x.par_chunks(per * h * w)
+            .zip(dst.par_chunks_mut(per * chan))
+            .for_each(|(xb, db)| {
+                xb.chunks_exact(h * w)
+                    .zip(db.chunks_exact_mut(chan))
+                    .for_each(one)
+            });
+    } else {
+        x.chunks_exact(h * w)
+            .zip(dst.chunks_exact_mut(chan))
+            .for_each(one);
+    }
+}
+
+/// y = conv(x, w) (+ bias) (then ReLU) for a layer of [`applies`]: per block of images, the
+/// phase copy, then the stride-1 convgemm over it with the tap map (A packed once). With more
+/// blocks than threads, each thread takes whole blocks (its copy in its own L2, no product
+/// split across threads); else the blocks one after the other, each copy and product split.
+pub(crate) fn forward(
+    g: &ConvGeometry,
+    x: &[f32],
+    w: &[f32],
+    epi: Epilogue<'_>,
+    y: &mut [f32],
+) -> Result<()> {
+    let (Some(d0), Some(d1)) = (Dim::new(g, 0), Dim::new(g, 1)) else {
+        unreachable!("the caller checked applies");
+    };
+    let dims = [d0, d1];
+    let (k, cr, olen) = (
+        g.out_channels(),
+        g.in_channels() * g.kernel_len(),
+        g.output_spatial_len(),
+    );
+    let (kh, kw) = (g.kernel()[0], g.kernel()[1]);
+    let (ph, pw) = (g.pad_before()[0], g.pad_before()[1]);
+    // The layer's taps, row-major, as taps of the stride-1 layer: (phase, q_h, q_w).
+    let map: Vec<usize> = (0..kh * kw)
+        .map(|t| {
+            let ((ah, th), (aw, tw)) = (d0.tap(t / kw, ph), d1.tap(t % kw, pw));
+            ((ah * d1.s + aw) * d0.kq + th) * d1.kq + tw
+        })
+        .collect();
+    let image = g.in_channels() * d0.s * d1.s * d0.hp * d1.hp;
+    let nb = (BLOCK_FLOATS / image).clamp(1, g.batch());
+    let blocks = g.batch().div_ceil(nb);
+    let threads = rayon::current_num_threads().max(1);
+    let mr = core_blas::Gemm::global().map_err(gemm_err)?.tile().0;
+    let a = MatRef::row_major("w", w, k, cr, cr).map_err(gemm_err)?;
+    let xi = g.in_channels() * g.input_spatial_len();
+    let yi = k * olen;
+    // One block (x and y of its images): its copy and product on `threads`.
+    let run = |pre: &Prepacked<'_>, xb: &[f32], yb: &mut [f32], threads: usize| {
+        let cnt = xb.len() / xi;
+        let sg = split_geometry(g, &dims, cnt)?;
+        XQ.with_borrow_mut(|xq| {
+            if xq.len() < cnt * image {
+                xq.resize(cnt * image, 0.0);
+            }
+            let xq = &mut xq[..cnt * image];
+            fill(g, &dims, xb, xq, threads);
+            let b = Im2colB::new(&sg, 0, xq)
+                .with_fused_packing()
+                .with_tap_map(&map);
+            if cnt > 1 {
+                return forward_panels(pre, &b, yb, (k, olen, 0), epi, threads == 1)
+                    .map_err(gemm_err);
+            }
+            // One image: its y is a dense K × O matrix, stored from the kernel's registers.
+            let c = MatMut::row_major("y", yb, k, olen, olen).map_err(gemm_err)?;
+            let mut dense = DenseStore::new(c, epi.alpha, epi.beta);
+            if let Some(bias) = epi.bias {
+                dense = dense.with_bias(Bias::PerRow(bias)).map_err(gemm_err)?;
+            }
+            if epi.relu {
+                dense = dense.with_relu();
+            }
+            if threads == 1 {
+                core_blas::gemm_with(pre, &b, &mut OneThread(dense))
+            } else {
+                core_blas::gemm_with(pre, &b, &mut dense)
+            }
+            .map_err(gemm_err)
+        })
+    };
+    let mut abuf = APACK.with_borrow_mut(std::mem::take);
+    let pre = Prepacked::pack(&a, mr, threads, &mut abuf);
+    let result = if threads > 1 && blocks >= threads {
+        // Whole blocks per thread: each thread's copy in its own caches, no split products.
+        x.par_chunks(nb * xi)
+            .zip(y.par_chunks_mut(nb * yi))
+            .try_for_each(|(xb, yb)| run(&pre, xb, yb, 1))
+    } else {
+        x.chunks(nb * xi)
+            .zip(y.chunks_mut(nb * yi))
+            .try_for_each(|(xb, yb)| run(&pre, xb, yb, threads))
+    };
+    APACK.with_borrow_mut(|kept| *kept = abuf);
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::testing::{Tolerance, uniform};
+    use crate::{ConvGeometry, ForwardAlgo, Workspace, forward, reference};
+
+    /// Strided layers the split takes (even and odd sizes, strides 2 and 3, 3×3, 5×3, 4×4
+    /// and 1×3 kernels, paddings 0-2, blocks of one and of several images, a batch of one) on
+    /// 1 and 2 threads, with bias and ReLU, against the reference.
+    #[test]
+    fn phase_split_matches_the_reference() {
+        let geoms = [
+            ConvGeometry::new(3, 64, 24, &[14, 14], &[3, 3])
+                .unwrap()
+                .with_stride(&[2])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+            ConvGeometry::new(2, 64, 20, &[15, 13], &[5, 3])
+                .unwrap()
+                .with_stride(&[2])
+                .unwrap()
+                .with_padding(&[2, 1])
+                .unwrap(),
+            ConvGeometry::new(2, 64, 9, &[17, 16], &[4, 4])
+                .unwrap()
+                .with_stride(&[3, 2])
+                .unwrap(),
+            ConvGeometry::new(1, 64, 16, &[12, 12], &[3, 3])
+                .unwrap()
+                .with_stride(&[2])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+            ConvGeometry::new(5, 70, 8, &[6, 8], &[1, 3])
+                .unwrap()
+                .with_stride(&[1, 2])
+                .unwrap()
+                .with_padding(&[0, 1])
+                .unwrap(),
+        ];
+        for g in &geoms {
+            assert!(super::applies(g), "{g:?}");
+            let (x, w) = (uniform(1, g.x_len()), uniform(2, g.w_len()));
+            let bias = uniform(3, g.out_channels());
+            let mut want = vec![0f32; g.y_len()];
+            reference::forward(g, &x, &w, Some(&bias), &mut want).unwrap();
+            want.iter_mut().for_each(|v| *v = v.max(0.0));
+            for threads in 1..=2 {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let mut y = vec![f32::NAN; g.y_len()];
+                pool.install(|| {
+                    forward(
+                        g,
+                        &x,
+                        &w,
+                        Some(&bias),
+                        true,
+                        &mut y,
+                        ForwardAlgo::Convgemm,
+                        &mut Workspace::new(false),
+                    )
+                })
+                .unwrap();
+                Tolerance::for_f32_sum(g.in_channels() * g.kernel_len())
+                    .check(&format!("{g:?} {threads} threads"), &y, &want)
+                    .unwrap();
+            }
+        }
+    }
+}
