@@ -19,6 +19,11 @@
 //! `--aligned`: A, B and C are `AlignedVec`s (64-byte aligned; from 2 MiB on, huge-page storage
 //! unless `CORE_BLAS_HUGEPAGES=0`) instead of `Vec`s. The last line printed is the process's
 //! `AnonHugePages` (Linux), i.e. how much of its memory the kernel gave 2 MiB pages.
+//!
+//! Probes: `--huge=AC` (any subset of A, B, C): only those operands are `AlignedVec`s, the rest
+//! `Vec`s (which operand's 4 KiB pages cost what); `VOFF=n` (0-15): the `Vec` operands start n
+//! floats past a 64-byte boundary (glibc's large `Vec`s start 16 bytes past a page: n = 4);
+//! `SHOWADDR=1` prints where the operands start; `UKRV=v`: `core_blas::__set_ukr_variant(v)`.
 
 use std::time::{Duration, Instant};
 
@@ -54,22 +59,71 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .num_threads(threads)
         .build()?;
     let g = core_blas::Gemm::global()?;
+    // `UKRV=v`: the kernels' probe variant (`core_blas::__set_ukr_variant`).
+    if let Some(v) = std::env::var("UKRV").ok().and_then(|v| v.parse().ok()) {
+        core_blas::__set_ukr_variant(v);
+    }
     let a_v: Vec<f32> = (0..m * k)
         .map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6)
         .collect();
     let b_v: Vec<f32> = (0..k * n)
         .map(|i| ((i * 5) % 11) as f32 * 0.1 - 0.5)
         .collect();
-    let (a_al, b_al, mut c_al, mut c_v);
-    let (a, b, c): (&[f32], &[f32], &mut [f32]) = if aligned {
-        a_al = core_blas::AlignedVec::from(&a_v[..]);
-        b_al = core_blas::AlignedVec::from(&b_v[..]);
-        c_al = core_blas::AlignedVec::zeroed(m * n);
-        (&a_al, &b_al, &mut c_al)
-    } else {
-        c_v = vec![0.0f32; m * n];
-        (&a_v, &b_v, &mut c_v)
+    // `--huge=ABC` (any subset of the letters): only those operands are `AlignedVec`s, the
+    // others `Vec`s, to tell which operand's 4 KiB pages cost what; `--aligned` is `--huge=ABC`.
+    let huge = raw
+        .iter()
+        .find_map(|a| a.strip_prefix("--huge="))
+        .map(str::to_ascii_uppercase)
+        .unwrap_or_else(|| if aligned { "ABC".into() } else { String::new() });
+    // `VOFF=n` (0-15): the `Vec` operands start n floats past a 64-byte boundary (a subslice of
+    // a longer `Vec`) instead of where the allocator put them (glibc: 16 bytes past a page).
+    let voff: Option<usize> = std::env::var("VOFF").ok().and_then(|v| v.parse().ok());
+    let shift = |v: &[f32]| -> usize {
+        voff.map_or(0, |o| {
+            let at = (v.as_ptr() as usize / 4) % 16;
+            (o + 16 - at) % 16
+        })
     };
+    let pad = |v: Vec<f32>| -> Vec<f32> {
+        let mut w = v;
+        w.extend(std::iter::repeat_n(0.0, 16));
+        w
+    };
+    let (a_v, b_v) = (pad(a_v), pad(b_v));
+    let (a_s, b_s) = (shift(&a_v), shift(&b_v));
+    let (a_v, b_v) = (&a_v[a_s..a_s + m * k], &b_v[b_s..b_s + k * n]);
+    let (a_al, b_al, mut c_al, mut c_v);
+    let a: &[f32] = if huge.contains('A') {
+        a_al = core_blas::AlignedVec::from(a_v);
+        &a_al
+    } else {
+        a_v
+    };
+    let b: &[f32] = if huge.contains('B') {
+        b_al = core_blas::AlignedVec::from(b_v);
+        &b_al
+    } else {
+        b_v
+    };
+    let c: &mut [f32] = if huge.contains('C') {
+        c_al = core_blas::AlignedVec::zeroed(m * n);
+        &mut c_al
+    } else {
+        c_v = vec![0.0f32; m * n + 16];
+        let at = (c_v.as_ptr() as usize / 4) % 16;
+        let s = voff.map_or(0, |o| (o + 16 - at) % 16);
+        &mut c_v[s..s + m * n]
+    };
+    if std::env::var_os("SHOWADDR").is_some() {
+        for (name, p) in [("A", a.as_ptr()), ("B", b.as_ptr()), ("C", c.as_ptr())] {
+            eprintln!(
+                "{name} at {:#x} (mod 4096: {})",
+                p as usize,
+                p as usize % 4096
+            );
+        }
+    }
     let peak = || core_blas::peak::fma_peak_gflops(g.isa(), threads, Duration::from_millis(40));
     let clock = |f: &mut dyn FnMut()| {
         if threads == 1 {

@@ -77,23 +77,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|i| ((i * 5) % 11) as f32 * 0.1 - 0.5)
             .collect();
         let mut c = vec![0.0f32; m * n];
+        // `ALIGNED=1`: A, B, C as `AlignedVec`s (2 MiB pages) instead of `Vec`s.
+        let (a_al, b_al, mut c_al);
+        let (a, b, c): (&[f32], &[f32], &mut [f32]) = if std::env::var_os("ALIGNED").is_some() {
+            a_al = core_blas::AlignedVec::from(&a[..]);
+            b_al = core_blas::AlignedVec::from(&b[..]);
+            c_al = core_blas::AlignedVec::from(&c[..]);
+            (&a_al, &b_al, &mut c_al)
+        } else {
+            (&a, &b, &mut c)
+        };
         let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
         let run = |g: &core_blas::Gemm, c: &mut [f32]| {
             pool.install(|| {
                 let t = cpu_ns();
-                g.sgemm(false, false, m, n, k, 1.0, &a, k, &b, n, 0.0, c, n)
+                g.sgemm(false, false, m, n, k, 1.0, a, k, b, n, 0.0, c, n)
                     .expect("valid sgemm");
                 (cpu_ns() - t) * 1e-9
             })
         };
         for &v in &ukrs {
             core_blas::__set_ukr_variant(v & 31);
-            run(gemm_of(v), &mut c);
+            run(gemm_of(v), c);
         }
         for _ in 0..reps {
             for (i, &v) in ukrs.iter().enumerate() {
                 core_blas::__set_ukr_variant(v & 31);
-                let t = run(gemm_of(v), &mut c);
+                let t = run(gemm_of(v), c);
                 let p = peak(30)?;
                 ratios[i].push(flops / t / 1e9 / p);
                 rates[i].push(flops / t / 1e9);
