@@ -10,13 +10,15 @@
 //! - forward: `yt[o] += xt[i] · W_t` over tap `t`'s pairs (`W_t[c][k] = w[k][c][t]`, C × K),
 //! - backward-data: `dxt[i] += dyt[o] · W_tᵀ` (`W_tᵀ[k][c] = w[k][c][t]`, K × C),
 //!
-//! each a GEMM whose A rows are gathered rows of the copy (packed by core-blas's lane
-//! transposes) and whose C rows are scattered rows of the position-major output (a tile of
-//! consecutive rows is stored from registers, [`Store::window`]); the first tap that joins
-//! every output position writes, the others add. The result is transposed back into y (dx),
-//! with bias and ReLU. Exactly the layer's real multiply-adds, plus copies: of w once per
-//! call (transposed or de-interleaved by tap, weights-sized), of each block's input and
-//! output (at most [`BLOCK_FLOATS`] each, or one image's). With several threads the blocks
+//! each a GEMM whose A rows are gathered rows of the copy (packed once per block of images
+//! by core-blas's lane transposes) and whose C rows are scattered rows of the position-major
+//! output (a tile of consecutive rows is stored from registers, [`Store::window`]); the first
+//! tap that joins every output position writes, the others add. The products run by blocks
+//! of [`BLOCK_COLS`] output columns, all nine taps on one block's B before the next. The
+//! result is transposed back into y (dx), with bias and ReLU. Exactly the layer's real
+//! multiply-adds, plus copies: of w once per block of images (transposed or de-interleaved
+//! by tap, a block of columns at a time), of each block's input and output (at most
+//! [`BLOCK_FLOATS`] each, or one image's) and of the taps' gathered A rows. With several threads the blocks
 //! (at least one per thread) run side by side, each product on one thread: the nine products
 //! of one block forked over two threads scaled 1.58-1.64× on 512@7²'s backward-data, the
 //! blocks side by side 1.88-1.92× (criterion, quiet 01:56 UTC).
@@ -139,11 +141,13 @@ fn pairs(d: &Dims3, count: usize, backward: bool) -> Vec<(Vec<u32>, Vec<u32>)> {
 struct Buffers {
     src: Vec<f32>,
     dst: Vec<f32>,
+    /// Every tap's A packed once ([`CachedA`]).
+    a: Vec<f32>,
+    /// One block of columns of every tap's B ([`Weights::block`]).
+    w: Vec<f32>,
 }
 
 thread_local! {
-    /// w by tap, on the thread that calls the pass.
-    static WEIGHTS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// The copies of the blocks this thread runs.
     static BUFFERS: RefCell<Buffers> = RefCell::new(Buffers::default());
 }
@@ -152,21 +156,9 @@ thread_local! {
 /// their bytes; one in use counts 0.
 pub(crate) fn release_thread() -> usize {
     use crate::{take_thread_buffer, vec_bytes};
-    take_thread_buffer(&WEIGHTS, vec_bytes)
-        + take_thread_buffer(&BUFFERS, |b| vec_bytes(b.src) + vec_bytes(b.dst))
-}
-
-/// `wd[k][t][c] = w[k][c][t]` (K × R × C), rows over threads.
-fn by_tap(gemm: &Gemm, w: &[f32], k: usize, c: usize, r: usize, wd: &mut Vec<f32>) -> Result<()> {
-    wd.resize(k * r * c, 0.0);
-    let one =
-        |(kk, out): (usize, &mut [f32])| gemm.deinterleave(out, c, &w[kk * c * r..][..c * r], r, c);
-    if rayon::current_num_threads() > 1 {
-        wd.par_chunks_mut(r * c).enumerate().try_for_each(one)
-    } else {
-        wd.chunks_mut(r * c).enumerate().try_for_each(one)
-    }
-    .map_err(gemm_err)
+    take_thread_buffer(&BUFFERS, |b| {
+        vec_bytes(b.src) + vec_bytes(b.dst) + vec_bytes(b.a) + vec_bytes(b.w)
+    })
 }
 
 /// `wt[c][t][k] = w[k][c][t]` ((C·R) × K): row `c·R + t` of the result is row `c` of the
@@ -411,20 +403,105 @@ fn one_pass(gemm: &Gemm, depth: usize) -> Gemm {
     }
 }
 
+/// The taps' B operands, a block of columns at a time: the forward's `W_t` (C × K) or
+/// backward-data's `W_tᵀ` (K × C), read from w (K × C × R).
+#[derive(Clone, Copy)]
+struct Weights<'a> {
+    w: &'a [f32],
+    k: usize,
+    c: usize,
+    r: usize,
+    backward: bool,
+}
+
+impl Weights<'_> {
+    /// Rows of every tap's B.
+    fn depth(&self) -> usize {
+        if self.backward { self.k } else { self.c }
+    }
+    /// Columns `j0 .. j0 + nb` of every tap's B into `buf`: `buf[(p·R + t)·nb + j]` =
+    /// `B_t[p][j0 + j]`, forward `w[j0 + j][p][t]` (the block's kernels are `nb` consecutive
+    /// rows of w, transposed by [`transposed_by_tap`]), backward-data `w[p][j0 + j][t]` (each
+    /// row of w de-interleaved over the block's channels).
+    fn block(&self, gemm: &Gemm, j0: usize, nb: usize, buf: &mut Vec<f32>) -> Result<()> {
+        let (k, c, r) = (self.k, self.c, self.r);
+        if self.backward {
+            buf.resize(k * r * nb, 0.0);
+            for (kk, out) in buf.chunks_exact_mut(r * nb).enumerate() {
+                gemm.deinterleave(out, nb, &self.w[(kk * c + j0) * r..][..nb * r], r, nb)
+                    .map_err(gemm_err)?;
+            }
+            Ok(())
+        } else {
+            transposed_by_tap(gemm, &self.w[j0 * c * r..][..nb * c * r], nb, c, r, buf)
+        }
+    }
+    /// Tap `t`'s B over the block's `nb` columns, from [`Weights::block`]'s `buf`.
+    fn tap<'b>(&self, buf: &'b [f32], t: usize, nb: usize) -> Result<MatRef<'b>> {
+        MatRef::row_major("w", &buf[t * nb..], self.depth(), nb, self.r * nb).map_err(gemm_err)
+    }
+}
+
+/// Columns of the taps' B per block ([`products`]): the block's B of every tap (`48 · depth ·
+/// R` floats, 864 KiB at depth 512 and 9 taps) is made from w and serves the nine products
+/// while it is in L2, instead of all of w transposed to memory up front and each tap's B
+/// packed back from there (17% of 512@7²'s forward samples, perf call graph, quiet 01:37
+/// UTC). One AVX-512 panel (NR 48). `probe_passes`, 1 thread, 512@7², min of 15, quiet
+/// 01:40:22 UTC, 5 alternations, main (all of w first) / blocks of 48 / 96 / 144 / 512
+/// columns, forward medians 16.58 / 15.57 / 16.36 / 16.34 / 16.72 ms (48 faster in 5 of 5);
+/// quiet 01:40:41, main / 48 / 96: forward 18.14 / 15.66 / 16.83 (a noisy window),
+/// backward-data 16.93 / 16.28 / 17.94.
+const BLOCK_COLS: usize = 48;
+
+/// One tap's A packed once for every block of columns, read in place by the driver
+/// ([`PackA::packed_a`]); `pack_a` (another panel height) packs from the rows.
+struct CachedA<'a> {
+    rows: RowsA<'a>,
+    mr: usize,
+    data: &'a [f32],
+}
+
+impl PackA for CachedA<'_> {
+    fn rows(&self) -> usize {
+        self.rows.rows()
+    }
+    fn cols(&self) -> usize {
+        self.rows.cols
+    }
+    fn pack_a(&self, ic: usize, mc: usize, pc: usize, kc: usize, mr: usize, dst: &mut [f32]) {
+        self.rows.pack_a(ic, mc, pc, kc, mr, dst)
+    }
+    fn packed_a(
+        &self,
+        ic: usize,
+        _mc: usize,
+        pc: usize,
+        _kc: usize,
+        mr: usize,
+    ) -> Option<(&[f32], usize)> {
+        let cols = self.rows.cols;
+        (mr == self.mr && ic.is_multiple_of(mr))
+            .then(|| (&self.data[(ic / mr * cols + pc) * mr..], cols * mr))
+    }
+}
+
 /// `out` (rows × `n_out`, row-major) = Σ over taps of the gathered rows of `src` (`n_in`
-/// wide) times the tap's B (`n_in × n_out`), on the pairs `pairs`. `rows` is the number of
-/// output rows.
+/// wide) times the tap's B (`n_in × n_out`, [`Weights`]), on the pairs `pairs`. `rows` is the
+/// number of output rows. Every tap's A is packed once (into `abuf`), then per block of
+/// [`BLOCK_COLS`] columns the block's B of every tap is made from w (into `wbuf`) and the nine
+/// products run on it.
 #[allow(clippy::too_many_arguments)]
-fn products<'w>(
+fn products(
     gemm: &Gemm,
     src: &[f32],
     n_in: usize,
-    b: &impl Fn(usize) -> Result<MatRef<'w>>,
+    weights: &Weights<'_>,
     n_out: usize,
     pairs: &[(&[u32], &[u32])],
     rows: usize,
     out: &mut Vec<f32>,
     serial: bool,
+    (abuf, wbuf): (&mut Vec<f32>, &mut Vec<f32>),
 ) -> Result<()> {
     out.resize(rows * n_out, 0.0);
     // A tap that joins every output row writes first; without one, zeros first.
@@ -433,32 +510,61 @@ fn products<'w>(
         out.fill(0.0);
     }
     let deep = one_pass(gemm, n_in);
-    let order = full
-        .into_iter()
-        .chain((0..pairs.len()).filter(|&t| Some(t) != full));
-    for t in order {
-        let (to, from) = pairs[t];
-        if to.is_empty() {
-            continue;
+    let mr = gemm.tile().0;
+    let rows_a = |from| RowsA {
+        gemm,
+        data: src,
+        ld: n_in,
+        cols: n_in,
+        rows: from,
+    };
+    // Every tap's A, panel by panel over the whole depth.
+    let mut starts = Vec::with_capacity(pairs.len() + 1);
+    starts.push(0);
+    for (_, from) in pairs {
+        starts.push(starts.last().copied().unwrap_or(0) + from.len().div_ceil(mr) * mr * n_in);
+    }
+    abuf.resize(*starts.last().unwrap_or(&0), 0.0);
+    for (t, (_, from)) in pairs.iter().enumerate() {
+        if !from.is_empty() {
+            rows_a(from).pack_a(
+                0,
+                from.len(),
+                0,
+                n_in,
+                mr,
+                &mut abuf[starts[t]..starts[t + 1]],
+            );
         }
-        let a = RowsA {
-            gemm,
-            data: src,
-            ld: n_in,
-            cols: n_in,
-            rows: from,
-        };
-        let mut store = RowStore {
-            ptr: out.as_mut_ptr(),
-            len: out.len(),
-            ld: n_out,
-            cols: n_out,
-            rows: to,
-            beta: if Some(t) == full { 0.0 } else { 1.0 },
-            serial,
-        };
-        deep.gemm_with(&a, &UpFront(b(t)?), &mut store)
-            .map_err(gemm_err)?;
+    }
+    for j0 in (0..n_out).step_by(BLOCK_COLS) {
+        let nb = BLOCK_COLS.min(n_out - j0);
+        weights.block(gemm, j0, nb, wbuf)?;
+        let order = full
+            .into_iter()
+            .chain((0..pairs.len()).filter(|&t| Some(t) != full));
+        for t in order {
+            let (to, from) = pairs[t];
+            if to.is_empty() {
+                continue;
+            }
+            let a = CachedA {
+                rows: rows_a(from),
+                mr,
+                data: &abuf[starts[t]..starts[t + 1]],
+            };
+            let mut store = RowStore {
+                ptr: out[j0..].as_mut_ptr(),
+                len: out.len() - j0,
+                ld: n_out,
+                cols: nb,
+                rows: to,
+                beta: if Some(t) == full { 0.0 } else { 1.0 },
+                serial,
+            };
+            deep.gemm_with(&a, &UpFront(weights.tap(wbuf, t, nb)?), &mut store)
+                .map_err(gemm_err)?;
+        }
     }
     Ok(())
 }
@@ -493,24 +599,16 @@ fn forward_in_blocks(
     y: &mut [f32],
     nb: usize,
 ) -> Result<()> {
-    let gemm = Gemm::global().map_err(gemm_err)?;
     let (c, k, r) = (g.in_channels(), g.out_channels(), g.kernel_len());
     let (ilen, olen) = (g.input_spatial_len(), g.output_spatial_len());
-    with_weights(|wd| {
-        transposed_by_tap(gemm, w, k, c, r, wd)?;
-        // B of tap t: W_t (C × K), w[kk][cc][t] at (cc·R + t)·K + kk.
-        let b = |t: usize| MatRef::row_major("w", &wd[t * k..], c, k, r * k).map_err(gemm_err);
-        blocks(g, false, x, (c, ilen), y, (k, olen), &b, (bias, relu), nb)
-    })
-}
-
-/// `f` on this thread's weight copy buffer, taken out of [`WEIGHTS`] for the call (so that the
-/// blocks' closures may borrow it) and put back after, whatever `f` returns.
-fn with_weights(f: impl FnOnce(&mut Vec<f32>) -> Result<()>) -> Result<()> {
-    let mut wd = WEIGHTS.with_borrow_mut(std::mem::take);
-    let result = f(&mut wd);
-    WEIGHTS.with_borrow_mut(|kept| *kept = wd);
-    result
+    let weights = Weights {
+        w,
+        k,
+        c,
+        r,
+        backward: false,
+    };
+    blocks(g, x, (c, ilen), y, (k, olen), &weights, (bias, relu), nb)
 }
 
 /// dx = backward-data(dy, w) tap by tap ([`applies`]; inputs validated by the caller).
@@ -526,15 +624,16 @@ fn backward_data_in_blocks(
     dx: &mut [f32],
     nb: usize,
 ) -> Result<()> {
-    let gemm = Gemm::global().map_err(gemm_err)?;
     let (c, k, r) = (g.in_channels(), g.out_channels(), g.kernel_len());
     let (ilen, olen) = (g.input_spatial_len(), g.output_spatial_len());
-    with_weights(|wd| {
-        by_tap(gemm, w, k, c, r, wd)?;
-        // B of tap t: W_tᵀ (K × C), rows R·C apart.
-        let b = |t: usize| MatRef::row_major("w", &wd[t * c..], k, c, r * c).map_err(gemm_err);
-        blocks(g, true, dy, (k, olen), dx, (c, ilen), &b, (None, false), nb)
-    })
+    let weights = Weights {
+        w,
+        k,
+        c,
+        r,
+        backward: true,
+    };
+    blocks(g, dy, (k, olen), dx, (c, ilen), &weights, (None, false), nb)
 }
 
 /// The products of every block of (at most) `nb` images of `input` (`ch` channels of
@@ -542,14 +641,13 @@ fn backward_data_in_blocks(
 /// blocks (at least one per thread) run side by side, each product on one thread; with one
 /// block, the products use every thread.
 #[allow(clippy::too_many_arguments)]
-fn blocks<'w>(
+fn blocks(
     g: &ConvGeometry,
-    backward: bool,
     input: &[f32],
     (n_in, in_plane): (usize, usize),
     output: &mut [f32],
     (n_out, out_plane): (usize, usize),
-    b: &(impl Fn(usize) -> Result<MatRef<'w>> + Sync),
+    weights: &Weights<'_>,
     (bias, relu): (Option<&[f32]>, bool),
     nb: usize,
 ) -> Result<()> {
@@ -560,7 +658,7 @@ fn blocks<'w>(
     let parallel = threads > 1 && batch > nb;
     // The pairs of a full block; a shorter last block's are their first images' (pairs are
     // image-major within a tap).
-    let full = pairs(&g.dims3(), nb, backward);
+    let full = pairs(&g.dims3(), nb, weights.backward);
     let one = |(inp, out): (&[f32], &mut [f32])| -> Result<()> {
         let count = inp.len() / (n_in * in_plane);
         let end = (count * out_plane) as u32;
@@ -579,12 +677,13 @@ fn blocks<'w>(
                 gemm,
                 &bufs.src,
                 n_in,
-                b,
+                weights,
                 n_out,
                 &pr,
                 rows,
                 &mut bufs.dst,
                 parallel,
+                (&mut bufs.a, &mut bufs.w),
             )?;
             from_rows(gemm, &bufs.dst, n_out, out_plane, out, bias, relu)
         })();
@@ -684,6 +783,52 @@ mod tests {
                     .unwrap_or_else(|e| panic!("{g:?} nb {nb}: {e}"));
             }
         }
+    }
+
+    /// [`CachedA`] hands over the same panels [`RowsA`] packs, for any block the driver asks
+    /// (offsets inside the whole-depth panels), and packs through [`RowsA`] for another panel
+    /// height.
+    #[test]
+    fn cached_a_matches_the_packed_rows() {
+        let gemm = Gemm::global().unwrap();
+        let mr = gemm.tile().0;
+        let (n, cols) = (40, 37);
+        let src = uniform(9, n * cols);
+        let from: Vec<u32> = (0..n as u32).rev().step_by(2).chain([3, 5, 7]).collect();
+        let rows = RowsA {
+            gemm,
+            data: &src,
+            ld: cols,
+            cols,
+            rows: &from,
+        };
+        let m = from.len();
+        let mut data = vec![f32::NAN; m.div_ceil(mr) * mr * cols];
+        rows.pack_a(0, m, 0, cols, mr, &mut data);
+        let cached = CachedA {
+            rows: RowsA { ..rows },
+            mr,
+            data: &data,
+        };
+        for (ic, mc, pc, kc) in [(0, m, 0, cols), (mr, m - mr, 5, 20), (0, mr, 30, 7)] {
+            let (panels, stride) = cached.packed_a(ic, mc, pc, kc, mr).unwrap();
+            let mut want = vec![f32::NAN; mc.div_ceil(mr) * mr * kc];
+            rows.pack_a(ic, mc, pc, kc, mr, &mut want);
+            for (q, panel) in want.chunks_exact(kc * mr).enumerate() {
+                assert_eq!(
+                    &panels[q * stride..][..kc * mr],
+                    panel,
+                    "block {ic} {pc} panel {q}"
+                );
+            }
+        }
+        assert!(cached.packed_a(1, 2, 0, cols, mr).is_none());
+        assert!(cached.packed_a(0, m, 0, cols, mr + 1).is_none());
+        let mut a = vec![f32::NAN; m.div_ceil(mr + 1) * (mr + 1) * cols];
+        let mut b = a.clone();
+        cached.pack_a(0, m, 0, cols, mr + 1, &mut a);
+        rows.pack_a(0, m, 0, cols, mr + 1, &mut b);
+        assert_eq!(a, b);
     }
 
     /// The public passes take this path where [`applies`] says so (a 512@7²-like layer: 18%
