@@ -167,6 +167,27 @@ pub(crate) struct ConvRows {
     pub(crate) rows: Vec<ConvRow>,
     /// Bytes from one period of rows to the next.
     pub(crate) step: isize,
+    /// The last panel resolved, without its base, when it resolved.
+    memo: Option<Memo>,
+}
+
+/// What [`ConvRows::resolve`] keeps of the last panel it resolved: the panel's description
+/// (all but its base) and block, each row's element offset without the base, and the lowest
+/// and highest offset (without the base) any row of the block reads. A panel that differs
+/// only by its base (every full panel of a block of a 3×3 or 3×3×3 kernel's backward-filter
+/// B, whose panels are the same taps over other input lines) then needs only its base added
+/// and two bounds checked, not every row resolved again.
+#[derive(Clone, Debug)]
+struct Memo {
+    taps: Vec<Chunk>,
+    period: usize,
+    first: usize,
+    step: isize,
+    kc: usize,
+    nch: usize,
+    rel: Vec<isize>,
+    /// `None` when no row reads anything.
+    reads: Option<(isize, isize)>,
 }
 
 impl ConvRows {
@@ -176,6 +197,44 @@ impl ConvRows {
     /// (`off1` of chunk `q` = the row's offset + 16·q: im2col rows of stride-1 layers whose
     /// output lines read consecutive input), and every lane read lies inside `0..len`.
     pub(crate) fn resolve(&mut self, p: &ConvPanel, len: usize, kc: usize, nch: usize) -> bool {
+        let hit = self.memo.as_ref().is_some_and(|m| {
+            m.period == p.period
+                && m.first == p.first
+                && m.step == p.step
+                && m.kc == kc
+                && m.nch == nch
+                && m.taps == p.taps
+        });
+        if !hit {
+            self.memo = self.describe(p, kc, nch);
+        }
+        let Some(m) = &self.memo else {
+            return false;
+        };
+        let Ok(len) = isize::try_from(len) else {
+            return false;
+        };
+        if let Some((lo, hi)) = m.reads {
+            match (lo.checked_add(p.base), hi.checked_add(p.base)) {
+                (Some(l), Some(h)) if l >= 0 && h < len => {}
+                _ => return false,
+            }
+        }
+        self.rows.truncate(m.rel.len());
+        for (row, &rel) in self.rows.iter_mut().zip(&m.rel) {
+            match rel.checked_add(p.base).and_then(|o| o.checked_mul(4)) {
+                Some(bytes) => row.off = bytes,
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// The [`Memo`] of `p` for a block of `kc` rows and panels of `nch` chunks, with its rows
+    /// (masks; offsets set by the caller) in `self.rows` and the byte step in `self.step`;
+    /// `None` unless every chunk is a step-1 line of one piece continuing its row (see
+    /// [`ConvRows::resolve`]) and every offset fits.
+    fn describe(&mut self, p: &ConvPanel, kc: usize, nch: usize) -> Option<Memo> {
         let (period, first) = (p.period, p.first);
         if nch == 0
             || nch > 3
@@ -185,12 +244,11 @@ impl ConvRows {
             || p.step < 0
             || kc == 0
         {
-            return false;
+            return None;
         }
-        let Ok(len) = isize::try_from(len) else {
-            return false;
-        };
         self.rows.clear();
+        let mut rel = Vec::with_capacity(period.min(kc));
+        let mut reads: Option<(isize, isize)> = None;
         for j in 0..period.min(kc) {
             let t = (first + j) % period;
             let chan = ((first + j) / period) as isize;
@@ -206,55 +264,51 @@ impl ConvRows {
                     ..
                 } = *c
                 else {
-                    return false;
+                    return None;
                 };
                 if m1 == 0 {
                     continue;
                 }
                 let q16 = 16 * q as isize;
-                let Some(o) = off1.checked_sub(q16) else {
-                    return false;
-                };
+                let o = off1.checked_sub(q16)?;
                 if *at.get_or_insert(o) != o {
-                    return false;
+                    return None;
                 }
                 row.m[q] = m1;
                 lo = lo.min(q16 + m1.trailing_zeros() as isize);
                 hi = hi.max(q16 + 15 - m1.leading_zeros() as isize);
             }
-            // Element offset of the row's lane 0 from the source.
-            let Some(off) = chan
+            // Element offset of the row's lane 0 from the source, without the base.
+            let off = chan
                 .checked_mul(p.step)
-                .and_then(|c| c.checked_add(p.base))
-                .and_then(|b| b.checked_add(at.unwrap_or(0)))
-            else {
-                return false;
-            };
+                .and_then(|c| c.checked_add(at.unwrap_or(0)))?;
             if at.is_some() {
                 // The rows of this entry: j, j + period, ... below kc.
                 let cycles = ((kc - 1 - j) / period) as isize;
                 let last = cycles
                     .checked_mul(p.step)
                     .and_then(|d| d.checked_add(off))
-                    .and_then(|o| o.checked_add(hi));
-                match (off.checked_add(lo), last) {
-                    (Some(l), Some(h)) if l >= 0 && h < len => {}
-                    _ => return false,
-                }
+                    .and_then(|o| o.checked_add(hi))?;
+                let first_read = off.checked_add(lo)?;
+                reads = Some(match reads {
+                    None => (first_read, last),
+                    Some((l, h)) => (l.min(first_read), h.max(last)),
+                });
             }
-            let Some(bytes) = off.checked_mul(4) else {
-                return false;
-            };
-            row.off = bytes;
+            rel.push(off);
             self.rows.push(row);
         }
-        match p.step.checked_mul(4) {
-            Some(s) => {
-                self.step = s;
-                true
-            }
-            None => false,
-        }
+        self.step = p.step.checked_mul(4)?;
+        Some(Memo {
+            taps: p.taps.clone(),
+            period,
+            first,
+            step: p.step,
+            kc,
+            nch,
+            rel,
+            reads,
+        })
     }
 }
 
@@ -1409,6 +1463,26 @@ mod tests {
             q.taps[1] = bad;
             assert!(!r.resolve(&q, 10_000, 5, 3));
         }
+        assert!(r.resolve(&p, 10_000, 5, 3));
+        // A panel that differs only by its base (resolved from the last one's rows) resolves
+        // as it would alone, and its bounds are checked at the new base.
+        for base in [100, 7, 3000, 0] {
+            p.base = base;
+            let mut fresh = ConvRows::default();
+            assert!(fresh.resolve(&p, 10_000, 5, 3));
+            assert!(r.resolve(&p, 10_000, 5, 3));
+            assert_eq!(r.step, fresh.step);
+            assert_eq!(r.rows.len(), fresh.rows.len());
+            for (a, b) in r.rows.iter().zip(&fresh.rows) {
+                assert_eq!((a.off, a.m), (b.off, b.m));
+            }
+        }
+        p.base = 10_000 - 2000 - 10 - 47;
+        assert!(!r.resolve(&p, 10_000, 5, 3));
+        assert!(!ConvRows::default().resolve(&p, 10_000, 5, 3));
+        p.base = -29;
+        assert!(!r.resolve(&p, 10_000, 5, 3));
+        p.base = -28;
         assert!(r.resolve(&p, 10_000, 5, 3));
     }
 }
