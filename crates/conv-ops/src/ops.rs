@@ -62,6 +62,28 @@ fn pointwise_b<'a>(
 /// narrow), see [`forward_panels`].
 const PER_IMAGE_MIN_PLANE: usize = 1024;
 
+/// The deepest per-image forward product (K = C/G·R, or a slab's share of it) run in one pass
+/// over its depth instead of the driver's passes of the table's KC (576 = 2 × 288): each pass
+/// loads and stores the image's C (K/G × O, 64 × 50176 on VGG's 64@224²: memory-sized), which
+/// one pass halves; the B micro-panel (`576 × NR`, 108 KiB) then streams from L2.
+/// `probe_passes`, 1 thread, `CORE_BLAS_KC=576` (every product) against the table's KC, quiet
+/// 01:58 UTC, min of 5: VGG 64@224² forward 37.23 / 36.84, 37.41 / 36.44, 37.89 / 35.97,
+/// 37.20 / 36.53 ms, flipped backward-data 36.90 / 35.37, 36.79 / 36.52, 37.97 / 36.54;
+/// ResNet-50 64@56² forward 18.13 / 16.78, 17.98 / 17.25, 18.13 / 17.74, 17.81 / 17.29.
+const ONE_PASS_MAX: usize = 576;
+
+/// The process-wide GEMM context, with KC raised to `depth` when that runs a product of that
+/// depth in one pass ([`ONE_PASS_MAX`]).
+fn one_pass(depth: usize) -> std::result::Result<core_blas::Gemm, core_blas::Error> {
+    let gemm = *core_blas::Gemm::global()?;
+    let bs = gemm.block_sizes();
+    if depth > bs.kc && depth <= ONE_PASS_MAX {
+        gemm.with_block_sizes(core_blas::BlockSizes { kc: depth, ..bs })
+    } else {
+        Ok(gemm)
+    }
+}
+
 /// Output planes of at least this many micro-tile widths (or a multiple of one) run the
 /// whole-batch forward as one product stored through the channel-major map, whose tiles inside
 /// one image the micro-kernel stores from registers; smaller planes, whose tiles straddle
@@ -387,12 +409,13 @@ pub(crate) fn forward_group<A: core_blas::PackA>(
                         j0,
                         cols: cn,
                     };
+                    let deep = one_pass(a.cols() * taps / g.kernel_len())?;
                     match wt {
-                        None => core_blas::gemm_with(a, &cols_b, &mut dense),
+                        None => deep.gemm_with(a, &cols_b, &mut dense),
                         Some(wt) => {
                             let ct = wt.len() / kg;
                             let at = MatRef::row_major("w", wt, kg, ct, ct)?;
-                            core_blas::gemm_with(&at, &cols_b, &mut dense)
+                            deep.gemm_with(&at, &cols_b, &mut dense)
                         }
                     }
                 })
@@ -416,7 +439,7 @@ pub(crate) fn forward_group<A: core_blas::PackA>(
                 let b = MatRef::row_major("x", xn, cg, olen, olen)?;
                 core_blas::gemm_with(a, &b, &mut dense)
             } else {
-                core_blas::gemm_with(
+                one_pass(a.cols())?.gemm_with(
                     a,
                     &Im2colB::images(g, grp, x, n, 1).with_fused_packing(),
                     &mut dense,
@@ -664,9 +687,58 @@ fn plane_sum(v: &[f32]) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::row_classes;
+    use super::{ONE_PASS_MAX, PER_IMAGE_MIN_PLANE, row_classes};
     use crate::testing::{Tolerance, uniform};
     use crate::{BackwardDataAlgo, ConvGeometry, ForwardAlgo, Workspace, reference};
+
+    /// The per-image forward products whose depth (C·R, or a slab's share) lies between the
+    /// table's KC and [`ONE_PASS_MAX`] run in one pass (`one_pass`), with and without the outer
+    /// slabs, and the flipped backward-data through them, against the reference.
+    #[test]
+    fn one_pass_per_image_products_match_the_reference() {
+        let geoms = [
+            // Padding 1: the outer rows' slabs (depths 3·C·2 and 3·C·3).
+            ConvGeometry::new(2, 60, 56, &[33, 33], &[3, 3])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+            // No padding: one product per image (depth 540); flipped: padding 2.
+            ConvGeometry::new(1, 60, 60, &[34, 34], &[3, 3]).unwrap(),
+        ];
+        for g in &geoms {
+            assert!(g.output_spatial_len() >= PER_IMAGE_MIN_PLANE);
+            assert!(g.in_channels() * g.kernel_len() <= ONE_PASS_MAX);
+            let (x, w) = (uniform(1, g.x_len()), uniform(2, g.w_len()));
+            let (bias, dy) = (uniform(3, g.out_channels()), uniform(4, g.y_len()));
+            let mut want = vec![0f32; g.y_len()];
+            reference::forward(g, &x, &w, Some(&bias), &mut want).unwrap();
+            want.iter_mut().for_each(|v| *v = v.max(0.0));
+            let mut want_dx = vec![0f32; g.x_len()];
+            reference::backward_data(g, &dy, &w, &mut want_dx).unwrap();
+            let ws = &mut Workspace::new(false);
+            let mut y = vec![f32::NAN; g.y_len()];
+            crate::forward(
+                g,
+                &x,
+                &w,
+                Some(&bias),
+                true,
+                &mut y,
+                ForwardAlgo::Convgemm,
+                ws,
+            )
+            .unwrap();
+            Tolerance::for_f32_sum(g.in_channels() * g.kernel_len())
+                .check("y", &y, &want)
+                .unwrap_or_else(|e| panic!("{g:?}: {e}"));
+            let mut dx = vec![f32::NAN; g.x_len()];
+            crate::backward_data(g, &dy, &w, &mut dx, BackwardDataAlgo::FlippedConvgemm, ws)
+                .unwrap();
+            Tolerance::for_f32_sum(g.out_channels() * g.kernel_len())
+                .check("dx", &dx, &want_dx)
+                .unwrap_or_else(|e| panic!("{g:?}: {e}"));
+        }
+    }
 
     /// The small-plane forward by row classes ([`row_classes`], one product per class over
     /// its K range of the reordered A) and the flipped backward-data through it, on 1, 2 and 3
