@@ -785,8 +785,8 @@ unsafe impl Sync for YPtr {}
 
 #[cfg(test)]
 mod tests {
-    use crate::testing::{Tolerance, uniform};
-    use crate::{ConvGeometry, ForwardAlgo, Workspace, forward, reference};
+    use crate::testing::check_forward_bias_relu;
+    use crate::{ConvGeometry, ForwardAlgo};
 
     /// The whole-batch forward (C panels, and the windowed channel-major store) on 1, 2 and 3 threads (blocks per thread, a short last block), with
     /// bias and ReLU, groups and a pointwise layer, against the reference.
@@ -816,34 +816,7 @@ mod tests {
                 .unwrap(),
         ];
         for g in &geoms {
-            let (x, w) = (uniform(1, g.x_len()), uniform(2, g.w_len()));
-            let bias = uniform(3, g.out_channels());
-            let mut want = vec![0f32; g.y_len()];
-            reference::forward(g, &x, &w, Some(&bias), &mut want).unwrap();
-            want.iter_mut().for_each(|v| *v = v.max(0.0));
-            for threads in 1..=3 {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap();
-                let mut y = vec![f32::NAN; g.y_len()];
-                pool.install(|| {
-                    forward(
-                        g,
-                        &x,
-                        &w,
-                        Some(&bias),
-                        true,
-                        &mut y,
-                        ForwardAlgo::Convgemm,
-                        &mut Workspace::new(false),
-                    )
-                })
-                .unwrap();
-                Tolerance::for_f32_sum(g.in_channels_per_group() * g.kernel_len())
-                    .check(&format!("{g:?} {threads} threads"), &y, &want)
-                    .unwrap();
-            }
+            check_forward_bias_relu(g, ForwardAlgo::Convgemm, 3).unwrap();
         }
     }
 }

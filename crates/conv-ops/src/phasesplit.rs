@@ -284,8 +284,8 @@ pub(crate) fn forward(
 
 #[cfg(test)]
 mod tests {
-    use crate::testing::{Tolerance, uniform};
-    use crate::{ConvGeometry, ForwardAlgo, Workspace, forward, reference};
+    use crate::testing::check_forward_bias_relu;
+    use crate::{ConvGeometry, ForwardAlgo};
 
     /// Strided layers the split takes (even and odd sizes, strides 2 and 3, 3×3, 5×3, 4×4
     /// and 1×3 kernels, paddings 0-2, blocks of one and of several images, a batch of one) on
@@ -324,34 +324,7 @@ mod tests {
         ];
         for g in &geoms {
             assert!(super::applies(g), "{g:?}");
-            let (x, w) = (uniform(1, g.x_len()), uniform(2, g.w_len()));
-            let bias = uniform(3, g.out_channels());
-            let mut want = vec![0f32; g.y_len()];
-            reference::forward(g, &x, &w, Some(&bias), &mut want).unwrap();
-            want.iter_mut().for_each(|v| *v = v.max(0.0));
-            for threads in 1..=2 {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap();
-                let mut y = vec![f32::NAN; g.y_len()];
-                pool.install(|| {
-                    forward(
-                        g,
-                        &x,
-                        &w,
-                        Some(&bias),
-                        true,
-                        &mut y,
-                        ForwardAlgo::Convgemm,
-                        &mut Workspace::new(false),
-                    )
-                })
-                .unwrap();
-                Tolerance::for_f32_sum(g.in_channels() * g.kernel_len())
-                    .check(&format!("{g:?} {threads} threads"), &y, &want)
-                    .unwrap();
-            }
+            check_forward_bias_relu(g, ForwardAlgo::Convgemm, 2).unwrap();
         }
     }
 }

@@ -74,6 +74,39 @@ pub fn uniform(seed: u64, len: usize) -> Vec<f32> {
         .collect()
 }
 
+/// Checks the forward algorithm `algo` on `g`, with a bias and the fused ReLU, against the
+/// [`reference`](crate::reference) on rayon pools of 1 to `max_threads` threads: seeded data
+/// ([`uniform`] seeds 1, 2, 3 for x, w and the bias), y filled with NaN first (so unwritten
+/// outputs fail), and [`Tolerance::for_f32_sum`] over one output's terms. The error names the
+/// geometry and the thread count.
+pub fn check_forward_bias_relu(
+    g: &crate::ConvGeometry,
+    algo: crate::ForwardAlgo,
+    max_threads: usize,
+) -> Result<(), String> {
+    let (x, w) = (uniform(1, g.x_len()), uniform(2, g.w_len()));
+    let bias = uniform(3, g.out_channels());
+    let mut want = vec![0f32; g.y_len()];
+    crate::reference::forward(g, &x, &w, Some(&bias), &mut want).map_err(|e| e.to_string())?;
+    want.iter_mut().for_each(|v| *v = v.max(0.0));
+    for threads in 1..=max_threads {
+        let what = format!("{g:?} {algo:?} {threads} threads");
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| format!("{what}: {e}"))?;
+        let mut y = vec![f32::NAN; g.y_len()];
+        pool.install(|| {
+            let ws = &mut crate::Workspace::new(false);
+            crate::forward(g, &x, &w, Some(&bias), true, &mut y, algo, ws)
+        })
+        .map_err(|e| format!("{what}: {e}"))?;
+        Tolerance::for_f32_sum(g.in_channels_per_group() * g.kernel_len())
+            .check(&what, &y, &want)?;
+    }
+    Ok(())
+}
+
 /// ⟨a, b⟩ accumulated in f64.
 pub fn dot(a: &[f32], b: &[f32]) -> f64 {
     a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum()
