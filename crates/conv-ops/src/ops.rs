@@ -72,15 +72,19 @@ const PER_IMAGE_MIN_PLANE: usize = 1024;
 /// ResNet-50 64@56² forward 18.13 / 16.78, 17.98 / 17.25, 18.13 / 17.74, 17.81 / 17.29.
 const ONE_PASS_MAX: usize = 576;
 
-/// The process-wide GEMM context, with KC raised to `depth` when that runs a product of that
-/// depth in one pass ([`ONE_PASS_MAX`]).
-fn one_pass(depth: usize) -> std::result::Result<core_blas::Gemm, core_blas::Error> {
-    let gemm = *core_blas::Gemm::global()?;
+/// `gemm` with KC raised to `depth` when that runs a product of that depth in one pass and
+/// `depth` is at most `max` (each caller's measured limit: [`ONE_PASS_MAX`] here, tapsum's
+/// own for the tap products); `gemm` as it is otherwise.
+pub(crate) fn one_pass(
+    gemm: &core_blas::Gemm,
+    depth: usize,
+    max: usize,
+) -> std::result::Result<core_blas::Gemm, core_blas::Error> {
     let bs = gemm.block_sizes();
-    if depth > bs.kc && depth <= ONE_PASS_MAX {
+    if depth > bs.kc && depth <= max {
         gemm.with_block_sizes(core_blas::BlockSizes { kc: depth, ..bs })
     } else {
-        Ok(gemm)
+        Ok(*gemm)
     }
 }
 
@@ -409,7 +413,8 @@ pub(crate) fn forward_group<A: core_blas::PackA>(
                         j0,
                         cols: cn,
                     };
-                    let deep = one_pass(a.cols() * taps / g.kernel_len())?;
+                    let depth = a.cols() * taps / g.kernel_len();
+                    let deep = one_pass(core_blas::Gemm::global()?, depth, ONE_PASS_MAX)?;
                     match wt {
                         None => deep.gemm_with(a, &cols_b, &mut dense),
                         Some(wt) => {
@@ -439,7 +444,7 @@ pub(crate) fn forward_group<A: core_blas::PackA>(
                 let b = MatRef::row_major("x", xn, cg, olen, olen)?;
                 core_blas::gemm_with(a, &b, &mut dense)
             } else {
-                one_pass(a.cols())?.gemm_with(
+                one_pass(core_blas::Gemm::global()?, a.cols(), ONE_PASS_MAX)?.gemm_with(
                     a,
                     &Im2colB::images(g, grp, x, n, 1).with_fused_packing(),
                     &mut dense,

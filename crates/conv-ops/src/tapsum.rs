@@ -25,7 +25,7 @@
 
 use std::cell::RefCell;
 
-use core_blas::{BlockSizes, Gemm, MatRef, PackA, PackB, Store, Tile, Window};
+use core_blas::{Gemm, MatRef, PackA, PackB, Store, Tile, Window};
 use rayon::prelude::*;
 
 use crate::error::{Result, gemm_err};
@@ -392,17 +392,6 @@ impl PackB for UpFront<'_> {
 /// driver's own share (the tile-buffer adds of C) 4.5% → 2.6%.
 const ONE_PASS_MAX: usize = 512;
 
-/// `gemm` with KC raised to `depth` when that makes the product one pass ([`ONE_PASS_MAX`]).
-fn one_pass(gemm: &Gemm, depth: usize) -> Gemm {
-    let bs = gemm.block_sizes();
-    if depth > bs.kc && depth <= ONE_PASS_MAX {
-        gemm.with_block_sizes(BlockSizes { kc: depth, ..bs })
-            .unwrap_or(*gemm)
-    } else {
-        *gemm
-    }
-}
-
 /// The taps' B operands, a block of columns at a time: the forward's `W_t` (C × K) or
 /// backward-data's `W_tᵀ` (K × C), read from w (K × C × R).
 #[derive(Clone, Copy)]
@@ -509,7 +498,7 @@ fn products(
     if full.is_none() {
         out.fill(0.0);
     }
-    let deep = one_pass(gemm, n_in);
+    let deep = crate::ops::one_pass(gemm, n_in, ONE_PASS_MAX).map_err(gemm_err)?;
     let mr = gemm.tile().0;
     let rows_a = |from| RowsA {
         gemm,
