@@ -24,8 +24,7 @@ pub struct ChannelParallelConv {
     bias: Option<Parameter>,
     parts: usize,
     part: usize,
-    out_channels: usize,
-    /// `dy`'s gathered shape, known from the forward.
+    /// This block's output shape (`dy`'s), known from the forward.
     out_shape: Option<Vec<usize>>,
 }
 
@@ -87,7 +86,6 @@ impl ChannelParallelConv {
             bias,
             parts,
             part,
-            out_channels: k,
             out_shape: None,
         })
     }
@@ -97,19 +95,13 @@ impl ChannelParallelConv {
     /// backward needs.
     pub fn forward(&mut self, comm: &impl Communicator, x: Tensor, train: bool) -> Result<Tensor> {
         check_comm(comm, self.parts, self.part)?;
-        let y = self.conv.forward(x, train)?;
-        let shape = y.shape().to_vec();
-        let (n, k, p) = (shape[0], self.out_channels, self.parts);
-        let plane: usize = shape[2..].iter().product();
-        let kl = k / p;
-        let mut recv = reduce_scatter_channels(comm, y.data(), n, k, plane)?;
-        add_bias(&mut recv, self.bias.as_ref(), kl, plane);
-        let mut local = shape.clone();
-        local[1] = kl;
+        let partial = self.conv.forward(x, train)?;
+        let mut y = reduce_scatter_channels(comm, &partial)?;
+        add_bias(&mut y, self.bias.as_ref());
         if train {
-            self.out_shape = Some(shape);
+            self.out_shape = Some(y.shape().to_vec());
         }
-        Ok(Tensor::new(&local, recv)?)
+        Ok(y)
     }
 
     /// From this rank's block of `dy` (`N × K/parts × spatial'`): the gradients of the weight
@@ -122,20 +114,11 @@ impl ChannelParallelConv {
         need_dx: bool,
     ) -> Result<Option<Tensor>> {
         check_comm(comm, self.parts, self.part)?;
-        let shape = take_saved(&mut self.out_shape)?;
-        let (n, k, p) = (shape[0], self.out_channels, self.parts);
-        let plane: usize = shape[2..].iter().product();
-        let kl = k / p;
-        if dy.len() != n * kl * plane {
-            return Err(DistError::Training(format!(
-                "dy has shape {:?}, this block's output is {n} × {kl} × {:?}",
-                dy.shape(),
-                &shape[2..]
-            )));
-        }
-        bias_grad(self.bias.as_mut(), dy.data(), kl, plane);
-        let full = allgather_channels(comm, dy.data(), n, k, plane)?;
-        Ok(self.conv.backward(Tensor::new(&shape, full)?, need_dx)?)
+        check_dy(&dy, &take_saved(&mut self.out_shape)?)?;
+        bias_grad(self.bias.as_mut(), &dy);
+        Ok(self
+            .conv
+            .backward(allgather_channels(comm, &dy)?, need_dx)?)
     }
 
     /// `(parts, part)`: this is block `part` of `parts`.
@@ -164,25 +147,39 @@ impl ChannelParallelConv {
     }
 }
 
-/// Adds `bias[ch % per]` to every plane `ch` of `y` (`N × per × plane`): a block's bias after
-/// the reduce-scatter that left it `per` output channels.
-pub(crate) fn add_bias(y: &mut [f32], bias: Option<&Parameter>, per: usize, plane: usize) {
+/// Adds `bias[ch]` to every plane of channel `ch` of `y` (`N × K × spatial`, `bias`: `K`): a
+/// block's bias after the reduce-scatter that left it its block of output channels.
+pub(crate) fn add_bias(y: &mut Tensor, bias: Option<&Parameter>) {
     let Some(b) = bias else { return };
-    for (ch, chunk) in y.chunks_exact_mut(plane.max(1)).enumerate() {
+    let (per, plane) = (b.value.len(), y.shape()[2..].iter().product::<usize>());
+    for (ch, chunk) in y.data_mut().chunks_exact_mut(plane.max(1)).enumerate() {
         let v = b.value.data()[ch % per];
         chunk.iter_mut().for_each(|y| *y += v);
     }
 }
 
-/// Overwrites `bias`'s gradient with the sums of `dy` (`N × per × plane`) over samples and
-/// positions, per channel.
-pub(crate) fn bias_grad(bias: Option<&mut Parameter>, dy: &[f32], per: usize, plane: usize) {
+/// Overwrites `bias`'s gradient (`K`) with the sums of `dy` (`N × K × spatial`) over samples
+/// and positions, per channel.
+pub(crate) fn bias_grad(bias: Option<&mut Parameter>, dy: &Tensor) {
     let Some(b) = bias else { return };
+    let plane = dy.shape()[2..].iter().product::<usize>();
     let g = b.grad.data_mut();
+    let per = g.len();
     g.fill(0.0);
-    for (ch, chunk) in dy.chunks_exact(plane.max(1)).enumerate() {
+    for (ch, chunk) in dy.data().chunks_exact(plane.max(1)).enumerate() {
         g[ch % per] += chunk.iter().sum::<f32>();
     }
+}
+
+/// Checks that `dy` has the shape of the block's output the forward left, `expected`.
+pub(crate) fn check_dy(dy: &Tensor, expected: &[usize]) -> Result<()> {
+    if dy.shape() != expected {
+        return Err(DistError::Training(format!(
+            "dy has shape {:?}, this block's output is {expected:?}",
+            dy.shape()
+        )));
+    }
+    Ok(())
 }
 
 /// `N × K × plane` (row-major) as `parts` blocks, block `b` holding channels
@@ -199,36 +196,50 @@ pub(crate) fn to_blocks(t: &[f32], n: usize, k: usize, plane: usize, parts: usiz
     out
 }
 
-/// The sum over the ranks of `comm` of `t` (`N × K × plane`), left as this rank's block of
-/// `K / comm.size()` channels (`N × K/size × plane`): the reduce-scatter that completes a
-/// convolution's partial sums over channel or filter blocks.
-pub(crate) fn reduce_scatter_channels(
-    comm: &impl Communicator,
-    t: &[f32],
-    n: usize,
-    k: usize,
-    plane: usize,
-) -> Result<Vec<f32>> {
-    let p = comm.size();
-    let send = to_blocks(t, n, k, plane, p);
-    let mut recv = vec![0.0f32; n * (k / p) * plane];
-    comm.reduce_scatter_sum(&send, &mut recv)?;
-    Ok(recv)
+/// `t`'s shape as `(N, channels, spatial positions)`, or the error naming `what` when it has no
+/// channel dimension.
+pub(crate) fn dims(what: &str, shape: &[usize]) -> Result<(usize, usize, usize)> {
+    if shape.len() < 2 {
+        return Err(DistError::Training(format!(
+            "{what} has shape {shape:?}, expected N × C × spatial"
+        )));
+    }
+    Ok((shape[0], shape[1], shape[2..].iter().product()))
 }
 
-/// Every rank of `comm`'s block of channels (`t`: `N × K/size × plane`, rank `r` holding
-/// block `r`) assembled into `N × K × plane`: the allgather before a convolution that needs
+/// The sum over the ranks of `comm` of `t` (`N × K × spatial`), left as this rank's block of
+/// `K / comm.size()` channels (`N × K/size × spatial`): the reduce-scatter that completes a
+/// convolution's partial sums over channel or filter blocks.
+pub(crate) fn reduce_scatter_channels(comm: &impl Communicator, t: &Tensor) -> Result<Tensor> {
+    let (n, k, plane) = dims("a reduce-scatter's input", t.shape())?;
+    let p = comm.size();
+    if !k.is_multiple_of(p) {
+        return Err(DistError::Training(format!(
+            "a reduce-scatter of {k} channels over {p} ranks"
+        )));
+    }
+    let send = to_blocks(t.data(), n, k, plane, p);
+    let mut recv = vec![0.0f32; n * (k / p) * plane];
+    comm.reduce_scatter_sum(&send, &mut recv)?;
+    let mut shape = t.shape().to_vec();
+    shape[1] = k / p;
+    Ok(Tensor::new(&shape, recv)?)
+}
+
+/// Every rank of `comm`'s block of channels (`t`: `N × K/size × spatial`, rank `r` holding
+/// block `r`) assembled into `N × K × spatial`: the allgather before a convolution that needs
 /// every channel or filter block.
-pub(crate) fn allgather_channels(
-    comm: &impl Communicator,
-    t: &[f32],
-    n: usize,
-    k: usize,
-    plane: usize,
-) -> Result<Vec<f32>> {
-    let mut gathered = vec![0.0f32; t.len() * comm.size()];
-    comm.allgather(t, &mut gathered)?;
-    Ok(from_blocks(&gathered, n, k, plane, comm.size()))
+pub(crate) fn allgather_channels(comm: &impl Communicator, t: &Tensor) -> Result<Tensor> {
+    let (n, kl, plane) = dims("an allgather's input", t.shape())?;
+    let p = comm.size();
+    let mut gathered = vec![0.0f32; t.len() * p];
+    comm.allgather(t.data(), &mut gathered)?;
+    let mut shape = t.shape().to_vec();
+    shape[1] = kl * p;
+    Ok(Tensor::new(
+        &shape,
+        from_blocks(&gathered, n, kl * p, plane, p),
+    )?)
 }
 
 /// The inverse of [`to_blocks`]: allgather's output back to `N × K × plane`.
@@ -379,15 +390,9 @@ impl FilterParallelConv {
                 c / p
             )));
         }
-        let (n, plane) = (shape[0], shape[2..].iter().product::<usize>());
-        let mut full_shape = shape.clone();
-        full_shape[1] = c;
-        let full = Tensor::new(
-            &full_shape,
-            allgather_channels(comm, x.data(), n, c, plane)?,
-        )?;
+        let full = allgather_channels(comm, &x)?;
         if train {
-            self.in_shape = Some(full_shape);
+            self.in_shape = Some(full.shape().to_vec());
         }
         Ok(self.conv.forward(full, train)?)
     }
@@ -402,16 +407,11 @@ impl FilterParallelConv {
         need_dx: bool,
     ) -> Result<Option<Tensor>> {
         check_comm(comm, self.parts, self.part)?;
-        let shape = take_saved(&mut self.in_shape)?;
+        take_saved(&mut self.in_shape)?;
         let Some(dx) = self.conv.backward(dy, need_dx)? else {
             return Ok(None);
         };
-        let (n, c, p) = (shape[0], self.in_channels, self.parts);
-        let plane: usize = shape[2..].iter().product();
-        let recv = reduce_scatter_channels(comm, dx.data(), n, c, plane)?;
-        let mut local = shape;
-        local[1] = c / p;
-        Ok(Some(Tensor::new(&local, recv)?))
+        Ok(Some(reduce_scatter_channels(comm, &dx)?))
     }
 
     /// `(parts, part)`: this is block `part` of `parts`.
@@ -432,5 +432,49 @@ impl FilterParallelConv {
     /// The same, mutable.
     pub fn params_mut(&mut self) -> Vec<(String, &mut Parameter)> {
         self.conv.params_mut()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::single::SingleProcess;
+
+    /// One block of each form is the whole layer, and `dy` must have the shape the forward left:
+    /// another shape of the same length, or a backward without a forward, is an error.
+    #[test]
+    fn one_block_is_the_whole_layer_and_dy_is_checked() {
+        let cfg = ConvConfig::conv2d(3, 4, 3).padding(1);
+        let rng = &mut <SmallRng as rand::SeedableRng>::seed_from_u64(1);
+        let mut full = Conv::new(cfg.clone(), ConvAlgo::Convgemm, rng).unwrap();
+        let a = ConvAlgo::Convgemm;
+        let mut ch = ChannelParallelConv::from_conv(&full, cfg.clone(), a, 1, 0).unwrap();
+        let mut fi = FilterParallelConv::from_conv(&full, cfg, a, 1, 0).unwrap();
+        let x = Tensor::new(
+            &[2, 3, 5, 4],
+            (0..120).map(|v| (v % 7) as f32 - 3.0).collect(),
+        )
+        .unwrap();
+        let s = SingleProcess;
+        let y = full.forward(x.clone(), true).unwrap();
+        let dy = Tensor::new(y.shape(), (0..y.len()).map(|v| (v % 5) as f32).collect()).unwrap();
+        let dx = full.backward(dy.clone(), true).unwrap().unwrap();
+        assert!(ch.backward(&s, dy.clone(), true).is_err());
+        assert_eq!(ch.forward(&s, x.clone(), true).unwrap(), y);
+        let wrong = Tensor::new(&[2, 4, 4, 5], dy.data().to_vec()).unwrap();
+        let err = ch.backward(&s, wrong, true).unwrap_err().to_string();
+        assert!(
+            err.contains("[2, 4, 4, 5]") && err.contains("[2, 4, 5, 4]"),
+            "{err}"
+        );
+        ch.forward(&s, x.clone(), true).unwrap();
+        assert_eq!(ch.backward(&s, dy.clone(), true).unwrap().unwrap(), dx);
+        assert_eq!(fi.forward(&s, x, true).unwrap(), y);
+        assert_eq!(fi.backward(&s, dy, true).unwrap().unwrap(), dx);
+        for layer in [ch.params(), fi.params()] {
+            for ((_, a), (_, b)) in layer.iter().zip(full.params()) {
+                assert_eq!(a.grad, b.grad);
+            }
+        }
     }
 }

@@ -21,7 +21,7 @@ use nn::{
     Tensor,
 };
 
-use crate::channel_conv::{ChannelParallelConv, FilterParallelConv, allgather_channels};
+use crate::channel_conv::{ChannelParallelConv, FilterParallelConv, allgather_channels, dims};
 use crate::comm::Communicator;
 use crate::error::{DistError, Result};
 use crate::runtime::World;
@@ -247,16 +247,6 @@ pub(crate) fn check_block(parts: usize, part: usize) -> Result<()> {
     Ok(())
 }
 
-/// `(n, channels, plane)` of an `N × C × spatial` shape.
-fn dims(what: &str, shape: &[usize]) -> Result<(usize, usize, usize)> {
-    if shape.len() < 2 {
-        return Err(DistError::Training(format!(
-            "{what} has shape {shape:?}, expected N × C × spatial"
-        )));
-    }
-    Ok((shape[0], shape[1], shape[2..].iter().product()))
-}
-
 /// Channel block `part` of `parts` of `t` (`N × C × plane`).
 fn block_of(t: &Tensor, parts: usize, part: usize, what: &str) -> Result<Tensor> {
     let (n, c, plane) = dims(what, t.shape())?;
@@ -283,13 +273,7 @@ fn gather_blocks(comm: &World, t: &Tensor, parts: usize) -> Result<Tensor> {
             comm.size()
         )));
     }
-    let (n, cl, plane) = dims("the channel block", t.shape())?;
-    let mut shape = t.shape().to_vec();
-    shape[1] = cl * parts;
-    Ok(Tensor::new(
-        &shape,
-        allgather_channels(comm, t.data(), n, cl * parts, plane)?,
-    )?)
+    allgather_channels(comm, t)
 }
 
 impl DistLayer for ChannelScatter {

@@ -14,7 +14,7 @@ use nn::{Conv, ConvAlgo, ConvConfig, Layer, Parameter, Tensor};
 use rand::rngs::SmallRng;
 
 use crate::channel_conv::{
-    add_bias, allgather_channels, bias_grad, check_full, reduce_scatter_channels,
+    add_bias, allgather_channels, bias_grad, check_dy, check_full, reduce_scatter_channels,
 };
 use crate::comm::Communicator;
 use crate::error::{DistError, Result};
@@ -130,7 +130,6 @@ pub struct StationaryWConv {
     shape: (usize, usize),
     coords: (usize, usize),
     in_channels: usize,
-    out_channels: usize,
     /// The local convolution's output shape (`N × K/pf × spatial'`), known from the forward.
     partial_shape: Option<Vec<usize>>,
 }
@@ -196,7 +195,6 @@ impl StationaryWConv {
             shape,
             coords,
             in_channels: c,
-            out_channels: k,
             partial_shape: None,
         })
     }
@@ -237,27 +235,17 @@ impl StationaryWConv {
                 self.in_channels / p
             )));
         }
-        let (n, plane) = (shape[0], shape[2..].iter().product::<usize>());
-        let cl = self.in_channels / pc;
         // (1) Input-channel block c of pc from the row's pf sub-blocks.
-        let mut xc_shape = shape;
-        xc_shape[1] = cl;
-        let xc = Tensor::new(&xc_shape, allgather_channels(row, x.data(), n, cl, plane)?)?;
+        let xc = allgather_channels(row, &x)?;
         // (2) Partial sums of filter block f over those channels.
         let t1 = self.conv.forward(xc, train)?;
-        let partial = t1.shape().to_vec();
-        let plane_y: usize = partial[2..].iter().product();
-        let kl = self.out_channels / pf;
         // (3) The sums over the column's channel blocks, scattered by output sub-block.
-        let per = self.out_channels / p;
-        let mut recv = reduce_scatter_channels(col, t1.data(), n, kl, plane_y)?;
-        add_bias(&mut recv, self.bias.as_ref(), per, plane_y);
-        let mut local = partial.clone();
-        local[1] = per;
+        let mut y = reduce_scatter_channels(col, &t1)?;
+        add_bias(&mut y, self.bias.as_ref());
         if train {
-            self.partial_shape = Some(partial);
+            self.partial_shape = Some(t1.shape().to_vec());
         }
-        Ok(Tensor::new(&local, recv)?)
+        Ok(y)
     }
 
     /// From this rank's block `f · pc + c` of `dy` (`N × K/P × spatial'`): the gradients of its
@@ -275,33 +263,18 @@ impl StationaryWConv {
             .partial_shape
             .take()
             .ok_or_else(|| DistError::Training("backward without a training forward".into()))?;
-        let (pc, pf) = self.shape;
-        let p = pc * pf;
-        let (n, kl) = (partial[0], partial[1]);
-        let plane: usize = partial[2..].iter().product();
-        let per = self.out_channels / p;
-        if dy.len() != n * per * plane {
-            return Err(DistError::Training(format!(
-                "dy has shape {:?}, this block's output is {n} × {per} × {:?}",
-                dy.shape(),
-                &partial[2..]
-            )));
-        }
-        bias_grad(self.bias.as_mut(), dy.data(), per, plane);
+        let mut expected = partial;
+        expected[1] /= self.shape.0;
+        check_dy(&dy, &expected)?;
+        bias_grad(self.bias.as_mut(), &dy);
         // (4) Filter block f of dy from the column's pc sub-blocks.
-        let dyf = Tensor::new(&partial, allgather_channels(col, dy.data(), n, kl, plane)?)?;
+        let dyf = allgather_channels(col, &dy)?;
         // (5) and (7): dx's partial sums over filter block f; this block's dw.
         let Some(dx) = self.conv.backward(dyf, need_dx)? else {
             return Ok(None);
         };
         // (6) The sums over the row's filter blocks, scattered by input sub-block.
-        let xs = dx.shape().to_vec();
-        let cl = self.in_channels / pc;
-        let plane_x: usize = xs[2..].iter().product();
-        let recv = reduce_scatter_channels(row, dx.data(), n, cl, plane_x)?;
-        let mut local = xs;
-        local[1] = self.in_channels / p;
-        Ok(Some(Tensor::new(&local, recv)?))
+        Ok(Some(reduce_scatter_channels(row, &dx)?))
     }
 
     /// `((pc, pf), (c, f))`: this is block `(c, f)` of a `pc × pf` grid.
