@@ -413,9 +413,9 @@ fn backward_data_in_blocks(
 /// Which way [`through_pairs`] runs a layer.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Way {
-    /// x to y: yt[o] (m × K/G) = Σ xt[i] (m × C/G) · wt[t]ᵀ (C/G × K/G).
+    /// x to y: `yt[o] (m × K/G) = Σ xt[i] (m × C/G) · wt[t]ᵀ (C/G × K/G)`.
     Forward,
-    /// dy to dx: dxt[i] (m × C/G) = Σ dyt[o] (m × K/G) · wt[t] (K/G × C/G).
+    /// dy to dx: `dxt[i] (m × C/G) = Σ dyt[o] (m × K/G) · wt[t] (K/G × C/G)`.
     Data,
 }
 

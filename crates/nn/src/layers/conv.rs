@@ -1000,7 +1000,7 @@ impl Layer for Conv {
     }
 }
 
-/// y[n][k][..] += b[k].
+/// `y[n][k][..] += b[k]`.
 fn add_bias(y: &mut [f32], b: &[f32], plane: usize) {
     for (i, chunk) in y.chunks_exact_mut(plane).enumerate() {
         let v = b[i % b.len()];
