@@ -1,9 +1,15 @@
 //! Probe: thread CPU time of every pass of one layer on one thread (min over rounds, the
 //! passes interleaved round by round), for quick A/B runs between two builds.
 //!
-//! `cargo run --release -p conv-ops --example probe_passes -- N C K SIZE KERNEL STRIDE PAD [ROUNDS [FILTER]]`
-//! with SIZE / KERNEL like `32x32` / `1x1`; FILTER keeps the passes whose name contains it.
-//! Prints ms per pass and GFLOP/s. On 1×1 strided layers it also times the pointwise passes on
+//! `cargo run --release -p conv-ops --example probe_passes -- [--back-to-back] N C K SIZE KERNEL
+//! STRIDE PAD [ROUNDS [FILTER]]` with SIZE / KERNEL like `32x32` / `1x1`; FILTER (a comma list)
+//! keeps the passes whose name contains one of its parts. Prints ms per pass and GFLOP/s.
+//!
+//! `--back-to-back` times each pass on its own the way the PyTorch anchors time theirs
+//! (`conv_layers.py --min-time 0 --min-iters ROUNDS`, whose `bench` runs 2 warm-up calls, then
+//! ROUNDS timed calls one after another, wall clock): the same, and prints the min and the median
+//! of the ROUNDS calls, so that both sides of the lean table get the same number of timed calls,
+//! the same clock and the same statistic. On 1×1 strided layers it also times the pointwise passes on
 //! the input subsampled beforehand (what the passes cost without their gather / scatter).
 
 use conv_ops::{
@@ -65,7 +71,9 @@ fn call(d: &mut Data, pass: Pass, on_pointwise: bool, ws: &mut Workspace) -> Res
 }
 
 fn run() -> Result<(), Error> {
-    let a: Vec<String> = std::env::args().skip(1).collect();
+    let mut a: Vec<String> = std::env::args().skip(1).collect();
+    let back_to_back = a.iter().any(|s| s == "--back-to-back");
+    a.retain(|s| s != "--back-to-back");
     if a.len() < 7 {
         return Err("usage: N C K SIZE KERNEL STRIDE PAD [ROUNDS [FILTER]]".into());
     }
@@ -180,7 +188,7 @@ fn run() -> Result<(), Error> {
     }
     passes.push(("bwd-filter/direct", Pass::BackwardFilter(F::Direct), false));
     if let Some(f) = a.get(8) {
-        passes.retain(|(name, _, _)| name.contains(f.as_str()));
+        passes.retain(|(name, _, _)| f.split(',').any(|part| name.contains(part)));
     }
     // The flipped passes take stride-1 layers only.
     if conv_ops::transposed_geometry(&data.g).is_err() {
@@ -192,6 +200,35 @@ fn run() -> Result<(), Error> {
         });
     }
     let mut ws = Workspace::new(true);
+    let flops = data.g.flops() as f64;
+    if back_to_back {
+        // The anchors' `bench`: 2 warm-up calls, then `rounds` timed calls, wall clock.
+        for &(name, pass, pw) in &passes {
+            for _ in 0..2 {
+                call(&mut data, pass, pw, &mut ws)?;
+            }
+            let mut times = Vec::with_capacity(rounds);
+            for _ in 0..rounds {
+                let t = std::time::Instant::now();
+                call(&mut data, pass, pw, &mut ws)?;
+                times.push(t.elapsed().as_secs_f64());
+            }
+            times.sort_by(f64::total_cmp);
+            let n = times.len();
+            let (min, med) = match n {
+                0 => (f64::NAN, f64::NAN),
+                _ if n % 2 == 1 => (times[0], times[n / 2]),
+                _ => (times[0], 0.5 * (times[n / 2 - 1] + times[n / 2])),
+            };
+            println!(
+                "{name:34} {:8.3} ms {:6.1} GFLOP/s  median {:8.3} ms  n {n}",
+                min * 1e3,
+                flops / min * 1e-9,
+                med * 1e3
+            );
+        }
+        return Ok(());
+    }
     let mut best = vec![f64::INFINITY; passes.len()];
     for _ in 0..rounds {
         for (i, &(_, pass, pw)) in passes.iter().enumerate() {
@@ -200,7 +237,6 @@ fn run() -> Result<(), Error> {
             best[i] = best[i].min(cpu() - t);
         }
     }
-    let flops = data.g.flops() as f64;
     for ((name, _, _), t) in passes.iter().zip(&best) {
         println!(
             "{name:34} {:8.3} ms {:6.1} GFLOP/s",
