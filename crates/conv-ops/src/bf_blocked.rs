@@ -9,7 +9,9 @@
 //! channels. The packer transposes the input lines a packed block reads into a per-thread
 //! position-major copy of those 16 channels once (`copy[line][position][16]`), and every
 //! (tap, row) of the panel is then one 16-value copy from it (or zeros in the padding).
-//! [`unblock`] puts dW's columns back in (channel, tap) order afterwards.
+//! Kernels with more than one plane (3-D) read every input line from the blocks of several
+//! output planes: there x is copied whole once per product instead ([`position_major`],
+//! [`whole_copy`]). [`unblock`] puts dW's columns back in (channel, tap) order afterwards.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,6 +30,9 @@ pub(crate) const GROUP: usize = 16;
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Im2colTBBlocked<'a> {
     src: Source<'a>,
+    /// The group's whole position-major copy ([`position_major`]) and its layout; without
+    /// it, each block's lines are copied into the thread's scratch.
+    whole: Option<(&'a [f32], Layout)>,
     rows: usize,
     cols: usize,
     /// This instance's key for the thread's copy.
@@ -38,6 +43,162 @@ pub(crate) struct Im2colTBBlocked<'a> {
 /// output lines of at least [`MIN_LINE`] positions.
 pub(crate) fn applies(g: &ConvGeometry) -> bool {
     g.in_channels_per_group().is_multiple_of(GROUP) && g.dims3().output[2] >= MIN_LINE
+}
+
+/// Whether [`Im2colTBBlocked`] reads a whole copy of x made once per product
+/// ([`position_major`]) rather than copying each block's lines: kernels of more than one plane,
+/// whose blocks (whole output lines of one output plane) read every input line again for each
+/// of the kernel's planes (3 times on a 3×3×3 kernel, 3.4 with the halo lines), where the whole
+/// copy transposes it once (perf, C3D, quiet 04:26:53 UTC: the transposes 4.8% → 3.0% of the
+/// samples; the copy is written to memory and read back from L3). 2-D kernels read each line
+/// from one block (and its neighbours' halo), and there the block's copy, written to L2 and
+/// read back from there, is level or faster. Zen 4 (AVX-512), `probe_passes ... 5
+/// bwd-filter/convgemm-trans`, block copies / whole copy, medians (pair-ratio median): C3D
+/// 64@8×56² quiet 04:26:53 UTC 53.98 / 52.49 ms (0.975, 8 pairs), 04:33:39 54.81 / 53.39,
+/// 04:44:50 51.67 / 50.60 (0.982, 6 pairs); the whole copy on 2-D layers (quiet 04:22:41):
+/// ResNet-50 64@56² 18.75 / 18.97 (1.024), VGG 64@224² 41.16 / 41.08 (0.989).
+pub(crate) fn whole_copy(g: &ConvGeometry) -> bool {
+    applies(g) && g.dims3().kernel[0] > 1
+}
+
+/// How [`position_major`]'s copy of one group of x is laid out: per block of [`GROUP`]
+/// channels, per image and input plane (the outer input coordinate), `rows` lines of
+/// `input[2]` positions × [`GROUP`] channels: `z_lo` zero lines, the plane's `input[1]` lines,
+/// `z_hi` zero lines (the padding lines the rows of a fused panel step through).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Layout {
+    z_lo: usize,
+    z_hi: usize,
+    /// Lines per input plane: `z_lo + input[1] + z_hi`.
+    rows: usize,
+    /// Values of one line: `input[2] · GROUP`.
+    line_len: usize,
+    /// Values of one channel block: images × planes × `rows` lines.
+    block_len: usize,
+}
+
+impl Layout {
+    /// The copy's layout for `g` (one group; its channel blocks: `C/G / GROUP`).
+    pub(crate) fn new(g: &ConvGeometry) -> Self {
+        let d = g.dims3();
+        let (z_lo, z_hi) = zero_lines(&d);
+        let rows = z_lo + d.input[1] + z_hi;
+        let line_len = d.input[2] * GROUP;
+        Layout {
+            z_lo,
+            z_hi,
+            rows,
+            line_len,
+            block_len: g.batch() * d.input[0] * rows * line_len,
+        }
+    }
+
+    /// Values of the whole copy of one group.
+    pub(crate) fn len(&self, g: &ConvGeometry) -> usize {
+        g.in_channels_per_group() / GROUP * self.block_len
+    }
+
+    /// The row, within a channel block, of input line `i1` (`-z_lo .. input[1] + z_hi`: a
+    /// zero line outside the plane) of plane `plane` (image · planes + input plane).
+    #[inline]
+    fn row(&self, plane: usize, i1: isize) -> usize {
+        (plane * self.rows + self.z_lo).wrapping_add_signed(i1)
+    }
+}
+
+/// The zero lines a copy needs before and after each input plane's lines: the padding lines
+/// the rows of a fused panel step through.
+fn zero_lines(d: &crate::geometry::Dims3) -> (usize, usize) {
+    let reach = (d.output[1] - 1) * d.stride[1] + (d.kernel[1] - 1) * d.dilation[1];
+    (d.pad[1], (reach + 1).saturating_sub(d.pad[1] + d.input[1]))
+}
+
+/// The position-major copy of group `grp` of x into `copy` (at least [`Layout::len`] values):
+/// every input line of 16 channels transposed once (core-blas's lane transposes), the zero
+/// lines filled; channel blocks over threads.
+pub(crate) fn position_major(g: &ConvGeometry, grp: usize, x: &[f32], copy: &mut [f32]) {
+    let lay = Layout::new(g);
+    let src = Source::new(g, grp, x);
+    let d = g.dims3();
+    let (width, lines) = (d.input[2], d.input[1]);
+    let gemm = core_blas::Gemm::global().ok();
+    let one = |(cb, out): (usize, &mut [f32])| {
+        let mut from: [&[f32]; GROUP] = [&[]; GROUP];
+        for (plane, rows) in out.chunks_exact_mut(lay.rows * lay.line_len).enumerate() {
+            let (n, i0) = (plane / d.input[0], plane % d.input[0]);
+            let (lo, rest) = rows.split_at_mut(lay.z_lo * lay.line_len);
+            lo.fill(0.0);
+            let (body, hi) = rest.split_at_mut(lines * lay.line_len);
+            hi.fill(0.0);
+            for (i1, out) in body.chunks_exact_mut(lay.line_len).enumerate() {
+                let line = n * src.image_len() + (i0 * lines + i1) * width;
+                for (c, f) in from.iter_mut().enumerate() {
+                    *f = &src.x[src.plane(cb * GROUP + c) + line..][..width];
+                }
+                transpose(gemm, out, &from, width);
+            }
+        }
+    };
+    let copy = &mut copy[..lay.len(g)];
+    if rayon::current_num_threads() > 1 {
+        use rayon::prelude::*;
+        copy.par_chunks_exact_mut(lay.block_len)
+            .enumerate()
+            .for_each(one);
+    } else {
+        copy.chunks_exact_mut(lay.block_len)
+            .enumerate()
+            .for_each(one);
+    }
+}
+
+thread_local! {
+    /// The whole position-major copy of the products this thread calls ([`with_copy`]): grows
+    /// to the largest and stays, so that the next call allocates nothing.
+    static WHOLE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Frees this thread's whole copy ([`crate::release_workspaces`]) and returns its bytes; one
+/// in use counts 0.
+pub(crate) fn release_thread() -> usize {
+    crate::take_thread_buffer(&WHOLE, crate::vec_bytes)
+}
+
+/// Runs `f` with group `grp`'s whole position-major copy ([`position_major`], in this
+/// thread's buffer) where [`whole_copy`] takes the layer, `None` elsewhere.
+pub(crate) fn with_copy<R>(
+    g: &ConvGeometry,
+    grp: usize,
+    x: &[f32],
+    f: impl FnOnce(Option<&[f32]>) -> R,
+) -> R {
+    if !whole_copy(g) {
+        return f(None);
+    }
+    let mut buf = WHOLE.with_borrow_mut(std::mem::take);
+    buf.resize(Layout::new(g).len(g), 0.0);
+    position_major(g, grp, x, &mut buf);
+    let result = f(Some(&buf));
+    WHOLE.with_borrow_mut(|kept| *kept = buf);
+    result
+}
+
+/// `out[t·16 + c] = from[c][t]` for `t < width`: core-blas's lane transposes, or a plain loop
+/// without them.
+fn transpose(
+    gemm: Option<&core_blas::Gemm>,
+    out: &mut [f32],
+    from: &[&[f32]; GROUP],
+    width: usize,
+) {
+    let done = gemm.is_some_and(|g| g.transpose_lanes(out, GROUP, from, width, 1).is_ok());
+    if !done {
+        for (t, row) in out.chunks_exact_mut(GROUP).enumerate() {
+            for (v, f) in row.iter_mut().zip(from) {
+                *v = f[t];
+            }
+        }
+    }
 }
 
 /// Shorter output lines keep [`Im2colTB`](crate::Im2colTB) (its cached chunks): the blocked
@@ -98,11 +259,20 @@ thread_local! {
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 impl<'a> Im2colTBBlocked<'a> {
-    /// Group `grp` of x (validated by the caller: `x.len() == g.x_len()`, [`applies`]).
-    pub(crate) fn new(g: &ConvGeometry, grp: usize, x: &'a [f32]) -> Self {
+    /// Group `grp` of x (validated by the caller: `x.len() == g.x_len()`, [`applies`]), and
+    /// with `whole` the group's position-major copy made by [`position_major`].
+    pub(crate) fn new(
+        g: &ConvGeometry,
+        grp: usize,
+        x: &'a [f32],
+        whole: Option<&'a [f32]>,
+    ) -> Self {
         debug_assert!(applies(g));
+        let lay = Layout::new(g);
+        debug_assert!(whole.is_none_or(|c| c.len() >= lay.len(g)));
         Im2colTBBlocked {
             src: Source::new(g, grp, x),
+            whole: whole.map(|c| (c, lay)),
             rows: g.batch() * g.output_spatial_len(),
             cols: g.in_channels_per_group() * g.kernel_len(),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -131,6 +301,24 @@ impl<'a> Im2colTBBlocked<'a> {
             } = s;
             src.runs(pc, kc, runs);
             src.segments(runs, segs);
+            if let Some((_, lay)) = &self.whole {
+                // Each segment's row in a channel block of the whole copy (every segment lies
+                // on one input line, `at` = n·C·I + (i0·input[1] + i1)·input[2] + i2).
+                let d = &src.d;
+                let (width, plane_len) = (d.input[2], d.input[1] * d.input[2]);
+                slot.clear();
+                slot.extend(segs.iter().map(|g| {
+                    if g.hi > g.lo {
+                        let (n, sp) = (g.at / src.image_len(), g.at % src.image_len());
+                        let plane = n * d.input[0] + sp / plane_len;
+                        lay.row(plane, ((sp % plane_len) / width) as isize) as u32
+                    } else {
+                        0
+                    }
+                }));
+                *key = Some((self.id, pc, kc));
+                return;
+            }
             // The lines the block reads (every segment lies on one input line).
             lines.clear();
             lines.extend(
@@ -144,8 +332,7 @@ impl<'a> Im2colTBBlocked<'a> {
             // input plane's first and last lines (the fused rows step through them).
             let d = &src.d;
             let (i1len, i2len) = (d.input[1], d.input[2]);
-            let reach = (d.output[1] - 1) * d.stride[1] + (d.kernel[1] - 1) * d.dilation[1];
-            let (z_lo, z_hi) = (d.pad[1], (reach + 1).saturating_sub(d.pad[1] + i1len));
+            let (z_lo, z_hi) = zero_lines(d);
             row_of.clear();
             zero_rows.clear();
             let mut rows = 0u32;
@@ -175,7 +362,7 @@ impl<'a> Im2colTBBlocked<'a> {
             *copied = None;
         }
         let Some(cb) = cb else { return };
-        if s.copied == Some(cb) {
+        if self.whole.is_some() || s.copied == Some(cb) {
             return;
         }
         let Scratch {
@@ -199,16 +386,44 @@ impl<'a> Im2colTBBlocked<'a> {
             for (c, f) in from.iter_mut().enumerate() {
                 *f = &src.x[src.plane(cb * GROUP + c) + line..][..width];
             }
-            let done = gemm.is_some_and(|g| g.transpose_lanes(out, GROUP, &from, width, 1).is_ok());
-            if !done {
-                for (t, row) in out.chunks_exact_mut(GROUP).enumerate() {
-                    for (v, f) in row.iter_mut().zip(&from) {
-                        *v = f[t];
-                    }
-                }
-            }
+            transpose(gemm, out, &from, width);
         }
         *copied = Some(cb);
+    }
+
+    /// Appends to `out.taps` the view's taps of a fused panel whose first tap along the kernel
+    /// line is `kw0` and whose rows are `nch` chunks (per output position along the line, the
+    /// chunk of each tap: 16 channels of one input position, zero in the padding), kept in
+    /// `s` for the next panel alike.
+    fn describe_taps(
+        &self,
+        s: &mut Scratch,
+        kw0: usize,
+        nch: usize,
+        out: &mut ConvPanel,
+    ) -> Option<()> {
+        let d = &self.src.d;
+        let signed = |v: usize| isize::try_from(v).ok();
+        if s.taps_key != Some((self.id, kw0, nch)) {
+            s.taps.clear();
+            for o2 in 0..d.output[2] {
+                let p2 = signed(o2 * d.stride[2] + kw0)? - signed(d.pad[2])?;
+                for q in 0..nch as isize {
+                    let i2 = p2 + q;
+                    let inside = i2 >= 0 && (i2 as usize) < d.input[2];
+                    s.taps.push(Chunk::Lines {
+                        step: 1,
+                        m1: if inside { u16::MAX } else { 0 },
+                        m2: 0,
+                        off1: i2 * GROUP as isize,
+                        off2: 0,
+                    });
+                }
+            }
+            s.taps_key = Some((self.id, kw0, nch));
+        }
+        out.taps.extend_from_slice(&s.taps);
+        Some(())
     }
 }
 
@@ -286,11 +501,19 @@ impl PackB for Im2colTBBlocked<'_> {
                         copy,
                         ..
                     } = &*s;
+                    // The channel block's lines: in the whole copy, or the thread's.
+                    let (copy, block) = match &self.whole {
+                        Some((whole, lay)) => (*whole, cb * lay.block_len),
+                        None => (&copy[..], 0),
+                    };
                     for (i, run) in runs.iter().enumerate() {
                         let g = &segs[tap * count + i];
                         let (lo, hi) = if g.hi > g.lo { (g.lo, g.hi) } else { (0, 0) };
                         let first = g.at % width;
-                        let at = slot[tap * count + i] as usize * line_len + first * GROUP + lane0;
+                        let at = block
+                            + slot[tap * count + i] as usize * line_len
+                            + first * GROUP
+                            + lane0;
                         // SAFETY: rows `run.start + t < kc` (runs tile `0..kc`) and lanes
                         // `l + n <= nr` keep writes inside the `kc · nr` panel; a readable
                         // position `first + u·stride`, `u < hi − lo`, lies on its input line
@@ -411,6 +634,19 @@ impl PackB for Im2colTBBlocked<'_> {
         };
         let (i1f, i1l) = (i1(o1f)?, i1(o1l)?);
         let i1len = signed(d.input[1])?;
+        if let Some((whole, lay)) = self.whole {
+            // Every line the rows step through is in the whole copy: the plane's lines and its
+            // zero lines.
+            if i1f < -signed(lay.z_lo)? || i1l >= i1len + signed(lay.z_hi)? {
+                return None;
+            }
+            SCRATCH.with_borrow_mut(|s| self.describe_taps(s, kw0, nch, out))?;
+            let row =
+                cb * (lay.block_len / lay.line_len) + lay.row(n * d.input[0] + i0 as usize, i1f);
+            out.base = signed(row.checked_mul(lay.line_len)?)?;
+            out.step = signed(d.stride[1] * lay.line_len)?;
+            return Some(whole);
+        }
         let (i2len, line_len) = (d.input[2], d.input[2] * GROUP);
         let line =
             |i1: isize| n * src.image_len() + (i0 as usize * d.input[1] + i1 as usize) * i2len;
@@ -430,25 +666,7 @@ impl PackB for Im2colTBBlocked<'_> {
             if rf < 0 || rl - rf != signed(lines_apart)? || (rl as usize) >= s.copy_rows {
                 return None;
             }
-            if s.taps_key != Some((self.id, kw0, nch)) {
-                s.taps.clear();
-                for o2 in 0..o2len {
-                    let p2 = signed(o2 * d.stride[2] + kw0)? - signed(d.pad[2])?;
-                    for q in 0..nch as isize {
-                        let i2 = p2 + q;
-                        let inside = i2 >= 0 && (i2 as usize) < i2len;
-                        s.taps.push(Chunk::Lines {
-                            step: 1,
-                            m1: if inside { u16::MAX } else { 0 },
-                            m2: 0,
-                            off1: i2 * GROUP as isize,
-                            off2: 0,
-                        });
-                    }
-                }
-                s.taps_key = Some((self.id, kw0, nch));
-            }
-            out.taps.extend_from_slice(&s.taps);
+            self.describe_taps(s, kw0, nch, out)?;
             out.base = rf.checked_mul(signed(line_len)?)?;
             out.step = signed(d.stride[1] * line_len)?;
             // SAFETY: the copy's buffer is this thread's and is only written by `prepare`,
@@ -613,7 +831,8 @@ mod tests {
     /// The panels [`PackB::conv_panel`] describes hold the values [`PackB::pack_b`] writes
     /// (read as the fused kernel reads them: masked step-1 chunks, every lane read inside the
     /// slice), on blocks inside one output plane, across planes and images, at the padding
-    /// lines and planes, asked in an order that revisits blocks; on AVX-512 machines only.
+    /// lines and planes, asked in an order that revisits blocks; with each block's lines copied
+    /// per block and read from the whole copy; on AVX-512 machines only.
     #[test]
     fn described_panels_match_pack_b() {
         use core_blas::{Chunk, ConvPanel, PackB};
@@ -638,9 +857,12 @@ mod tests {
         ];
         let mut described = 0;
         let mut desc = ConvPanel::default();
-        for g in &geoms {
+        // Each geometry with its lines copied per block and from the whole copy.
+        for (g, whole) in geoms.iter().flat_map(|g| [(g, false), (g, true)]) {
             let x = crate::testing::uniform(7, g.x_len());
-            let b = super::Im2colTBBlocked::new(g, 0, &x);
+            let mut copy = vec![f32::NAN; super::Layout::new(g).len(g)];
+            super::position_major(g, 0, &x, &mut copy);
+            let b = super::Im2colTBBlocked::new(g, 0, &x, whole.then_some(&copy[..]));
             let (rows, cols) = (b.rows(), b.cols());
             let blocks: Vec<(usize, usize)> =
                 [(0, 100), (37, 130), (0, 100), (101, 250), (5, 1), (3, 90)]
@@ -684,7 +906,7 @@ mod tests {
                                 assert_eq!(
                                     got.to_bits(),
                                     want[p * 48 + q * 16 + l].to_bits(),
-                                    "{g:?} block {pc}+{kc} panel {j} row {p} lane {}",
+                                    "{g:?} whole {whole} block {pc}+{kc} panel {j} row {p} lane {}",
                                     q * 16 + l
                                 );
                             }

@@ -73,7 +73,8 @@ pub use ops::{backward_data, backward_filter, bias_grad, forward};
 
 /// Frees conv-ops' per-thread buffers (the direct convolution's padded copies and packed
 /// weights, the C panels of deconvgemm and the small-plane forward, the tap-by-tap forms'
-/// copies, the subsampled inputs, the stride-phase copies of strided inputs) on the calling thread and on every thread of the current
+/// copies, the subsampled inputs, the stride-phase copies of strided inputs, the blocked
+/// backward-filter's position-major copies of 3-D inputs) on the calling thread and on every thread of the current
 /// rayon pool; returns the bytes freed. They grow to the largest layer a thread has run and
 /// stay at that size, so that the next call allocates nothing. For a caller that ran large
 /// layers or algorithms once and will not again (`nn`'s `auto` algorithm choice tries every
@@ -82,7 +83,8 @@ pub use ops::{backward_data, backward_filter, bias_grad, forward};
 /// The packing buffers of the GEMMs are core-blas's ([`core_blas::pack::release_workspaces`]).
 pub fn release_workspaces() -> usize {
     let release = || {
-        direct::release_thread()
+        bf_blocked::release_thread()
+            + direct::release_thread()
             + layout::release_thread()
             + phasesplit::release_thread()
             + subsample::release_thread()

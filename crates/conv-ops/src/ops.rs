@@ -615,10 +615,13 @@ pub fn backward_filter(
                 // Columns in channel-block order (no per-tap transpose), then back.
                 let c = MatMut::row_major("dw", &mut *dwg, kg, wcols, wcols).map_err(gemm_err)?;
                 let mut store = DenseStore::new(c, 1.0, 0.0);
-                let b = crate::bf_blocked::Im2colTBBlocked::new(g, grp, x);
-                crate::bf_blocked::gemm(g, kg, wcols)?
-                    .gemm_with(&a, &b, &mut store)
-                    .map_err(gemm_err)?;
+                let gemm = crate::bf_blocked::gemm(g, kg, wcols)?;
+                // 3-D kernels: x transposed once into blocks of 16 channels, position-major.
+                crate::bf_blocked::with_copy(g, grp, x, |whole| {
+                    let b = crate::bf_blocked::Im2colTBBlocked::new(g, grp, x, whole);
+                    gemm.gemm_with(&a, &b, &mut store)
+                })
+                .map_err(gemm_err)?;
                 crate::bf_blocked::unblock(dwg, kg, g.in_channels_per_group(), g.kernel_len());
                 continue;
             }

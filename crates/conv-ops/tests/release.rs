@@ -2,8 +2,8 @@
 //! grows them anew with the same result.
 
 use conv_ops::{
-    BackwardDataAlgo, ConvGeometry, ForwardAlgo, Workspace, backward_data, forward,
-    release_workspaces,
+    BackwardDataAlgo, BackwardFilterAlgo, ConvGeometry, ForwardAlgo, Workspace, backward_data,
+    backward_filter, forward, release_workspaces,
 };
 
 #[test]
@@ -32,6 +32,40 @@ fn released_buffers_regrow_with_the_same_result() {
         assert!(
             release_workspaces() > 0,
             "the passes grew no per-thread buffer"
+        );
+        assert_eq!(release_workspaces(), 0);
+        assert_eq!(run(&mut ws), first);
+        assert!(release_workspaces() > 0);
+    });
+}
+
+/// The blocked backward-filter's whole copy of a 3-D input (a per-thread buffer) too.
+#[test]
+fn released_whole_copy_regrows_with_the_same_result() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        // 16 channels, 3×3×3, output lines of 20: the blocked packer over the whole copy.
+        let g =
+            ConvGeometry::from_parts(1, 16, 8, &[3, 4, 20], &[3, 3, 3], &[1], &[1], &[1], &[1], 1)
+                .unwrap();
+        let x: Vec<f32> = (0..g.x_len())
+            .map(|i| ((i * 7) % 11) as f32 - 5.0)
+            .collect();
+        let dy: Vec<f32> = (0..g.y_len()).map(|i| ((i * 3) % 5) as f32 - 2.0).collect();
+        let mut ws = Workspace::new(false);
+        let run = |ws: &mut Workspace| {
+            let mut dw = vec![f32::NAN; g.w_len()];
+            backward_filter(&g, &x, &dy, &mut dw, BackwardFilterAlgo::ConvgemmTrans, ws).unwrap();
+            dw
+        };
+        release_workspaces();
+        let first = run(&mut ws);
+        assert!(
+            release_workspaces() > 0,
+            "the pass grew no per-thread buffer"
         );
         assert_eq!(release_workspaces(), 0);
         assert_eq!(run(&mut ws), first);
