@@ -74,7 +74,8 @@ pub use ops::{backward_data, backward_filter, bias_grad, forward};
 /// Frees conv-ops' per-thread buffers (the direct convolution's padded copies and packed
 /// weights, the C panels of deconvgemm and the small-plane forward, the tap-by-tap forms'
 /// copies, the subsampled inputs, the stride-phase copies of strided inputs, the blocked
-/// backward-filter's position-major copies of 3-D inputs) on the calling thread and on every thread of the current
+/// backward-filter's position-major copies of 3-D inputs, the per-image forward's slab weights)
+/// on the calling thread and on every thread of the current
 /// rayon pool; returns the bytes freed. They grow to the largest layer a thread has run and
 /// stay at that size, so that the next call allocates nothing. For a caller that ran large
 /// layers or algorithms once and will not again (`nn`'s `auto` algorithm choice tries every
@@ -86,6 +87,7 @@ pub fn release_workspaces() -> usize {
         bf_blocked::release_thread()
             + direct::release_thread()
             + layout::release_thread()
+            + ops::release_thread()
             + phasesplit::release_thread()
             + subsample::release_thread()
             + tapsum::release_thread()

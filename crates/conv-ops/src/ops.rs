@@ -244,28 +244,55 @@ fn outer_slabs(g: &ConvGeometry) -> Option<Vec<Slab>> {
 /// Output positions of the narrowest slab [`outer_slabs`] takes.
 const MIN_SLAB_COLS: usize = 256;
 
-/// Per slab, `None` when it takes every tap (the product reads A itself), or A's columns of
-/// its taps, `W[k][c][tap0..tap0 + taps]` as a dense K/G × C/G·taps matrix (copied once per
-/// call and group: weights-sized, not growing with the batch).
+thread_local! {
+    /// The slabs' weight copies ([`slab_weights`]) of the calls on this thread: grows to the
+    /// largest and stays, so that a call allocates (and page-faults) nothing.
+    static SLAB_WEIGHTS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Frees this thread's slab weight copies ([`crate::release_workspaces`]) and returns their
+/// bytes; one in use counts 0.
+pub(crate) fn release_thread() -> usize {
+    crate::take_thread_buffer(&SLAB_WEIGHTS, crate::vec_bytes)
+}
+
+/// Per slab, `None` when it takes every tap (the product reads A itself), or the range of
+/// `buf` holding A's columns of its taps, `W[k][c][tap0..tap0 + taps]` as a dense K/G ×
+/// C/G·taps matrix (copied once per call and group: weights-sized, not growing with the
+/// batch). `buf` is the caller's kept buffer (`SLAB_WEIGHTS`): per-call vectors of these
+/// sizes (442 KB and two of 295 KB on C3D's 64@8×56²) were mapped and faulted in anew on every
+/// call (221 page faults a call).
 fn slab_weights<A: core_blas::PackA>(
     g: &ConvGeometry,
     a: &A,
     slabs: &[Slab],
-) -> Vec<Option<Vec<f32>>> {
+    buf: &mut Vec<f32>,
+) -> Vec<Option<std::ops::Range<usize>>> {
     let (kg, cols, rlen) = (a.rows(), a.cols(), g.kernel_len());
     let inner = rlen / g.kernel()[0];
-    // A as a dense row-major matrix: micro-panels one row tall.
-    let mut wd = vec![0f32; kg * cols];
-    a.pack_a(0, kg, 0, cols, 1, &mut wd);
+    let part = |s: &Slab| s.r.len() * inner;
+    let copies: usize = slabs
+        .iter()
+        .filter(|s| part(s) < rlen)
+        .map(|s| kg * cols / rlen * part(s))
+        .sum();
+    buf.clear();
+    buf.resize(kg * cols + copies, 0.0);
+    // A as a dense row-major matrix (micro-panels one row tall), then the slabs' columns.
+    let (wd, rest) = buf.split_at_mut(kg * cols);
+    a.pack_a(0, kg, 0, cols, 1, wd);
+    let mut at = kg * cols;
     slabs
         .iter()
         .map(|s| {
-            let (tap0, taps) = (s.r.start * inner, s.r.len() * inner);
+            let (tap0, taps) = (s.r.start * inner, part(s));
             (taps < rlen).then(|| {
-                wd.chunks_exact(rlen)
-                    .flat_map(|row| &row[tap0..tap0 + taps])
-                    .copied()
-                    .collect()
+                let start = at;
+                for row in wd.chunks_exact(rlen) {
+                    rest[at - kg * cols..][..taps].copy_from_slice(&row[tap0..tap0 + taps]);
+                    at += taps;
+                }
+                start..at
             })
         })
         .collect()
@@ -392,8 +419,9 @@ pub(crate) fn forward_group<A: core_blas::PackA>(
         // matrix, so the kernel stores straight from registers (no tile buffer).
         ForwardAlgo::Convgemm if olen >= PER_IMAGE_MIN_PLANE && slabs.is_some() => {
             let slabs = slabs.as_deref().unwrap_or_default();
-            let weights = slab_weights(g, a, slabs);
-            (0..g.batch()).try_for_each(|n| {
+            let mut buf = SLAB_WEIGHTS.with_borrow_mut(std::mem::take);
+            let weights = slab_weights(g, a, slabs, &mut buf);
+            let result = (0..g.batch()).try_for_each(|n| {
                 let yn = &mut y[(n * g.out_channels() + grp * kg) * olen..][..kg * olen];
                 let b = Im2colB::images(g, grp, x, n, 1).with_fused_packing();
                 slabs.iter().zip(&weights).try_for_each(|(s, wt)| {
@@ -417,14 +445,17 @@ pub(crate) fn forward_group<A: core_blas::PackA>(
                     let deep = one_pass(core_blas::Gemm::global()?, depth, ONE_PASS_MAX)?;
                     match wt {
                         None => deep.gemm_with(a, &cols_b, &mut dense),
-                        Some(wt) => {
+                        Some(range) => {
+                            let wt = &buf[range.clone()];
                             let ct = wt.len() / kg;
                             let at = MatRef::row_major("w", wt, kg, ct, ct)?;
                             deep.gemm_with(&at, &cols_b, &mut dense)
                         }
                     }
                 })
-            })
+            });
+            SLAB_WEIGHTS.with_borrow_mut(|kept| *kept = buf);
+            result
         }
         ForwardAlgo::Convgemm if olen >= PER_IMAGE_MIN_PLANE => (0..g.batch()).try_for_each(|n| {
             let yn = &mut y[(n * g.out_channels() + grp * kg) * olen..][..kg * olen];

@@ -72,3 +72,38 @@ fn released_whole_copy_regrows_with_the_same_result() {
         assert!(release_workspaces() > 0);
     });
 }
+
+/// The per-image forward's slab weights (large 3-D planes whose outer kernel planes partly
+/// read padding; a per-thread buffer) too.
+#[test]
+fn released_slab_weights_regrow_with_the_same_result() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        // 3 × 32 × 32 output positions per image (per-image products), 3×3×3 with padding 1.
+        let g =
+            ConvGeometry::from_parts(1, 8, 8, &[3, 32, 32], &[3, 3, 3], &[1], &[1], &[1], &[1], 1)
+                .unwrap();
+        let x: Vec<f32> = (0..g.x_len())
+            .map(|i| ((i * 7) % 11) as f32 - 5.0)
+            .collect();
+        let w: Vec<f32> = (0..g.w_len()).map(|i| ((i * 3) % 5) as f32 - 2.0).collect();
+        let mut ws = Workspace::new(true);
+        let run = |ws: &mut Workspace| {
+            let mut y = vec![f32::NAN; g.y_len()];
+            forward(&g, &x, &w, None, false, &mut y, ForwardAlgo::Convgemm, ws).unwrap();
+            y
+        };
+        release_workspaces();
+        let first = run(&mut ws);
+        assert!(
+            release_workspaces() > 0,
+            "the pass grew no per-thread buffer"
+        );
+        assert_eq!(release_workspaces(), 0);
+        assert_eq!(run(&mut ws), first);
+        assert!(release_workspaces() > 0);
+    });
+}
