@@ -363,8 +363,10 @@ impl fmt::Display for Preset {
 /// layers of a multiple of 16 input channels per group and output lines of at least 16
 /// positions, a per-thread position-major copy of 16 channels of the input lines one packed
 /// block of B reads (kept across calls: about KC / line length + kernel height lines of 16
-/// values per input position, independent of the batch) and a copy of 16 channels of one dw
-/// row (per call and thread).
+/// values per input position, independent of the batch; on 3-D kernels instead one copy of a
+/// block of images' whole input, in the calling thread's storage, kept across calls: about 1
+/// Mi floats, or one image's input and its padding lines if larger, independent of the batch)
+/// and a copy of 16 channels of one dw row (per call and thread).
 pub fn workspace_bytes(g: &ConvGeometry, pass: Pass) -> usize {
     let (rows, cols) = crate::im2col::im2col_shape(g);
     let buffer = rows * cols * size_of::<f32>();

@@ -164,8 +164,22 @@ pub(crate) fn release_thread() -> usize {
     crate::take_thread_buffer(&WHOLE, crate::vec_bytes)
 }
 
+/// Floats of [`with_copy`]'s copy from which a product runs over blocks of images (a block
+/// holds at least one image): the copy stays independent of the batch (C3D's 64@8×56²: one
+/// image, 1.7 Mi floats).
+pub(crate) const WHOLE_FLOATS: usize = 1 << 20;
+
+/// Images per block of the whole copy of `g` ([`WHOLE_FLOATS`], at least one).
+pub(crate) fn whole_images(g: &ConvGeometry) -> usize {
+    let one = g
+        .with_batch(1)
+        .map_or(usize::MAX, |g1| Layout::new(&g1).len(&g1));
+    (WHOLE_FLOATS / one.max(1)).clamp(1, g.batch().max(1))
+}
+
 /// Runs `f` with group `grp`'s whole position-major copy ([`position_major`], in this
-/// thread's buffer) where [`whole_copy`] takes the layer, `None` elsewhere.
+/// thread's buffer) where [`whole_copy`] takes the layer, `None` elsewhere. `g` and `x` are
+/// one block of images ([`whole_images`]).
 pub(crate) fn with_copy<R>(
     g: &ConvGeometry,
     grp: usize,
@@ -826,6 +840,50 @@ mod tests {
             assert!(super::applies(g), "{g:?}");
             crate::convgemm_trans::check_against_reference_on_1_and_2_threads(g);
         }
+    }
+
+    /// 3-D layers whose whole copy takes one image a block ([`super::WHOLE_FLOATS`]): several
+    /// blocks accumulate into dW (against the reference, on 1 and 2 threads, groups too), and
+    /// the thread's copy is the size of one image's whatever the batch.
+    #[test]
+    fn whole_copy_by_blocks_of_images() {
+        let g = ConvGeometry::new(3, 32, 4, &[4, 96, 96], &[3, 3, 3])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap()
+            .with_groups(2)
+            .unwrap();
+        assert!(super::whole_copy(&g));
+        assert_eq!(super::whole_images(&g), 1);
+        crate::convgemm_trans::check_against_reference_on_1_and_2_threads(&g);
+        // The copy's size after a call: a batch of 3 keeps what a batch of 1 grows.
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let bytes = |g: &ConvGeometry| {
+            pool.install(|| {
+                super::release_thread();
+                let (x, dy) = (
+                    crate::testing::uniform(1, g.x_len()),
+                    crate::testing::uniform(2, g.y_len()),
+                );
+                let mut dw = vec![0f32; g.w_len()];
+                crate::backward_filter(
+                    g,
+                    &x,
+                    &dy,
+                    &mut dw,
+                    crate::BackwardFilterAlgo::ConvgemmTrans,
+                    &mut crate::Workspace::new(false),
+                )
+                .unwrap();
+                super::release_thread()
+            })
+        };
+        let one = bytes(&g.with_batch(1).unwrap());
+        assert!(one > 0);
+        assert_eq!(bytes(&g), one);
     }
 
     /// The panels [`PackB::conv_panel`] describes hold the values [`PackB::pack_b`] writes

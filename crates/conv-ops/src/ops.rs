@@ -644,15 +644,36 @@ pub fn backward_filter(
             }
             if algo == BackwardFilterAlgo::ConvgemmTrans && crate::bf_blocked::applies(g) {
                 // Columns in channel-block order (no per-tap transpose), then back.
-                let c = MatMut::row_major("dw", &mut *dwg, kg, wcols, wcols).map_err(gemm_err)?;
-                let mut store = DenseStore::new(c, 1.0, 0.0);
                 let gemm = crate::bf_blocked::gemm(g, kg, wcols)?;
-                // 3-D kernels: x transposed once into blocks of 16 channels, position-major.
-                crate::bf_blocked::with_copy(g, grp, x, |whole| {
-                    let b = crate::bf_blocked::Im2colTBBlocked::new(g, grp, x, whole);
-                    gemm.gemm_with(&a, &b, &mut store)
-                })
-                .map_err(gemm_err)?;
+                if crate::bf_blocked::whole_copy(g) {
+                    // 3-D kernels: x transposed once into blocks of 16 channels,
+                    // position-major, by blocks of images (dW accumulated over the blocks).
+                    let nb = crate::bf_blocked::whole_images(g);
+                    let (xi, yi) = (
+                        g.in_channels() * g.input_spatial_len(),
+                        g.out_channels() * g.output_spatial_len(),
+                    );
+                    for n0 in (0..g.batch()).step_by(nb) {
+                        let count = nb.min(g.batch() - n0);
+                        let gb = g.with_batch(count)?;
+                        let (xb, dyb) = (&x[n0 * xi..][..count * xi], &dy[n0 * yi..][..count * yi]);
+                        let c = MatMut::row_major("dw", &mut *dwg, kg, wcols, wcols)
+                            .map_err(gemm_err)?;
+                        let mut store = DenseStore::new(c, 1.0, if n0 == 0 { 0.0 } else { 1.0 });
+                        let ab = out_channels(&gb, grp, dyb);
+                        crate::bf_blocked::with_copy(&gb, grp, xb, |whole| {
+                            let b = crate::bf_blocked::Im2colTBBlocked::new(&gb, grp, xb, whole);
+                            gemm.gemm_with(&ab, &b, &mut store)
+                        })
+                        .map_err(gemm_err)?;
+                    }
+                } else {
+                    let c =
+                        MatMut::row_major("dw", &mut *dwg, kg, wcols, wcols).map_err(gemm_err)?;
+                    let mut store = DenseStore::new(c, 1.0, 0.0);
+                    let b = crate::bf_blocked::Im2colTBBlocked::new(g, grp, x, None);
+                    gemm.gemm_with(&a, &b, &mut store).map_err(gemm_err)?;
+                }
                 crate::bf_blocked::unblock(dwg, kg, g.in_channels_per_group(), g.kernel_len());
                 continue;
             }
