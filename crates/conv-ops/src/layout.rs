@@ -641,10 +641,35 @@ impl<'a> Prepacked<'a> {
     /// Packs all of `a` into `buf` (resized), micro-panels shared out over `threads`.
     pub(crate) fn pack<A: PackA>(a: &A, mr: usize, threads: usize, buf: &'a mut Vec<f32>) -> Self {
         let (rows, cols) = (a.rows(), a.cols());
-        Self::fill(rows, cols, mr, threads, buf, |ic, dst| {
+        let data = sized(buf, rows.div_ceil(mr) * mr * cols);
+        Self::fill(rows, cols, mr, threads, data, |ic, dst| {
             // `pack_a` writes panel `q` of a block at `q·kc·mr`: the part's panels in a row.
             a.pack_a(ic, (dst.len() / cols).min(rows - ic), 0, cols, mr, dst);
         })
+    }
+
+    /// [`Prepacked::pack`] of several sources into one buffer, back to back.
+    pub(crate) fn pack_all<A: PackA>(
+        a: &[A],
+        mr: usize,
+        threads: usize,
+        buf: &'a mut Vec<f32>,
+    ) -> Vec<Self> {
+        let lens: Vec<usize> = a
+            .iter()
+            .map(|a| a.rows().div_ceil(mr) * mr * a.cols())
+            .collect();
+        let mut rest = sized(buf, lens.iter().sum());
+        let mut out = Vec::with_capacity(a.len());
+        for (a, &len) in a.iter().zip(&lens) {
+            let (data, tail) = rest.split_at_mut(len);
+            rest = tail;
+            let (rows, cols) = (a.rows(), a.cols());
+            out.push(Self::fill(rows, cols, mr, threads, data, |ic, dst| {
+                a.pack_a(ic, (dst.len() / cols).min(rows - ic), 0, cols, mr, dst);
+            }));
+        }
+        out
     }
 
     /// [`Prepacked::pack`] with A's columns reordered: column `c·taps + q·gw + t` (channel
@@ -660,7 +685,8 @@ impl<'a> Prepacked<'a> {
     ) -> Self {
         let (rows, cols) = (a.rows(), a.cols());
         debug_assert!(cols == ch * taps && taps.is_multiple_of(gw));
-        Self::fill(rows, cols, mr, threads, buf, |ic0, dst| {
+        let data = sized(buf, rows.div_ceil(mr) * mr * cols);
+        Self::fill(rows, cols, mr, threads, data, |ic0, dst| {
             let mut tmp = vec![0f32; cols * mr];
             for (q, panel) in dst.chunks_exact_mut(cols * mr).enumerate() {
                 let ic = ic0 + q * mr;
@@ -679,24 +705,20 @@ impl<'a> Prepacked<'a> {
         })
     }
 
-    /// Sizes `buf` for the micro-panels of a `rows` × `cols` A and fills it in parts of whole
-    /// micro-panels shared out over `threads`: `part(ic, dst)` writes the panels of rows
-    /// `ic ..` into `dst` (`cols · mr` values a panel).
+    /// Fills `data` (the micro-panels of a `rows` × `cols` A) in parts of whole micro-panels
+    /// shared out over `threads`: `part(ic, dst)` writes the panels of rows `ic ..` into `dst`
+    /// (`cols · mr` values a panel).
     fn fill(
         rows: usize,
         cols: usize,
         mr: usize,
         threads: usize,
-        buf: &'a mut Vec<f32>,
+        data: &'a mut [f32],
         part: impl Fn(usize, &mut [f32]) + Sync,
     ) -> Self {
         use rayon::prelude::*;
         let panels = rows.div_ceil(mr);
-        let len = panels * mr * cols;
-        if buf.len() < len {
-            buf.resize(len, 0.0);
-        }
-        let data = &mut buf[..len];
+        debug_assert_eq!(data.len(), panels * mr * cols);
         let per = panels.div_ceil(threads.max(1)).max(1);
         let run = |(i, dst): (usize, &mut [f32])| part(i * per * mr, dst);
         if threads > 1 {
@@ -714,6 +736,23 @@ impl<'a> Prepacked<'a> {
             data,
         }
     }
+}
+
+/// `buf[..len]`, `buf` grown to at least `len` first.
+fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    &mut buf[..len]
+}
+
+/// Runs `f` with this thread's [`Prepacked`] buffer (taken out during the call, so that a
+/// nested call packs into a buffer of its own; kept for the next call).
+pub(crate) fn with_prepacked<R>(f: impl FnOnce(&mut Vec<f32>) -> R) -> R {
+    let mut buf = PREPACKED.with_borrow_mut(std::mem::take);
+    let r = f(&mut buf);
+    PREPACKED.with_borrow_mut(|kept| *kept = buf);
+    r
 }
 
 impl PackA for Prepacked<'_> {

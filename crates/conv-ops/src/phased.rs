@@ -15,14 +15,14 @@
 //! Workspace: the phases' sub-kernels (K/G·C/G·R floats in all, per call) and one C panel per
 //! thread; nothing grows with the batch.
 
-use core_blas::{ConvPack, DenseStore, MatMut, MatRef, PackB};
+use core_blas::{ConvPack, DenseStore, MatMut, PackA, PackB};
 use rayon::prelude::*;
 
 use crate::Result;
 use crate::convgemm::Im2colB;
 use crate::error::gemm_err;
 use crate::geometry::{ConvGeometry, MAX_RANK};
-use crate::layout::{Columns, OneThread, with_panel};
+use crate::layout::{Columns, OneThread, Prepacked, with_panel, with_prepacked};
 
 /// Whether [`backward_data`] takes `g`: a stride above 1, one group, dilation 1, every kernel
 /// extent at least its stride, and every phase's transposed padding non-negative.
@@ -164,7 +164,7 @@ pub(crate) fn backward_data(g: &ConvGeometry, dy: &[f32], w: &[f32], dx: &mut [f
         reason: "a phase's padding would be negative".into(),
     })?;
     let rank = g.rank();
-    let (c, k) = (g.in_channels(), g.out_channels());
+    let c = g.in_channels();
     let nr = core_blas::Gemm::global().map_err(gemm_err)?.tile().1;
     let threads = rayon::current_num_threads().max(1);
     let in_plane = g.input_spatial_len();
@@ -215,164 +215,362 @@ pub(crate) fn backward_data(g: &ConvGeometry, dy: &[f32], w: &[f32], dx: &mut [f
             live.into_iter().map(|ph| vec![ph]).collect()
         };
         for set in sets {
-            let mut wts = Vec::with_capacity(set.len());
+            let mut a = Vec::with_capacity(set.len());
             let mut gps = Vec::with_capacity(set.len());
             for ph in &set {
                 let gp = phase_geometry(g, ph)?;
                 debug_assert!((0..rank).all(|d| gp.output()[d] == ph[d].count));
-                wts.push(sub_kernel(g, ph, gp.kernel_len(), w));
+                a.push(SubKernel::new(g, ph, gp.kernel_len(), w));
                 gps.push(gp);
             }
-            let tl: Vec<usize> = gps.iter().map(ConvGeometry::kernel_len).collect();
-            let a: Vec<MatRef<'_>> = wts
-                .iter()
-                .zip(&tl)
-                .map(|(wt, &t)| MatRef::row_major("w", wt, c, k * t, k * t))
-                .collect::<std::result::Result<_, _>>()
-                .map_err(gemm_err)?;
-            // Stride-1 convolutions of dy: their full panels are packed inside the GEMM's
-            // first tiles where the kernel can.
-            let b: Vec<Im2colB<'_>> = gps
-                .iter()
-                .map(|gp| Im2colB::new(gp, 0, dy).with_fused_packing())
-                .collect();
-            let ph0 = set[0];
-            let n = b[0].cols();
-            let mplane = gps[0].output_spatial_len();
-            let m = set.len();
-            let target = (PANEL_FLOATS / (c * m)).max(4 * nr);
-            let blocks = n.div_ceil(target).div_ceil(threads) * threads;
-            let cols_max = n.div_ceil(blocks).div_ceil(nr) * nr;
-            let blocks = n.div_ceil(cols_max);
-            let last = ph0[rank - 1];
-            // Per phase of the set: its first position along the innermost dimension and the
-            // dx offset of its outer position relative to the first phase's (the set's
-            // phases share their positions: same counts).
-            let firsts: Vec<usize> = set.iter().map(|ph| ph[rank - 1].first).collect();
-            let shifts: Vec<isize> = set
-                .iter()
-                .map(|ph| {
-                    (0..rank - 1)
-                        .map(|d| {
-                            (ph[d].first as isize - ph0[d].first as isize) * istride[d] as isize
-                        })
-                        .sum()
-                })
-                .collect();
-            // Stride 2 along the line: the set is pairs of phases side by side (the phases
-            // 2p and 2p + 1 fill one dx line; their first positions differ by one).
-            let pairs = sl == 2
-                && m.is_multiple_of(2)
-                && (0..m / 2).all(|p| {
-                    firsts[2 * p].abs_diff(firsts[2 * p + 1]) == 1
-                        && shifts[2 * p] == shifts[2 * p + 1]
-                });
-            let run = |blk: usize| -> Result<()> {
-                // The whole `Dx` (Sync), not its pointer field alone.
-                let dxs = out;
-                let j0 = blk * cols_max;
-                let cols = cols_max.min(n - j0);
-                with_panel(m * c * cols, |panel| {
-                    for ((a, b), p) in a.iter().zip(&b).zip(panel.chunks_exact_mut(c * cols)) {
-                        let cm = MatMut::row_major("panel", p, c, cols, cols).map_err(gemm_err)?;
-                        let mut store = OneThread(DenseStore::new(cm, 1.0, 0.0));
-                        core_blas::gemm_with(a, &Columns { b, j0, cols }, &mut store)
-                            .map_err(gemm_err)?;
-                    }
-                    // Runs along the innermost dimension: one dx line of the phases each.
-                    let mut t = 0;
-                    while t < cols {
-                        let j = j0 + t;
-                        let (img, pos) = (j / mplane, j % mplane);
-                        let ml = pos % last.count;
-                        let len = (cols - t).min(last.count - ml);
-                        // dx offset of (img, channel 0, the first phase's outer position,
-                        // line position sl·ml).
-                        let mut rem = pos / last.count;
-                        let mut off = img * c * in_plane + sl * ml * istride[rank - 1];
-                        for d in (0..rank - 1).rev() {
-                            let q = rem % ph0[d].count;
-                            rem /= ph0[d].count;
-                            off += (ph0[d].first + g.stride()[d] * q) * istride[d];
-                        }
-                        // dx offset of phase i's first value of channel 0 in this run.
-                        let at = |i: usize| off.wrapping_add_signed(shifts[i]) + firsts[i];
-                        if pairs {
-                            for p in 0..m / 2 {
-                                let (lo, hi) = if firsts[2 * p] < firsts[2 * p + 1] {
-                                    (2 * p, 2 * p + 1)
-                                } else {
-                                    (2 * p + 1, 2 * p)
-                                };
-                                let d0 = at(lo);
-                                assert!(d0 + (c - 1) * in_plane + 2 * len <= dxs.len);
-                                assert!((hi.max(lo) * c + c - 1) * cols + t + len <= panel.len());
-                                // SAFETY: row cc < c writes the 2·len dx elements of channel
-                                // cc from `d0 + cc·in_plane`: the two phases' values at this
-                                // run's positions, inside dx (checked above), written only by
-                                // this block (see `Dx`); it reads `len` values of each phase's
-                                // panel row cc from column t (inside the panel, checked
-                                // above; the panel is not dx).
-                                unsafe {
-                                    cp.interleave_rows(
-                                        dxs.ptr.add(d0),
-                                        in_plane,
-                                        panel.as_ptr().add(lo * c * cols + t),
-                                        panel.as_ptr().add(hi * c * cols + t),
-                                        cols,
-                                        c,
-                                        len,
-                                    )
-                                };
+            // Several column blocks: each phase's A packed once for all of them (each block's
+            // products would pack all of it again).
+            let n_all = gps[0].batch() * gps[0].output_spatial_len();
+            let mr = core_blas::Gemm::global().map_err(gemm_err)?.tile().0;
+            let prepack = n_all > PANEL_FLOATS / (c * set.len());
+            with_prepacked(|buf| {
+                let pre: Vec<Prepacked<'_>> = if prepack {
+                    Prepacked::pack_all(&a, mr, threads, buf)
+                } else {
+                    Vec::new()
+                };
+                // Stride-1 convolutions of dy: their full panels are packed inside the GEMM's
+                // first tiles where the kernel can.
+                let b: Vec<Im2colB<'_>> = gps
+                    .iter()
+                    .map(|gp| Im2colB::new(gp, 0, dy).with_fused_packing())
+                    .collect();
+                let ph0 = set[0];
+                let n = b[0].cols();
+                let mplane = gps[0].output_spatial_len();
+                let m = set.len();
+                let target = (PANEL_FLOATS / (c * m)).max(4 * nr);
+                let blocks = n.div_ceil(target).div_ceil(threads) * threads;
+                let cols_max = n.div_ceil(blocks).div_ceil(nr) * nr;
+                let blocks = n.div_ceil(cols_max);
+                let last = ph0[rank - 1];
+                // Per phase of the set: its first position along the innermost dimension and the
+                // dx offset of its outer position relative to the first phase's (the set's
+                // phases share their positions: same counts).
+                let firsts: Vec<usize> = set.iter().map(|ph| ph[rank - 1].first).collect();
+                let shifts: Vec<isize> = set
+                    .iter()
+                    .map(|ph| {
+                        (0..rank - 1)
+                            .map(|d| {
+                                (ph[d].first as isize - ph0[d].first as isize) * istride[d] as isize
+                            })
+                            .sum()
+                    })
+                    .collect();
+                // Stride 2 along the line: the set is pairs of phases side by side (the phases
+                // 2p and 2p + 1 fill one dx line; their first positions differ by one).
+                let pairs = sl == 2
+                    && m.is_multiple_of(2)
+                    && (0..m / 2).all(|p| {
+                        firsts[2 * p].abs_diff(firsts[2 * p + 1]) == 1
+                            && shifts[2 * p] == shifts[2 * p + 1]
+                    });
+                let run = |blk: usize| -> Result<()> {
+                    // The whole `Dx` (Sync), not its pointer field alone.
+                    let dxs = out;
+                    let j0 = blk * cols_max;
+                    let cols = cols_max.min(n - j0);
+                    with_panel(m * c * cols, |panel| {
+                        for (i, (b, p)) in
+                            b.iter().zip(panel.chunks_exact_mut(c * cols)).enumerate()
+                        {
+                            let cm =
+                                MatMut::row_major("panel", p, c, cols, cols).map_err(gemm_err)?;
+                            let mut store = OneThread(DenseStore::new(cm, 1.0, 0.0));
+                            let bc = Columns { b, j0, cols };
+                            match pre.get(i) {
+                                Some(pa) => core_blas::gemm_with(pa, &bc, &mut store),
+                                None => core_blas::gemm_with(&a[i], &bc, &mut store),
                             }
-                        } else {
-                            for (i, phase) in panel.chunks_exact(c * cols).enumerate() {
-                                let d0 = at(i);
-                                assert!(d0 + (c - 1) * in_plane + sl * (len - 1) < dxs.len);
-                                for (cc, row) in phase.chunks_exact(cols).enumerate() {
-                                    for (q, &v) in row[t..t + len].iter().enumerate() {
-                                        // SAFETY: `d0 + cc·in_plane + sl·q` is dx's element of
-                                        // channel cc at phase i's position (img, pos + q):
-                                        // inside dx (checked above), and only this block
-                                        // writes its columns (see `Dx`).
-                                        unsafe { *dxs.ptr.add(d0 + cc * in_plane + sl * q) = v };
+                            .map_err(gemm_err)?;
+                        }
+                        // Runs along the innermost dimension: one dx line of the phases each.
+                        let mut t = 0;
+                        while t < cols {
+                            let j = j0 + t;
+                            let (img, pos) = (j / mplane, j % mplane);
+                            let ml = pos % last.count;
+                            let len = (cols - t).min(last.count - ml);
+                            // dx offset of (img, channel 0, the first phase's outer position,
+                            // line position sl·ml).
+                            let mut rem = pos / last.count;
+                            let mut off = img * c * in_plane + sl * ml * istride[rank - 1];
+                            for d in (0..rank - 1).rev() {
+                                let q = rem % ph0[d].count;
+                                rem /= ph0[d].count;
+                                off += (ph0[d].first + g.stride()[d] * q) * istride[d];
+                            }
+                            // dx offset of phase i's first value of channel 0 in this run.
+                            let at = |i: usize| off.wrapping_add_signed(shifts[i]) + firsts[i];
+                            if pairs {
+                                for p in 0..m / 2 {
+                                    let (lo, hi) = if firsts[2 * p] < firsts[2 * p + 1] {
+                                        (2 * p, 2 * p + 1)
+                                    } else {
+                                        (2 * p + 1, 2 * p)
+                                    };
+                                    let d0 = at(lo);
+                                    assert!(d0 + (c - 1) * in_plane + 2 * len <= dxs.len);
+                                    assert!(
+                                        (hi.max(lo) * c + c - 1) * cols + t + len <= panel.len()
+                                    );
+                                    // SAFETY: row cc < c writes the 2·len dx elements of channel
+                                    // cc from `d0 + cc·in_plane`: the two phases' values at this
+                                    // run's positions, inside dx (checked above), written only by
+                                    // this block (see `Dx`); it reads `len` values of each phase's
+                                    // panel row cc from column t (inside the panel, checked
+                                    // above; the panel is not dx).
+                                    unsafe {
+                                        cp.interleave_rows(
+                                            dxs.ptr.add(d0),
+                                            in_plane,
+                                            panel.as_ptr().add(lo * c * cols + t),
+                                            panel.as_ptr().add(hi * c * cols + t),
+                                            cols,
+                                            c,
+                                            len,
+                                        )
+                                    };
+                                }
+                            } else {
+                                for (i, phase) in panel.chunks_exact(c * cols).enumerate() {
+                                    let d0 = at(i);
+                                    assert!(d0 + (c - 1) * in_plane + sl * (len - 1) < dxs.len);
+                                    for (cc, row) in phase.chunks_exact(cols).enumerate() {
+                                        for (q, &v) in row[t..t + len].iter().enumerate() {
+                                            // SAFETY: `d0 + cc·in_plane + sl·q` is dx's element of
+                                            // channel cc at phase i's position (img, pos + q):
+                                            // inside dx (checked above), and only this block
+                                            // writes its columns (see `Dx`).
+                                            unsafe {
+                                                *dxs.ptr.add(d0 + cc * in_plane + sl * q) = v
+                                            };
+                                        }
                                     }
                                 }
                             }
+                            t += len;
                         }
-                        t += len;
-                    }
-                    Ok(())
-                })
-            };
-            if threads == 1 || blocks == 1 {
-                (0..blocks).try_for_each(run)?;
-            } else {
-                (0..blocks).into_par_iter().try_for_each(run)?;
-            }
+                        Ok(())
+                    })
+                };
+                if threads == 1 || blocks == 1 {
+                    (0..blocks).try_for_each(run)
+                } else {
+                    (0..blocks).into_par_iter().try_for_each(run)
+                }
+            })?;
         }
     }
     Ok(())
 }
 
-/// The sub-kernel of phase `ph` as the A operand of its convolution, C × (K · T): row c,
-/// column kk·T + u = w\[kk\]\[c\]\[tap(u)\], tap(u) = a + s·(T − 1 − u) per dimension.
-fn sub_kernel(g: &ConvGeometry, ph: &[Dim; MAX_RANK], tl: usize, w: &[f32]) -> Vec<f32> {
-    let (rank, c, k, r) = (g.rank(), g.in_channels(), g.out_channels(), g.kernel_len());
-    let mut wt = vec![0f32; c * k * tl];
-    for u in 0..tl {
-        let (mut rem, mut tap, mut mul) = (u, 0, 1);
-        for d in (0..rank).rev() {
-            let (td, ud) = (ph[d].taps, rem % ph[d].taps);
-            rem /= ph[d].taps;
-            tap += (ph[d].a + g.stride()[d] * (td - 1 - ud)) * mul;
-            mul *= g.kernel()[d];
+/// The sub-kernel of phase `ph` as the A operand of its convolution, C × (K · T), read from
+/// w as it is: row c, column kk·T + u = w\[kk\]\[c\]\[tap(u)\], tap(u) = a + s·(T − 1 − u)
+/// per dimension. Packed straight from w (each micro-panel's rows of one kk are `mr · R`
+/// consecutive values of w), with no transposed copy.
+struct SubKernel<'a> {
+    w: &'a [f32],
+    c: usize,
+    k: usize,
+    /// The layer's kernel size (R: w's values per output/input channel pair).
+    r: usize,
+    /// tap(u) for u < T.
+    taps: Vec<usize>,
+}
+
+impl<'a> SubKernel<'a> {
+    fn new(g: &ConvGeometry, ph: &[Dim; MAX_RANK], tl: usize, w: &'a [f32]) -> Self {
+        let rank = g.rank();
+        let taps = (0..tl)
+            .map(|u| {
+                let (mut rem, mut tap, mut mul) = (u, 0, 1);
+                for d in (0..rank).rev() {
+                    let (td, ud) = (ph[d].taps, rem % ph[d].taps);
+                    rem /= ph[d].taps;
+                    tap += (ph[d].a + g.stride()[d] * (td - 1 - ud)) * mul;
+                    mul *= g.kernel()[d];
+                }
+                tap
+            })
+            .collect();
+        SubKernel {
+            w,
+            c: g.in_channels(),
+            k: g.out_channels(),
+            r: g.kernel_len(),
+            taps,
         }
-        for cc in 0..c {
-            for kk in 0..k {
-                wt[(cc * k + kk) * tl + u] = w[(kk * c + cc) * r + tap];
+    }
+}
+
+impl PackA for SubKernel<'_> {
+    fn rows(&self) -> usize {
+        self.c
+    }
+    fn cols(&self) -> usize {
+        self.k * self.taps.len()
+    }
+    fn pack_a(&self, ic: usize, mc: usize, pc: usize, kc: usize, mr: usize, dst: &mut [f32]) {
+        let tl = self.taps.len();
+        for (q, panel) in dst[..mc.div_ceil(mr) * mr * kc]
+            .chunks_exact_mut(mr * kc)
+            .enumerate()
+        {
+            let i0 = ic + q * mr;
+            let live = mr.min(ic + mc - i0);
+            for (p, col) in panel.chunks_exact_mut(mr).enumerate() {
+                let (kk, u) = ((pc + p) / tl, (pc + p) % tl);
+                let from = (kk * self.c + i0) * self.r + self.taps[u];
+                for (i, v) in col.iter_mut().enumerate() {
+                    *v = if i < live {
+                        self.w[from + i * self.r]
+                    } else {
+                        0.0
+                    };
+                }
             }
         }
     }
-    wt
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{Tolerance, uniform};
+    use crate::{BackwardDataAlgo, Workspace, reference};
+    use core_blas::MatRef;
+
+    /// The sub-kernel as the explicit C × (K · T) matrix (w transposed per phase).
+    fn explicit(g: &ConvGeometry, ph: &[Dim; MAX_RANK], tl: usize, w: &[f32]) -> Vec<f32> {
+        let (rank, c, k, r) = (g.rank(), g.in_channels(), g.out_channels(), g.kernel_len());
+        let mut wt = vec![0f32; c * k * tl];
+        for u in 0..tl {
+            let (mut rem, mut tap, mut mul) = (u, 0, 1);
+            for d in (0..rank).rev() {
+                let (td, ud) = (ph[d].taps, rem % ph[d].taps);
+                rem /= ph[d].taps;
+                tap += (ph[d].a + g.stride()[d] * (td - 1 - ud)) * mul;
+                mul *= g.kernel()[d];
+            }
+            for cc in 0..c {
+                for kk in 0..k {
+                    wt[(cc * k + kk) * tl + u] = w[(kk * c + cc) * r + tap];
+                }
+            }
+        }
+        wt
+    }
+
+    /// [`SubKernel`] packs every block (whole and partial micro-panels, column offsets, tile
+    /// heights 6 and 8) as the packing of its explicit matrix does, for every phase of strided
+    /// 1-3-D layers.
+    #[test]
+    fn sub_kernel_packs_as_its_matrix() {
+        let geoms = [
+            ConvGeometry::new(1, 19, 5, &[9, 9], &[3, 3])
+                .unwrap()
+                .with_stride(&[2])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+            ConvGeometry::new(1, 13, 6, &[11, 10], &[4, 5])
+                .unwrap()
+                .with_stride(&[3, 2])
+                .unwrap()
+                .with_padding(&[1, 2])
+                .unwrap(),
+            ConvGeometry::new(1, 9, 3, &[5, 6, 7], &[3, 3, 3])
+                .unwrap()
+                .with_stride(&[2])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+        ];
+        for g in &geoms {
+            let w = uniform(5, g.w_len());
+            for ph in phases(g).unwrap() {
+                let tl = phase_geometry(g, &ph).unwrap().kernel_len();
+                let wt = explicit(g, &ph, tl, &w);
+                let (c, kt) = (g.in_channels(), g.out_channels() * tl);
+                let m = MatRef::row_major("w", &wt, c, kt, kt).unwrap();
+                let s = SubKernel::new(g, &ph, tl, &w);
+                assert_eq!((s.rows(), s.cols()), (c, kt));
+                for mr in [6, 8] {
+                    for (ic, mc) in [(0, c), (0, mr), (mr, c - mr), (c - 3, 3)] {
+                        for (pc, kc) in [(0, kt), (1, kt - 1), (kt / 2, kt - kt / 2)] {
+                            let len = mc.div_ceil(mr) * mr * kc;
+                            let (mut got, mut want) = (vec![f32::NAN; len], vec![f32::NAN; len]);
+                            s.pack_a(ic, mc, pc, kc, mr, &mut got);
+                            m.pack_a(ic, mc, pc, kc, mr, &mut want);
+                            assert_eq!(
+                                got, want,
+                                "{g:?}, {ph:?}, mr {mr} ({ic}, {mc}, {pc}, {kc})"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Layers of several column blocks (the phases' sub-kernels packed once for all of them):
+    /// all phases at once (even sizes) and phase by phase (odd sizes, 3-D), on 1 and 2
+    /// threads, against the reference.
+    #[test]
+    fn several_column_blocks_match_the_reference() {
+        let geoms = [
+            ConvGeometry::new(2, 64, 16, &[48, 48], &[3, 3])
+                .unwrap()
+                .with_stride(&[2])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+            ConvGeometry::new(3, 40, 12, &[75, 61], &[3, 3])
+                .unwrap()
+                .with_stride(&[2])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+            ConvGeometry::new(2, 24, 8, &[10, 24, 24], &[3, 3, 3])
+                .unwrap()
+                .with_stride(&[2])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+        ];
+        for g in &geoms {
+            assert!(applies(g), "{g:?}");
+            let (dy, w) = (uniform(11, g.y_len()), uniform(12, g.w_len()));
+            let mut want = vec![0f32; g.x_len()];
+            reference::backward_data(g, &dy, &w, &mut want).unwrap();
+            for threads in [1, 2] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let mut dx = vec![f32::NAN; g.x_len()];
+                pool.install(|| {
+                    crate::backward_data(
+                        g,
+                        &dy,
+                        &w,
+                        &mut dx,
+                        BackwardDataAlgo::Deconvgemm,
+                        &mut Workspace::new(false),
+                    )
+                })
+                .unwrap();
+                Tolerance::for_f32_sum(g.out_channels() * g.kernel_len())
+                    .check(&format!("{threads} threads, {g:?}"), &dx, &want)
+                    .unwrap();
+            }
+        }
+    }
 }
