@@ -8,7 +8,10 @@
 //! elements (no col2im add, no zero fill of dx), and each runs as a forward convgemm (im2col of
 //! dy fused into B packing, inside the first tile of each panel where the kernel can) whose C
 //! panels are copied into dx with the phase's stride (stride 2: two phases' panel rows
-//! interleaved into one dx line by core-blas's [`ConvPack::interleave_rows`]).
+//! interleaved into one dx line by core-blas's [`ConvPack::interleave_rows`], or the four
+//! phases of 2-D stride 2 into an even and an odd dx line at once by
+//! [`ConvPack::interleave_lines`]: whole 64-byte lines, written around the cache when dx is
+//! large).
 //!
 //! Taken by [`crate::BackwardDataAlgo::Deconvgemm`] on strided layers ([`applies`]): no
 //! groups, no dilation, every kernel extent at least its stride (every phase has a tap).
@@ -157,6 +160,10 @@ unsafe impl Sync for Dx {}
 /// Floats of one C panel (C/G rows × a block of columns), as the forward's C panels.
 const PANEL_FLOATS: usize = 128 * 1024;
 
+/// dx of at least this many bytes is written with non-temporal stores where whole 64-byte
+/// lines are written at once ([`ConvPack::interleave_lines`]).
+const STREAM_BYTES: usize = 4 << 20;
+
 /// dx = backward-data(dy, w) phase by phase (inputs validated by the caller; `applies(g)`).
 pub(crate) fn backward_data(g: &ConvGeometry, dy: &[f32], w: &[f32], dx: &mut [f32]) -> Result<()> {
     let phases = phases(g).ok_or_else(|| crate::error::ConvError::Unsupported {
@@ -200,6 +207,8 @@ pub(crate) fn backward_data(g: &ConvGeometry, dy: &[f32], w: &[f32], dx: &mut [f
         phases.chunks(sl).collect()
     };
     let cp = ConvPack::global().map_err(gemm_err)?;
+    // dx too large to stay in cache until it is read: its whole lines written around it.
+    let stream = size_of_val(dx) >= STREAM_BYTES;
     for group in groups {
         let live: Vec<&[Dim; MAX_RANK]> = group
             .iter()
@@ -309,34 +318,71 @@ pub(crate) fn backward_data(g: &ConvGeometry, dy: &[f32], w: &[f32], dx: &mut [f
                             // dx offset of phase i's first value of channel 0 in this run.
                             let at = |i: usize| off.wrapping_add_signed(shifts[i]) + firsts[i];
                             if pairs {
-                                for p in 0..m / 2 {
+                                // Per pair: its (lo, hi) phases and where its values of
+                                // channel 0 start in dx.
+                                let pair = |p: usize| {
                                     let (lo, hi) = if firsts[2 * p] < firsts[2 * p + 1] {
                                         (2 * p, 2 * p + 1)
                                     } else {
                                         (2 * p + 1, 2 * p)
                                     };
-                                    let d0 = at(lo);
-                                    assert!(d0 + (c - 1) * in_plane + 2 * len <= dxs.len);
-                                    assert!(
-                                        (hi.max(lo) * c + c - 1) * cols + t + len <= panel.len()
-                                    );
-                                    // SAFETY: row cc < c writes the 2·len dx elements of channel
-                                    // cc from `d0 + cc·in_plane`: the two phases' values at this
-                                    // run's positions, inside dx (checked above), written only by
-                                    // this block (see `Dx`); it reads `len` values of each phase's
-                                    // panel row cc from column t (inside the panel, checked
-                                    // above; the panel is not dx).
+                                    (lo, hi, at(lo))
+                                };
+                                let src = |i: usize| panel.as_ptr().wrapping_add(i * c * cols + t);
+                                let (a, b) = (pair(0), pair(m / 2 - 1));
+                                // Two pairs filling two consecutive dx lines whole (runs of
+                                // whole lines): both lines of a channel in one pass.
+                                let lines =
+                                    m == 4 && (a.2 + 2 * len == b.2 || b.2 + 2 * len == a.2);
+                                if lines {
+                                    let (e, o) = if a.2 < b.2 { (a, b) } else { (b, a) };
+                                    assert!(e.2 + (c - 1) * in_plane + 4 * len <= dxs.len);
+                                    assert!((m * c - 1) * cols + t + len <= panel.len());
+                                    // SAFETY: row cc < c writes the 4·len dx elements of
+                                    // channel cc from `e.2 + cc·in_plane`: the four phases'
+                                    // values at this run's positions on the two lines, inside
+                                    // dx (checked above), written only by this block (see
+                                    // `Dx`); it reads `len` values of each phase's panel row
+                                    // cc from column t (inside the panel, checked above; the
+                                    // panel is not dx).
                                     unsafe {
-                                        cp.interleave_rows(
-                                            dxs.ptr.add(d0),
+                                        cp.interleave_lines(
+                                            dxs.ptr.add(e.2),
                                             in_plane,
-                                            panel.as_ptr().add(lo * c * cols + t),
-                                            panel.as_ptr().add(hi * c * cols + t),
+                                            [src(e.0), src(e.1), src(o.0), src(o.1)],
                                             cols,
                                             c,
                                             len,
+                                            stream,
                                         )
                                     };
+                                } else {
+                                    for p in 0..m / 2 {
+                                        let (lo, hi, d0) = pair(p);
+                                        assert!(d0 + (c - 1) * in_plane + 2 * len <= dxs.len);
+                                        assert!(
+                                            (hi.max(lo) * c + c - 1) * cols + t + len
+                                                <= panel.len()
+                                        );
+                                        // SAFETY: row cc < c writes the 2·len dx elements of
+                                        // channel cc from `d0 + cc·in_plane`: the two phases'
+                                        // values at this run's positions, inside dx (checked
+                                        // above), written only by this block (see `Dx`); it
+                                        // reads `len` values of each phase's panel row cc from
+                                        // column t (inside the panel, checked above; the panel
+                                        // is not dx).
+                                        unsafe {
+                                            cp.interleave_rows(
+                                                dxs.ptr.add(d0),
+                                                in_plane,
+                                                src(lo),
+                                                src(hi),
+                                                cols,
+                                                c,
+                                                len,
+                                            )
+                                        };
+                                    }
                                 }
                             } else {
                                 for (i, phase) in panel.chunks_exact(c * cols).enumerate() {
@@ -521,12 +567,19 @@ mod tests {
     }
 
     /// Layers of several column blocks (the phases' sub-kernels packed once for all of them):
-    /// all phases at once (even sizes) and phase by phase (odd sizes, 3-D), on 1 and 2
-    /// threads, against the reference.
+    /// all phases at once (even sizes; both dx lines of a channel at once, runs of 24 and 28
+    /// values, the latter with dx over [`STREAM_BYTES`]: streaming stores) and phase by phase
+    /// (odd sizes, 3-D), on 1 and 2 threads, against the reference.
     #[test]
     fn several_column_blocks_match_the_reference() {
         let geoms = [
             ConvGeometry::new(2, 64, 16, &[48, 48], &[3, 3])
+                .unwrap()
+                .with_stride(&[2])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+            ConvGeometry::new(3, 112, 8, &[56, 56], &[3, 3])
                 .unwrap()
                 .with_stride(&[2])
                 .unwrap()
@@ -545,6 +598,7 @@ mod tests {
                 .with_padding(&[1])
                 .unwrap(),
         ];
+        assert!(geoms[1].x_len() * 4 >= STREAM_BYTES);
         for g in &geoms {
             assert!(applies(g), "{g:?}");
             let (dy, w) = (uniform(11, g.y_len()), uniform(12, g.w_len()));

@@ -331,6 +331,9 @@ type PackTransposed = unsafe fn(
 /// The signature of [`ConvPack::interleave_rows`]'s bodies.
 type Interleave = unsafe fn(*mut f32, usize, *const f32, *const f32, usize, usize, usize);
 
+/// The signature of [`ConvPack::interleave_lines`]'s bodies.
+type InterleaveLines = unsafe fn(*mut f32, usize, [*const f32; 4], usize, usize, usize, bool);
+
 /// The masked row copies of one kernel family.
 #[derive(Clone, Copy)]
 pub struct ConvPack {
@@ -338,6 +341,7 @@ pub struct ConvPack {
     f: PackRows,
     t: PackTransposed,
     i: Interleave,
+    l: InterleaveLines,
 }
 
 impl std::fmt::Debug for ConvPack {
@@ -351,6 +355,7 @@ static SCALAR: ConvPack = ConvPack {
     f: scalar_rows,
     t: scalar_transposed,
     i: scalar_interleave,
+    l: scalar_interleave_lines,
 };
 #[cfg(target_arch = "x86_64")]
 static AVX2: ConvPack = ConvPack {
@@ -358,6 +363,7 @@ static AVX2: ConvPack = ConvPack {
     f: avx2_rows,
     t: avx2_transposed,
     i: avx2_interleave,
+    l: avx2_interleave_lines,
 };
 #[cfg(target_arch = "x86_64")]
 static AVX512: ConvPack = ConvPack {
@@ -365,6 +371,7 @@ static AVX512: ConvPack = ConvPack {
     f: avx512_rows,
     t: avx512_transposed,
     i: avx512_interleave,
+    l: avx512_interleave_lines,
 };
 
 impl ConvPack {
@@ -475,6 +482,200 @@ impl ConvPack {
         // SAFETY: the caller's contract; the table is only handed out when the CPU has the
         // family's features.
         unsafe { (self.i)(dst, dst_step, lo, hi, src_step, rows, len) }
+    }
+}
+
+impl ConvPack {
+    /// Two [`ConvPack::interleave_rows`] of consecutive output lines at once: for each row `r <
+    /// rows` and `q < len`, `dst[r·dst_step + 2q] = src[0][r·src_step + q]`, `dst[r·dst_step +
+    /// 2q + 1] = src[1][..]`, `dst[r·dst_step + 2·len + 2q] = src[2][..]` and `dst[r·dst_step +
+    /// 2·len + 2q + 1] = src[3][..]` (a stride-2 backward-data's four phases filling an even and
+    /// the odd dx line after it, `4·len` values a row). The AVX-512 body assembles each row's
+    /// values into the 64-byte-aligned vectors of the destination (whole cache lines, no
+    /// line-crossing or masked stores inside the row) when `len` is a multiple of 4; `stream`
+    /// (the destination is large and not read again soon) writes those whole lines with
+    /// non-temporal stores, which skip the read for ownership of a line about to be overwritten,
+    /// and fences them before returning.
+    ///
+    /// # Safety
+    /// For every `r < rows`: `dst + r·dst_step` is valid for `4·len` writes, each `src[i] +
+    /// r·src_step` for `len` reads, and the writes overlap none of the reads.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn interleave_lines(
+        &self,
+        dst: *mut f32,
+        dst_step: usize,
+        src: [*const f32; 4],
+        src_step: usize,
+        rows: usize,
+        len: usize,
+        stream: bool,
+    ) {
+        // SAFETY: the caller's contract; the table is only handed out when the CPU has the
+        // family's features.
+        unsafe { (self.l)(dst, dst_step, src, src_step, rows, len, stream) }
+    }
+}
+
+/// The portable two-line interleave: two [`scalar_interleave`]s.
+#[allow(clippy::too_many_arguments)]
+unsafe fn scalar_interleave_lines(
+    dst: *mut f32,
+    dst_step: usize,
+    src: [*const f32; 4],
+    src_step: usize,
+    rows: usize,
+    len: usize,
+    _stream: bool,
+) {
+    // SAFETY: the caller's contract: row r's first `2·len` writes from `dst`, the next `2·len`
+    // from `dst + 2·len`.
+    unsafe {
+        scalar_interleave(dst, dst_step, src[0], src[1], src_step, rows, len);
+        scalar_interleave(
+            dst.add(2 * len),
+            dst_step,
+            src[2],
+            src[3],
+            src_step,
+            rows,
+            len,
+        );
+    }
+}
+
+/// The AVX2 two-line interleave: two [`avx2_interleave`]s.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn avx2_interleave_lines(
+    dst: *mut f32,
+    dst_step: usize,
+    src: [*const f32; 4],
+    src_step: usize,
+    rows: usize,
+    len: usize,
+    _stream: bool,
+) {
+    // SAFETY: as in `scalar_interleave_lines`.
+    unsafe {
+        avx2_interleave(dst, dst_step, src[0], src[1], src_step, rows, len);
+        avx2_interleave(
+            dst.add(2 * len),
+            dst_step,
+            src[2],
+            src[3],
+            src_step,
+            rows,
+            len,
+        );
+    }
+}
+
+/// The AVX-512 two-line interleave. A row's `4·len` values (`len` a multiple of 4) are made 16
+/// at a time in their order (one `vpermt2ps` of 8 values of each source, or of 4 values of
+/// each of the four where the first line ends mid-vector) and shifted into the destination's
+/// aligned vectors by the row's misalignment (a `vpermt2ps` across two consecutive ones); the
+/// first and last aligned vectors, shared with other data when the row is misaligned, are
+/// masked plain stores, the others whole-line stores (non-temporal with `stream`). Other
+/// lengths: two [`avx512_interleave`]s.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn avx512_interleave_lines(
+    dst: *mut f32,
+    dst_step: usize,
+    src: [*const f32; 4],
+    src_step: usize,
+    rows: usize,
+    len: usize,
+    stream: bool,
+) {
+    if len == 0 || !len.is_multiple_of(4) {
+        // SAFETY: as in `scalar_interleave_lines`.
+        unsafe {
+            avx512_interleave(dst, dst_step, src[0], src[1], src_step, rows, len);
+            avx512_interleave(
+                dst.add(2 * len),
+                dst_step,
+                src[2],
+                src[3],
+                src_step,
+                rows,
+                len,
+            );
+        }
+        return;
+    }
+    // Lanes 0-7 of two vectors interleaved.
+    let inter = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    let iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let (eights, half) = (len / 8, len % 8 == 4);
+    for r in 0..rows {
+        // SAFETY: the caller's contract: row r's `4·len` writes from `d` and `len` reads of
+        // each source. Loads: 8 values at q + 8 <= len, 4 at q + 4 <= len. Stores: the aligned
+        // vectors covering `d .. d + 4·len`; the first and last are masked to the lanes inside
+        // it (masked-off lanes are not accessed), the others lie inside it.
+        unsafe {
+            let d = dst.add(r * dst_step);
+            let s = src.map(|p| p.add(r * src_step));
+            let m = (d as usize / 4) % 16;
+            // Aligned vector j = lanes 16 - m.. of chunk j - 1, then lanes ..16 - m of chunk j.
+            let idx = _mm512_add_epi32(iota, _mm512_set1_epi32(16 - m as i32));
+            let base = d.wrapping_sub(m);
+            let mut prev = _mm512_setzero_ps();
+            let mut j = 0;
+            let mut emit = |cur: __m512| {
+                let v = _mm512_permutex2var_ps(prev, idx, cur);
+                let p = base.wrapping_add(16 * j);
+                if j == 0 && m > 0 {
+                    _mm512_mask_storeu_ps(p, (0xffffu32 << m) as u16, v);
+                } else if stream {
+                    _mm512_stream_ps(p, v);
+                } else {
+                    _mm512_store_ps(p, v);
+                }
+                prev = cur;
+                j += 1;
+            };
+            let eight = |a: *const f32, b: *const f32| {
+                _mm512_permutex2var_ps(
+                    _mm512_castps256_ps512(_mm256_loadu_ps(a)),
+                    inter,
+                    _mm512_castps256_ps512(_mm256_loadu_ps(b)),
+                )
+            };
+            for q in 0..eights {
+                emit(eight(s[0].add(8 * q), s[1].add(8 * q)));
+            }
+            let from = if half {
+                // The first line's last 4 values of each source, then the second line's first 4.
+                let pair = |a: *const f32, b: *const f32| {
+                    _mm512_insertf32x4::<1>(
+                        _mm512_castps128_ps512(_mm_loadu_ps(a)),
+                        _mm_loadu_ps(b),
+                    )
+                };
+                let x = pair(s[0].add(len - 4), s[2]);
+                let y = pair(s[1].add(len - 4), s[3]);
+                emit(_mm512_permutex2var_ps(x, inter, y));
+                4
+            } else {
+                0
+            };
+            for q in 0..eights {
+                emit(eight(s[2].add(from + 8 * q), s[3].add(from + 8 * q)));
+            }
+            if m > 0 {
+                // The last aligned vector: chunk j - 1's last m lanes.
+                let v = _mm512_permutex2var_ps(prev, idx, _mm512_setzero_ps());
+                _mm512_mask_storeu_ps(base.wrapping_add(16 * j), ((1u32 << m) - 1) as u16, v);
+            }
+        }
+    }
+    if stream {
+        _mm_sfence();
     }
 }
 
@@ -1382,6 +1583,77 @@ mod tests {
                         .zip(&want)
                         .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "len {len}, {:?}", f.isa());
+                }
+            }
+        }
+    }
+
+    /// [`ConvPack::interleave_lines`] against the naive copy: lengths whole and not multiples of
+    /// 4 and 8, every misalignment of the rows' starts (a 64-byte-aligned buffer entered at
+    /// offsets 0-15), plain and streaming stores; nothing outside the rows is written.
+    #[test]
+    fn interleave_lines_matches_the_naive_copy() {
+        let families: Vec<_> = Isa::available()
+            .into_iter()
+            .filter_map(|i| ConvPack::new(i).ok())
+            .collect();
+        let mut rng = Rng(11);
+        for f in &families {
+            for len in [0, 1, 3, 4, 5, 8, 12, 16, 20, 28, 36, 56] {
+                for shift in 0..16 {
+                    for stream in [false, true] {
+                        let (rows, src_step) = (4, len + 5);
+                        let dst_step = 4 * len + 16 + shift % 3;
+                        let src: Vec<Vec<f32>> = (0..4)
+                            .map(|i| {
+                                (0..rows * src_step)
+                                    .map(|_| (rng.below(1000) + 1000 * i) as f32)
+                                    .collect()
+                            })
+                            .collect();
+                        let total = rows * dst_step + 32;
+                        let mut buf = vec![f32::NAN; total + 16];
+                        let align = (16 - (buf.as_ptr() as usize / 4) % 16) % 16;
+                        let start = align + shift;
+                        let mut want = buf.clone();
+                        for r in 0..rows {
+                            for q in 0..len {
+                                let o = start + r * dst_step;
+                                want[o + 2 * q] = src[0][r * src_step + q];
+                                want[o + 2 * q + 1] = src[1][r * src_step + q];
+                                want[o + 2 * len + 2 * q] = src[2][r * src_step + q];
+                                want[o + 2 * len + 2 * q + 1] = src[3][r * src_step + q];
+                            }
+                        }
+                        // SAFETY: every row's 4·len writes from `start + r·dst_step` lie inside
+                        // `buf` (4·len <= dst_step, `total` covers the rows); the reads (len <=
+                        // src_step) inside the sources, which `buf` does not overlap.
+                        unsafe {
+                            f.interleave_lines(
+                                buf.as_mut_ptr().add(start),
+                                dst_step,
+                                [
+                                    src[0].as_ptr(),
+                                    src[1].as_ptr(),
+                                    src[2].as_ptr(),
+                                    src[3].as_ptr(),
+                                ],
+                                src_step,
+                                rows,
+                                len,
+                                stream,
+                            )
+                        };
+                        let same = buf
+                            .iter()
+                            .zip(&want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(
+                            same,
+                            "len {len}, shift {shift}, stream {stream}, {:?}",
+                            f.isa()
+                        );
+                    }
                 }
             }
         }
