@@ -514,30 +514,32 @@ mod tests {
         wt
     }
 
+    /// `ConvGeometry::new(n, c, k, input, kernel)` with `stride` and `padding`.
+    fn strided(
+        n: usize,
+        c: usize,
+        k: usize,
+        input: &[usize],
+        kernel: &[usize],
+        stride: &[usize],
+        padding: &[usize],
+    ) -> ConvGeometry {
+        ConvGeometry::new(n, c, k, input, kernel)
+            .unwrap()
+            .with_stride(stride)
+            .unwrap()
+            .with_padding(padding)
+            .unwrap()
+    }
     /// [`SubKernel`] packs every block (whole and partial micro-panels, column offsets, tile
     /// heights 6 and 8) as the packing of its explicit matrix does, for every phase of strided
     /// 1-3-D layers.
     #[test]
     fn sub_kernel_packs_as_its_matrix() {
         let geoms = [
-            ConvGeometry::new(1, 19, 5, &[9, 9], &[3, 3])
-                .unwrap()
-                .with_stride(&[2])
-                .unwrap()
-                .with_padding(&[1])
-                .unwrap(),
-            ConvGeometry::new(1, 13, 6, &[11, 10], &[4, 5])
-                .unwrap()
-                .with_stride(&[3, 2])
-                .unwrap()
-                .with_padding(&[1, 2])
-                .unwrap(),
-            ConvGeometry::new(1, 9, 3, &[5, 6, 7], &[3, 3, 3])
-                .unwrap()
-                .with_stride(&[2])
-                .unwrap()
-                .with_padding(&[1])
-                .unwrap(),
+            strided(1, 19, 5, &[9, 9], &[3, 3], &[2], &[1]),
+            strided(1, 13, 6, &[11, 10], &[4, 5], &[3, 2], &[1, 2]),
+            strided(1, 9, 3, &[5, 6, 7], &[3, 3, 3], &[2], &[1]),
         ];
         for g in &geoms {
             let w = uniform(5, g.w_len());
@@ -573,30 +575,10 @@ mod tests {
     #[test]
     fn several_column_blocks_match_the_reference() {
         let geoms = [
-            ConvGeometry::new(2, 64, 16, &[48, 48], &[3, 3])
-                .unwrap()
-                .with_stride(&[2])
-                .unwrap()
-                .with_padding(&[1])
-                .unwrap(),
-            ConvGeometry::new(3, 112, 8, &[56, 56], &[3, 3])
-                .unwrap()
-                .with_stride(&[2])
-                .unwrap()
-                .with_padding(&[1])
-                .unwrap(),
-            ConvGeometry::new(3, 40, 12, &[75, 61], &[3, 3])
-                .unwrap()
-                .with_stride(&[2])
-                .unwrap()
-                .with_padding(&[1])
-                .unwrap(),
-            ConvGeometry::new(2, 24, 8, &[10, 24, 24], &[3, 3, 3])
-                .unwrap()
-                .with_stride(&[2])
-                .unwrap()
-                .with_padding(&[1])
-                .unwrap(),
+            strided(2, 64, 16, &[48, 48], &[3, 3], &[2], &[1]),
+            strided(3, 112, 8, &[56, 56], &[3, 3], &[2], &[1]),
+            strided(3, 40, 12, &[75, 61], &[3, 3], &[2], &[1]),
+            strided(2, 24, 8, &[10, 24, 24], &[3, 3, 3], &[2], &[1]),
         ];
         assert!(geoms[1].x_len() * 4 >= STREAM_BYTES);
         for g in &geoms {
