@@ -52,7 +52,7 @@ impl PackedKernels {
         pk
     }
 
-    /// No matrices (storage for [`PackedKernels::repack`]).
+    /// No matrices: storage that a later packing sizes and fills.
     pub(crate) fn empty() -> Self {
         PackedKernels {
             mr: 1,
@@ -102,8 +102,8 @@ impl PackedKernels {
         (self.mr, self.rows, self.cols, self.count) = (mr, rows, cols, count);
     }
 
-    /// Sizes the panels for `count` matrices `rows × cols` (see [`PackedKernels::new`]) without
-    /// filling them. Reuses the storage.
+    /// Sizes the panels for `count` matrices `rows × cols` in `mr`-tall panels (the layout the
+    /// test-only `PackedKernels::new` packs) without filling them. Reuses the storage.
     fn reset(&mut self, count: usize, rows: usize, cols: usize, mr: usize) {
         let mr = mr.max(1);
         let per = rows.div_ceil(mr) * mr * cols;

@@ -1326,7 +1326,7 @@ struct Line {
 
 impl OutGeom<'_> {
     /// Calls `f` for every in-range output line that tiles `ta..ta + s` write: the tiles in runs
-    /// sharing the image and every tile index but the last (as in [`gather_tiles`]), each run's
+    /// sharing the image and every tile index but the last (as in [`gather_segments`]), each run's
     /// lines (positions over the dimensions before the last that fall inside the output).
     fn for_each_line(&self, ta: usize, s: usize, mut f: impl FnMut(Line)) {
         let m = self.m;
@@ -1368,7 +1368,7 @@ impl OutGeom<'_> {
 /// Scatters the outputs of tiles `ta..ta + s` and channels `ks`, `yb` laid out
 /// (m^N, ks.len(), cols) with tile `ta` in column 0 (`cols` ≥ `s`), into `ys`: the output planes (image, channel) from plane `plane0` on. Only
 /// the in-range part of edge tiles is written, in runs of tiles along the last dimension as in
-/// [`gather_tiles`]: contiguous reads of `yb`'s rows, writes with stride m into the same few
+/// [`gather_segments`]: contiguous reads of `yb`'s rows, writes with stride m into the same few
 /// output lines.
 fn scatter_tiles(
     og: &OutGeom<'_>,
