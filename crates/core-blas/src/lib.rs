@@ -9,7 +9,7 @@
 //!
 //! ## Entry points
 //! - [`sgemm`]: the cblas row-major contract, `C := alpha · op(A) · op(B) + beta · C`.
-//! - [`gemm`]: the same on strided views ([`MatRef`], [`MatMut`]: any row and column stride).
+//! - [`gemm()`]: the same on strided views ([`MatRef`], [`MatMut`]: any row and column stride).
 //! - [`gemm_with`]: A and B from any [`PackA`] / [`PackB`] source, C through any [`Store`].
 //! - [`sgemm_batched`], [`Gemm::gemm_batched_with`]: many independent products of one shape
 //!   (Winograd's α^N products) under one parallel schedule.

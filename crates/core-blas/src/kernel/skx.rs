@@ -125,7 +125,7 @@ macro_rules! step {
     };
 }
 
-/// `asm!` on the 8 × 48 tile's registers, shared by [`kloop`] and [`kloop_pk`]: the templates
+/// `asm!` on the 8 × 48 tile's registers, shared by `kloop!` and `kloop_pk!`: the templates
 /// and named operands in brackets, then the 24 accumulators `$c` (zmm8-zmm31, in and out), the
 /// B rows and broadcasts zmm0-zmm6 as scratch, and the options.
 macro_rules! tile_asm {
@@ -192,7 +192,7 @@ macro_rules! kloop {
     };
 }
 
-/// One k step `u` of a packing round ([`kloop_pk`]): the B row read from the source row `u`
+/// One k step `u` of a packing round (`kloop_pk!`): the B row read from the source row `u`
 /// of the round (`{s}`, `{s} + {l}`, `{s} + 2·{l}`, `{s} + {l3}`: `{l}` is the source's row
 /// stride in bytes, `{l3}` three of them) into zmm`b0..b2` and stored to the packed panel at
 /// `{b} + u · 192`, then the rows of A as in [`step`].
@@ -241,7 +241,7 @@ macro_rules! step_pk {
     };
 }
 
-/// [`kloop`] whose B rows come from a row-major source `$s` (row stride `$l` bytes) and are
+/// `kloop!` whose B rows come from a row-major source `$s` (row stride `$l` bytes) and are
 /// written to the packed panel `$b` as they are used: the first tile of a micro-panel packs it
 /// while its FMAs run (the loads and stores fill issue slots the FMAs leave free) instead of a
 /// separate packing pass over the block. Rows 2, 5, 7 embedded (variant 0).
@@ -271,7 +271,7 @@ macro_rules! kloop_pk {
     };
 }
 
-/// [`kloop`] (row forms of variant 0) that also prefetches (`prefetcht2`) the rows of a
+/// `kloop!` (row forms of variant 0) that also prefetches (`prefetcht2`) the rows of a
 /// row-major source, one row every `{per}` rounds from the first round on: its bytes at `{p}`,
 /// `+64`, `+128` and `+{e}` (its last byte, so a row off a line boundary is covered), then
 /// `{p} += {l}` (the row stride in bytes).

@@ -1,6 +1,6 @@
 //! The fused conv-B first tile of `avx512-f32-8x48` (conv-ops' code in core-blas, kept apart
 //! from [`super::skx`]): [`super::skx::avx512_ukr_asm`]'s k-loop whose B row is read from an
-//! im2col-like source through three masked loads per row ([`ConvRows`]: a byte offset and
+//! im2col-like source through three masked loads per row ([`ConvRows`](super::convpack::ConvRows): a byte offset and
 //! three 16-lane masks per row of one period of rows, the source pointer one channel plane
 //! further per period) and stored to the packed panel as it goes, so that the rest of the
 //! panel's tiles read it packed. The loads, masks and stores of a row fill issue slots its 24
