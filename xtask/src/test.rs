@@ -419,6 +419,21 @@ pub fn test() -> Result<()> {
                 .env("RUSTDOCFLAGS", "-D warnings"))
         },
     );
+    // The private items' docs too: a link that breaks when code moves (a test-only item, a
+    // macro out of scope) is found here, not by the next reader.
+    p.step(
+        "cargo doc --workspace --no-deps --document-private-items (rustdoc warnings denied)",
+        || {
+            run(cargo()
+                .args([
+                    "doc",
+                    "--workspace",
+                    "--no-deps",
+                    "--document-private-items",
+                ])
+                .env("RUSTDOCFLAGS", "-D warnings"))
+        },
+    );
 
     // The MPI features of every package that has one, enabled together on the whole workspace:
     // dependencies keep the feature set of the plain workspace build, so only the MPI crates and
