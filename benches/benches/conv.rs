@@ -19,7 +19,7 @@ use conv_ops::{
     BackwardDataAlgo, BackwardFilterAlgo, ConvGeometry, ForwardAlgo, Pass, Workspace,
     backward_data, backward_filter, forward, im2col, testing::uniform, workspace_bytes,
 };
-use core_blas::{MatMut, MatRef};
+use core_blas::{AlignedVec, MatMut, MatRef};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
 /// name, N, C, K, input, kernel, stride, pad (the PyTorch anchor's names, conv_layers.py).
@@ -150,30 +150,37 @@ fn bench_conv(c: &mut Criterion) {
             continue;
         }
         let g = geometry(l);
-        let (x, w) = (uniform(1, g.x_len()), uniform(2, g.w_len()));
-        let dy = uniform(3, g.y_len());
+        // Every operand an `AlignedVec` (64-byte aligned; 2 MiB-aligned huge-page storage from
+        // 2 MiB), as nn's tensors and PyTorch's CPU allocator give them, not a `Vec` 16 bytes
+        // past a cache line.
+        let aligned = |v: Vec<f32>| AlignedVec::from(v.as_slice());
+        let (x, w) = (
+            aligned(uniform(1, g.x_len())),
+            aligned(uniform(2, g.w_len())),
+        );
+        let dy = aligned(uniform(3, g.y_len()));
         let (mut y, mut dx, mut dw) = (
-            vec![0f32; g.y_len()],
-            vec![0f32; g.x_len()],
-            vec![0f32; g.w_len()],
+            AlignedVec::zeroed(g.y_len()),
+            AlignedVec::zeroed(g.x_len()),
+            AlignedVec::zeroed(g.w_len()),
         );
         // The GEMM-only bound: im2col(x) built once, dense A and B, dense C.
         let (rows, cols) = im2col::im2col_shape(&g);
-        let mut col = vec![0f32; rows * cols];
+        let mut col = AlignedVec::zeroed(rows * cols);
         im2col::im2col(&g, 0, &x, &mut col).expect("im2col");
-        let mut cbuf = vec![0f32; g.out_channels() * cols];
+        let mut cbuf = AlignedVec::zeroed(g.out_channels() * cols);
         // The backward-data GEMM-only bound: Wᵀ (C·R × K) times dy as one dense K × (N·O)
         // matrix, into a dense C·R × (N·O) matrix (the im2col buffer's shape).
         let k = g.out_channels();
-        let mut wt = vec![0f32; rows * k];
+        let mut wt = AlignedVec::zeroed(rows * k);
         for (i, row) in wt.chunks_exact_mut(k).enumerate() {
             for (kk, v) in row.iter_mut().enumerate() {
                 *v = w[kk * rows + i];
             }
         }
-        let mut cbwd = vec![0f32; rows * cols];
+        let mut cbwd = AlignedVec::zeroed(rows * cols);
         let olen = g.output_spatial_len();
-        let mut dy_dense = vec![0f32; k * cols];
+        let mut dy_dense = AlignedVec::zeroed(k * cols);
         for (n, img) in dy.chunks_exact(k * olen).enumerate() {
             for (kk, plane) in img.chunks_exact(olen).enumerate() {
                 dy_dense[kk * cols + n * olen..][..olen].copy_from_slice(plane);

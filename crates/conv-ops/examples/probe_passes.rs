@@ -16,6 +16,7 @@ use conv_ops::{
     BackwardDataAlgo as D, BackwardFilterAlgo as F, ConvGeometry, ForwardAlgo, Pass, Workspace,
     backward_data, backward_filter, forward, testing::uniform,
 };
+use core_blas::AlignedVec;
 
 /// CPU time of the calling thread in seconds (`CLOCK_THREAD_CPUTIME_ID`); NaN where there is none.
 fn cpu() -> f64 {
@@ -34,16 +35,18 @@ fn main() -> Result<(), Error> {
     pool.install(run)
 }
 
-/// The layer's tensors, and the subsampled input of a 1×1 strided layer.
+/// The layer's tensors, and the subsampled input of a 1×1 strided layer: `AlignedVec`s (64-byte
+/// aligned; 2 MiB-aligned huge-page storage from 2 MiB), as nn's tensors and PyTorch's CPU
+/// allocator give them, not `Vec`s 16 bytes past a cache line.
 struct Data {
     g: ConvGeometry,
-    x: Vec<f32>,
-    w: Vec<f32>,
-    dy: Vec<f32>,
-    y: Vec<f32>,
-    dx: Vec<f32>,
-    dw: Vec<f32>,
-    pointwise: Option<(ConvGeometry, Vec<f32>, Vec<f32>)>,
+    x: AlignedVec,
+    w: AlignedVec,
+    dy: AlignedVec,
+    y: AlignedVec,
+    dx: AlignedVec,
+    dw: AlignedVec,
+    pointwise: Option<(ConvGeometry, AlignedVec, AlignedVec)>,
 }
 
 /// Runs `pass` on the layer (`on_pointwise`: on the subsampled input's pointwise layer).
@@ -94,13 +97,14 @@ fn run() -> Result<(), Error> {
         1,
     )?;
     let rounds: usize = a.get(7).map_or(Ok(9), |s| s.parse())?;
-    let x = uniform(1, g.x_len());
+    let aligned = |v: Vec<f32>| AlignedVec::from(v.as_slice());
+    let x = aligned(uniform(1, g.x_len()));
     // 1×1 strided layers: the same layer as a pointwise one on x subsampled beforehand.
     let pointwise = if g.kernel_len() == 1 && g.stride().iter().any(|&s| s > 1) {
         let g1 = ConvGeometry::new(n, c, k, g.output(), &vec![1; g.rank()])?;
         let d = g.dims3();
         let (ilen, olen) = (g.input_spatial_len(), g.output_spatial_len());
-        let mut xs = vec![0f32; g1.x_len()];
+        let mut xs = AlignedVec::zeroed(g1.x_len());
         for plane in 0..n * c {
             for o in 0..olen {
                 let (o0, o1, o2) = (
@@ -113,18 +117,18 @@ fn run() -> Result<(), Error> {
                 xs[plane * olen + o] = x[plane * ilen + i];
             }
         }
-        let dxs = vec![0f32; g1.x_len()];
+        let dxs = AlignedVec::zeroed(g1.x_len());
         Some((g1, xs, dxs))
     } else {
         None
     };
     let mut data = Data {
         x,
-        w: uniform(2, g.w_len()),
-        dy: uniform(3, g.y_len()),
-        y: vec![0f32; g.y_len()],
-        dx: vec![0f32; g.x_len()],
-        dw: vec![0f32; g.w_len()],
+        w: aligned(uniform(2, g.w_len())),
+        dy: aligned(uniform(3, g.y_len())),
+        y: AlignedVec::zeroed(g.y_len()),
+        dx: AlignedVec::zeroed(g.x_len()),
+        dw: AlignedVec::zeroed(g.w_len()),
         pointwise,
         g,
     };
