@@ -334,6 +334,9 @@ type Interleave = unsafe fn(*mut f32, usize, *const f32, *const f32, usize, usiz
 /// The signature of [`ConvPack::interleave_lines`]'s bodies.
 type InterleaveLines = unsafe fn(*mut f32, usize, [*const f32; 4], usize, usize, usize, bool);
 
+/// The signature of [`ConvPack::deinterleave_lines`]'s bodies.
+type Deinterleave = unsafe fn(&[*mut f32], usize, *const f32, usize, usize, usize);
+
 /// The masked row copies of one kernel family.
 #[derive(Clone, Copy)]
 pub struct ConvPack {
@@ -342,6 +345,7 @@ pub struct ConvPack {
     t: PackTransposed,
     i: Interleave,
     l: InterleaveLines,
+    d: Deinterleave,
 }
 
 impl std::fmt::Debug for ConvPack {
@@ -356,6 +360,7 @@ static SCALAR: ConvPack = ConvPack {
     t: scalar_transposed,
     i: scalar_interleave,
     l: scalar_interleave_lines,
+    d: scalar_deinterleave,
 };
 #[cfg(target_arch = "x86_64")]
 static AVX2: ConvPack = ConvPack {
@@ -364,6 +369,7 @@ static AVX2: ConvPack = ConvPack {
     t: avx2_transposed,
     i: avx2_interleave,
     l: avx2_interleave_lines,
+    d: avx2_deinterleave,
 };
 #[cfg(target_arch = "x86_64")]
 static AVX512: ConvPack = ConvPack {
@@ -372,6 +378,7 @@ static AVX512: ConvPack = ConvPack {
     t: avx512_transposed,
     i: avx512_interleave,
     l: avx512_interleave_lines,
+    d: avx512_deinterleave,
 };
 
 impl ConvPack {
@@ -515,6 +522,165 @@ impl ConvPack {
         // SAFETY: the caller's contract; the table is only handed out when the CPU has the
         // family's features.
         unsafe { (self.l)(dst, dst_step, src, src_step, rows, len, stream) }
+    }
+}
+
+impl ConvPack {
+    /// The inverse of [`ConvPack::interleave_rows`] / [`ConvPack::interleave_lines`]: each row
+    /// `r < rows` is `dst.len() / 2` consecutive lines of `2·len` values (line `l` from `src +
+    /// r·src_step + 2·len·l`), each split into its two column phases: for `q < len`,
+    /// `dst[2l][r·dst_step + q] = line[2q]` and `dst[2l + 1][r·dst_step + q] = line[2q + 1]` (the
+    /// input of a stride-2 layer copied into its phases; two lines a row take an even and the
+    /// odd input line after it in one pass, so the source is read in order, every cache line
+    /// whole). conv-ops is built for baseline x86-64; here it is two 64-byte loads, two
+    /// `vpermt2ps` and two stores per 16 values of each phase (AVX-512, the tail masked) or
+    /// `vshufps` and a lane permute per 8 (AVX2).
+    ///
+    /// # Safety
+    /// `dst.len()` is even; for every `r < rows`: `src + r·src_step` is valid for `dst.len() ·
+    /// len` reads, each `dst[i] + r·dst_step` for `len` writes, and no write overlaps a read or
+    /// another write.
+    #[inline]
+    pub unsafe fn deinterleave_lines(
+        &self,
+        dst: &[*mut f32],
+        dst_step: usize,
+        src: *const f32,
+        src_step: usize,
+        rows: usize,
+        len: usize,
+    ) {
+        debug_assert!(dst.len().is_multiple_of(2));
+        // SAFETY: the caller's contract; the table is only handed out when the CPU has the
+        // family's features.
+        unsafe { (self.d)(dst, dst_step, src, src_step, rows, len) }
+    }
+}
+
+/// The portable deinterleave.
+unsafe fn scalar_deinterleave(
+    dst: &[*mut f32],
+    dst_step: usize,
+    src: *const f32,
+    src_step: usize,
+    rows: usize,
+    len: usize,
+) {
+    for r in 0..rows {
+        for (l, pair) in dst.chunks_exact(2).enumerate() {
+            for q in 0..len {
+                // SAFETY: the caller's contract (row r's `dst.len()·len` reads, `len` writes
+                // of each phase).
+                unsafe {
+                    let s = src.add(r * src_step + 2 * len * l + 2 * q);
+                    *pair[0].add(r * dst_step + q) = *s;
+                    *pair[1].add(r * dst_step + q) = *s.add(1);
+                }
+            }
+        }
+    }
+}
+
+/// The AVX2 deinterleave: per 8 values of each phase, two loads, `vshufps` (the even and the
+/// odd values of each 128-bit half) and `vpermpd` (the halves in order); the last 8 of a line
+/// of 8 or more overlap the previous ones, shorter lines are copied value by value.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2_deinterleave(
+    dst: &[*mut f32],
+    dst_step: usize,
+    src: *const f32,
+    src_step: usize,
+    rows: usize,
+    len: usize,
+) {
+    for r in 0..rows {
+        for (l, pair) in dst.chunks_exact(2).enumerate() {
+            // SAFETY: the caller's contract: the line's `2·len` reads and `len` writes of each
+            // phase; a step at q (q + 8 <= len) reads `2q .. 2q + 16 <= 2·len` of the line and
+            // writes `q .. q + 8`.
+            unsafe {
+                let (s, a, b) = (
+                    src.add(r * src_step + 2 * len * l),
+                    pair[0].add(r * dst_step),
+                    pair[1].add(r * dst_step),
+                );
+                if len < 8 {
+                    for q in 0..len {
+                        *a.add(q) = *s.add(2 * q);
+                        *b.add(q) = *s.add(2 * q + 1);
+                    }
+                    continue;
+                }
+                let step = |q: usize| {
+                    let x = _mm256_loadu_ps(s.add(2 * q));
+                    let y = _mm256_loadu_ps(s.add(2 * q + 8));
+                    let order = |v: __m256| {
+                        _mm256_castpd_ps(_mm256_permute4x64_pd::<0xD8>(_mm256_castps_pd(v)))
+                    };
+                    _mm256_storeu_ps(a.add(q), order(_mm256_shuffle_ps::<0x88>(x, y)));
+                    _mm256_storeu_ps(b.add(q), order(_mm256_shuffle_ps::<0xDD>(x, y)));
+                };
+                let mut q = 0;
+                while q + 8 <= len {
+                    step(q);
+                    q += 8;
+                }
+                if q < len {
+                    step(len - 8);
+                }
+            }
+        }
+    }
+}
+
+/// The AVX-512 deinterleave: per 16 values of each phase, two loads and two `vpermt2ps`; the
+/// tail's loads and stores masked.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn avx512_deinterleave(
+    dst: &[*mut f32],
+    dst_step: usize,
+    src: *const f32,
+    src_step: usize,
+    rows: usize,
+    len: usize,
+) {
+    let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    let tail = len % CHUNK_LANES;
+    let (m_out, m_x, m_y) = (
+        ((1u32 << tail) - 1) as u16,
+        ((1u32 << (2 * tail).min(16)) - 1) as u16,
+        ((1u32 << (2 * tail).saturating_sub(16)) - 1) as u16,
+    );
+    for r in 0..rows {
+        for (l, pair) in dst.chunks_exact(2).enumerate() {
+            // SAFETY: the caller's contract: the line's `2·len` reads and `len` writes of each
+            // phase; whole steps stay below `len`, the tail's masked loads and stores touch only
+            // lanes below `2·len` and `len` (masked-off lanes are not accessed).
+            unsafe {
+                let (s, a, b) = (
+                    src.add(r * src_step + 2 * len * l),
+                    pair[0].add(r * dst_step),
+                    pair[1].add(r * dst_step),
+                );
+                let mut q = 0;
+                while q + CHUNK_LANES <= len {
+                    let x = _mm512_loadu_ps(s.add(2 * q));
+                    let y = _mm512_loadu_ps(s.add(2 * q + 16));
+                    _mm512_storeu_ps(a.add(q), _mm512_permutex2var_ps(x, even, y));
+                    _mm512_storeu_ps(b.add(q), _mm512_permutex2var_ps(x, odd, y));
+                    q += CHUNK_LANES;
+                }
+                if tail > 0 {
+                    let x = _mm512_maskz_loadu_ps(m_x, s.add(2 * q));
+                    let y = _mm512_maskz_loadu_ps(m_y, s.add(2 * q + 16));
+                    _mm512_mask_storeu_ps(a.add(q), m_out, _mm512_permutex2var_ps(x, even, y));
+                    _mm512_mask_storeu_ps(b.add(q), m_out, _mm512_permutex2var_ps(x, odd, y));
+                }
+            }
+        }
     }
 }
 
@@ -1583,6 +1749,50 @@ mod tests {
                         .zip(&want)
                         .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "len {len}, {:?}", f.isa());
+                }
+            }
+        }
+    }
+
+    /// [`ConvPack::deinterleave_lines`] against the naive copy in every family: one and two
+    /// lines a row, lengths below, at and past the vector widths (8, 16) and ResNet's 28 and
+    /// 56, rows with gaps between them on both sides; nothing outside the phases' rows is
+    /// written.
+    #[test]
+    fn deinterleave_lines_matches_the_naive_copy() {
+        let families: Vec<_> = Isa::available()
+            .into_iter()
+            .filter_map(|i| ConvPack::new(i).ok())
+            .collect();
+        let mut rng = Rng(13);
+        for f in &families {
+            for lines in [1, 2] {
+                for len in [0, 1, 5, 7, 8, 9, 15, 16, 17, 24, 28, 31, 32, 33, 56] {
+                    let (rows, src_step, dst_step) = (5, 2 * lines * len + 3, len + 5);
+                    let src: Vec<f32> = (0..rows * src_step)
+                        .map(|_| rng.below(1000) as f32)
+                        .collect();
+                    let mut out = vec![vec![f32::NAN; rows * dst_step]; 2 * lines];
+                    let mut want = out.clone();
+                    for r in 0..rows {
+                        for l in 0..lines {
+                            for q in 0..len {
+                                let s = r * src_step + 2 * len * l + 2 * q;
+                                want[2 * l][r * dst_step + q] = src[s];
+                                want[2 * l + 1][r * dst_step + q] = src[s + 1];
+                            }
+                        }
+                    }
+                    let dst: Vec<*mut f32> = out.iter_mut().map(|v| v.as_mut_ptr()).collect();
+                    // SAFETY: every row's reads (2·lines·len <= src_step) and writes (len <=
+                    // dst_step) lie inside the vectors, which do not overlap.
+                    unsafe {
+                        f.deinterleave_lines(&dst, dst_step, src.as_ptr(), src_step, rows, len)
+                    };
+                    for (i, (o, w)) in out.iter().zip(&want).enumerate() {
+                        let same = o.iter().zip(w).all(|(x, y)| x.to_bits() == y.to_bits());
+                        assert!(same, "phase {i}, lines {lines}, len {len}, {:?}", f.isa());
+                    }
                 }
             }
         }
