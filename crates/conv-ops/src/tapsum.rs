@@ -365,7 +365,7 @@ impl Store for RowStore<'_> {
 /// copies measured level on its own (`probe_passes`, quiet 22:37:39 UTC: the copies wait on
 /// the freshly written B, not on the calls), so this wrapper is a special case of the
 /// driver's path: if the driver's copies change, drop it.
-struct UpFront<'a>(MatRef<'a>);
+struct UpFront<'a>(MatRef<'a>, Option<&'a [f32]>);
 
 impl PackB for UpFront<'_> {
     fn rows(&self) -> usize {
@@ -379,6 +379,20 @@ impl PackB for UpFront<'_> {
     }
     fn prefetch_b(&self, pc: usize, kc: usize, jc: usize, nc: usize) {
         self.0.prefetch_b(pc, kc, jc, nc)
+    }
+    /// The backward-data block's B of one tap is already one packed `BLOCK_COLS`-wide
+    /// micro-panel over the whole depth ([`Weights::block`]): read in place when the kernel's
+    /// panels are that wide.
+    fn packed_b(
+        &self,
+        pc: usize,
+        _kc: usize,
+        jc: usize,
+        _nc: usize,
+        nr: usize,
+    ) -> Option<(&[f32], usize)> {
+        let panel = self.1?;
+        (nr == BLOCK_COLS && jc == 0).then(|| (&panel[pc * nr..], panel.len()))
     }
 }
 
@@ -408,30 +422,48 @@ impl Weights<'_> {
     fn depth(&self) -> usize {
         if self.backward { self.k } else { self.c }
     }
-    /// Columns `j0 .. j0 + nb` of every tap's B into `buf`: `buf[(p·R + t)·nb + j]` =
-    /// `B_t[p][j0 + j]`, forward `w[j0 + j][p][t]` (the block's kernels are `nb` consecutive
-    /// rows of w, transposed by [`transposed_by_tap`]), backward-data `w[p][j0 + j][t]` (each
-    /// row of w de-interleaved over the block's channels).
+    /// Columns `j0 .. j0 + nb` of every tap's B into `buf`: forward `buf[(p·R + t)·nb + j]` =
+    /// `B_t[p][j0 + j]` = `w[j0 + j][p][t]` (the block's kernels are `nb` consecutive rows of
+    /// w, transposed by [`transposed_by_tap`]); backward-data `buf[(t·K + p)·BLOCK_COLS + j]`
+    /// = `w[p][j0 + j][t]` (each row of w de-interleaved over the block's channels straight
+    /// into the taps' packed micro-panels, [`UpFront::packed_b`]: no per-product copy of B).
     fn block(&self, gemm: &Gemm, j0: usize, nb: usize, buf: &mut Vec<f32>) -> Result<()> {
         let (k, c, r) = (self.k, self.c, self.r);
         if self.backward {
-            buf.resize(k * r * nb, 0.0);
+            // Tap-major rows `BLOCK_COLS` wide: `buf[(t·K + p)·BLOCK_COLS + j]`, the columns
+            // past `nb` zero, so that each tap's B is one packed micro-panel.
+            let ld = k * BLOCK_COLS;
+            buf.resize(r * ld, 0.0);
             let run = |kk: usize| (kk * c + j0) * r..(kk * c + j0 + nb) * r;
-            for (kk, out) in buf.chunks_exact_mut(r * nb).enumerate() {
+            for kk in 0..k {
                 if kk + PREFETCH_ROWS < k {
                     prefetch_run(self.w, run(kk + PREFETCH_ROWS));
                 }
-                gemm.deinterleave(out, nb, &self.w[run(kk)], r, nb)
+                gemm.deinterleave(&mut buf[kk * BLOCK_COLS..], ld, &self.w[run(kk)], r, nb)
                     .map_err(gemm_err)?;
+                if nb < BLOCK_COLS {
+                    for t in 0..r {
+                        buf[t * ld + kk * BLOCK_COLS..][nb..BLOCK_COLS].fill(0.0);
+                    }
+                }
             }
             Ok(())
         } else {
             transposed_by_tap(gemm, &self.w[j0 * c * r..][..nb * c * r], nb, c, r, buf)
         }
     }
-    /// Tap `t`'s B over the block's `nb` columns, from [`Weights::block`]'s `buf`.
-    fn tap<'b>(&self, buf: &'b [f32], t: usize, nb: usize) -> Result<MatRef<'b>> {
-        MatRef::row_major("w", &buf[t * nb..], self.depth(), nb, self.r * nb).map_err(gemm_err)
+    /// Tap `t`'s B over the block's `nb` columns, from [`Weights::block`]'s `buf`, and
+    /// (backward-data) the same as one packed `BLOCK_COLS`-wide micro-panel.
+    fn tap<'b>(&self, buf: &'b [f32], t: usize, nb: usize) -> Result<UpFront<'b>> {
+        if self.backward {
+            let panel = &buf[t * self.k * BLOCK_COLS..][..self.k * BLOCK_COLS];
+            let m = MatRef::row_major("w", panel, self.k, nb, BLOCK_COLS).map_err(gemm_err)?;
+            Ok(UpFront(m, Some(panel)))
+        } else {
+            let m = MatRef::row_major("w", &buf[t * nb..], self.depth(), nb, self.r * nb)
+                .map_err(gemm_err)?;
+            Ok(UpFront(m, None))
+        }
     }
 }
 
@@ -574,7 +606,7 @@ fn products(
                 beta: if Some(t) == full { 0.0 } else { 1.0 },
                 serial,
             };
-            deep.gemm_with(&a, &UpFront(weights.tap(wbuf, t, nb)?), &mut store)
+            deep.gemm_with(&a, &weights.tap(wbuf, t, nb)?, &mut store)
                 .map_err(gemm_err)?;
         }
     }

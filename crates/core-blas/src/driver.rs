@@ -342,6 +342,12 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
         loop {
             let kc = kc_max.min(k - pc);
             let (first, last) = (pc == 0, pc + kc >= k);
+            // A block the source holds packed ([`PackB::packed_b`]) is read in place.
+            let handed = if fuse.is_none() && !conv {
+                b_block(b, pc, kc, jc, nc, nr)
+            } else {
+                None
+            };
             if fuse.is_some() || conv {
                 // Whole groups of full panels are packed by their first tiles (groups of one
                 // panel for an im2col-like B: `conv` implies `PACK_GROUP == 1`); pack_b does the
@@ -350,7 +356,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
                 if full < nc {
                     b.pack_b(pc, kc, jc + full, nc - full, nr, &mut bc[full * kc..]);
                 }
-            } else {
+            } else if handed.is_none() {
                 b.pack_b(pc, kc, jc, nc, nr, bc);
             }
             if with_side {
@@ -423,6 +429,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
                     (mc, nc, kc),
                     (ablk, a_stride),
                     &mut *bc,
+                    handed,
                     src,
                     conv_src,
                     first,
@@ -534,8 +541,26 @@ fn a_block<'s, A: PackA>(
     (ac, kc * mr)
 }
 
-/// Loops jr and ir over the packed blocks `ac` (`mc × kc`) and `bc` (`kc × nc`) for the block of C
-/// at `(ic, jc)`.
+/// The B block at `(pc, jc)` as the source's own panels and their stride
+/// ([`PackB::packed_b`]), when it offers them and they are long enough.
+#[inline]
+fn b_block<B: PackB>(
+    b: &B,
+    pc: usize,
+    kc: usize,
+    jc: usize,
+    nc: usize,
+    nr: usize,
+) -> Option<(&[f32], usize)> {
+    let (data, stride) = b.packed_b(pc, kc, jc, nc, nr)?;
+    let need = (nc.div_ceil(nr) - 1)
+        .checked_mul(stride)
+        .and_then(|x| x.checked_add(kc * nr));
+    (stride >= 1 && need.is_some_and(|need| data.len() >= need)).then_some((data, stride))
+}
+
+/// Loops jr and ir over the packed blocks `ac` (`mc × kc`) and `bc` (`kc × nc`; or the
+/// source's own panels `packed`, [`PackB::packed_b`]) for the block of C at `(ic, jc)`.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 fn macro_kernel<K: Kernel, S: Store, B: PackB>(
@@ -544,6 +569,7 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
     (mc, nc, kc): (usize, usize, usize),
     (ac, a_stride): (&[f32], usize),
     bc: &mut [f32],
+    packed: Option<(&[f32], usize)>,
     src: Option<(&[f32], usize)>,
     mut conv: Option<(&B, usize, &mut ConvBufs)>,
     first: bool,
@@ -573,7 +599,12 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
         let n = nr.min(nc - jr);
         // SAFETY: jr < nc and bc holds ceil(nc / nr) · nr · kc values (asserted above).
         let bdst = unsafe { bc_ptr.add(jr * kc) };
-        let bp = bdst.cast_const();
+        // The source's own panels are read in place (then nothing is packed into bc: `serial`
+        // hands them over only without fused packing, so `src` and `conv` are None).
+        let bp = match packed {
+            Some((data, stride)) => data[jr / nr * stride..].as_ptr(),
+            None => bdst.cast_const(),
+        };
         // This group's rows in a row-major source when the first tile of its first panel packs
         // it: row p at src[p · ld + jr ..][.. gw] (whole panels inside the matrix, whose rows
         // `serial` checked to lie inside the source's storage).
@@ -713,7 +744,8 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
                 Some(d) => {
                     let beta = if first { d.beta } else { 1.0 };
                     // SAFETY: `ap`/`bp` start micro-panels of `kc · MR` / `kc · NR` packed values
-                    // (buffer sizes asserted above); the `m × n` window at (i, j) lies inside C
+                    // (buffer sizes asserted above, or the handed-over panels' length checked
+                    // by `b_block`); the `m × n` window at (i, j) lies inside C
                     // (validated by the public entry point) and belongs to this thread's range.
                     unsafe {
                         let cp = d.ptr.add(i * d.rs + j * d.cs);

@@ -14,8 +14,8 @@
 //!   column `p` (0..kc) holds `mr` consecutive values `A[ic + q*mr + 0..mr, pc + p]`, rows past `mc`
 //!   zero-filled.
 //!
-//! An A source that already holds its matrix in this layout can skip the copy:
-//! [`PackA::packed_a`] hands the driver its micro-panels in place.
+//! A source that already holds its matrix in this layout can skip the copy:
+//! [`PackA::packed_a`] and [`PackB::packed_b`] hand the driver their micro-panels in place.
 //!
 //! Both traits require `Sync`: several threads pack disjoint blocks of the same source at once.
 
@@ -82,6 +82,27 @@ pub trait PackB: Sync {
         out: &mut ConvPanel,
     ) -> Option<&[f32]> {
         let _ = (pc, kc, j, nr, out);
+        None
+    }
+    /// The `kc × nc` block at `(pc, jc)` already packed, read in place instead of copied (the
+    /// B side of [`PackA::packed_a`]): a source that holds its matrix in `nr`-wide panels
+    /// returns `Some((panels, stride))` where micro-panel `q` (`0..ceil(nc / nr)`) is
+    /// `panels[q * stride ..][.. kc * nr]` in the layout of [`PackB::pack_b`] (row `p` = `nr`
+    /// values of columns `jc + q·nr ..`, columns past `n` zero). The driver asks only when it
+    /// would pack the block up front (not for blocks the micro-kernels pack,
+    /// [`PackB::row_major`] and [`PackB::conv_panel`]), checks the slice is long enough
+    /// (`(ceil(nc / nr) − 1) · stride + kc · nr`) and otherwise calls `pack_b`. The default
+    /// returns `None`: always pack.
+    #[inline]
+    fn packed_b(
+        &self,
+        pc: usize,
+        kc: usize,
+        jc: usize,
+        nc: usize,
+        nr: usize,
+    ) -> Option<(&[f32], usize)> {
+        let _ = (pc, kc, jc, nc, nr);
         None
     }
 }

@@ -542,6 +542,144 @@ fn prepacked_a_is_read_in_place() {
     }
 }
 
+/// B held in `nr`-wide panels over the whole k (the layout of `Gemm::packed_b_index`), handed to
+/// the driver in place when its panel width is the kernel's; counts the blocks it had to pack.
+struct PrePackedB {
+    k: usize,
+    n: usize,
+    nr: usize,
+    data: Vec<f32>,
+    short: bool,
+    pack_calls: std::sync::atomic::AtomicUsize,
+}
+
+impl PrePackedB {
+    fn new(k: usize, n: usize, nr: usize, short: bool) -> Self {
+        let panels = n.div_ceil(nr);
+        let mut data = vec![0.0; panels * k * nr];
+        for q in 0..panels {
+            for p in 0..k {
+                for x in 0..nr {
+                    let j = q * nr + x;
+                    if j < n {
+                        data[(q * k + p) * nr + x] = fb(p, j);
+                    }
+                }
+            }
+        }
+        if short {
+            data.truncate(data.len().saturating_sub(1));
+        }
+        Self {
+            k,
+            n,
+            nr,
+            data,
+            short,
+            pack_calls: Default::default(),
+        }
+    }
+}
+
+impl PackB for PrePackedB {
+    fn rows(&self) -> usize {
+        self.k
+    }
+    fn cols(&self) -> usize {
+        self.n
+    }
+    fn pack_b(&self, pc: usize, kc: usize, jc: usize, nc: usize, nr: usize, dst: &mut [f32]) {
+        self.pack_calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        FormulaB {
+            k: self.k,
+            n: self.n,
+        }
+        .pack_b(pc, kc, jc, nc, nr, dst)
+    }
+    fn packed_b(
+        &self,
+        pc: usize,
+        _kc: usize,
+        jc: usize,
+        _nc: usize,
+        nr: usize,
+    ) -> Option<(&[f32], usize)> {
+        (nr == self.nr && jc.is_multiple_of(nr))
+            .then(|| (&self.data[(jc / nr * self.k + pc) * nr..], self.k * nr))
+    }
+}
+
+#[test]
+fn prepacked_b_is_read_in_place() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    for g in contexts() {
+        let (_, nr) = g.tile();
+        for &(m, n, k) in &[(37, 53, 29), (130, 150, 120), (1, 1, 1), (300, 97, 1000)] {
+            // (packing nr, truncated data): in place, wrong panel width, too short.
+            for (pnr, short) in [(nr, false), (nr + 1, false), (nr, true)] {
+                // Through the dense store and through a scatter store (tile buffer).
+                for scatter in [false, true] {
+                    let b = PrePackedB::new(k, n, pnr, short);
+                    let a = FormulaA { m, k };
+                    let (out, rs, cs) = if scatter {
+                        let mut store = TransposeAdd::new(m, n, true, false);
+                        pool.install(|| g.gemm_with(&a, &b, &mut store)).unwrap();
+                        (store.out.into_inner().unwrap(), 1, m)
+                    } else {
+                        let mut c = vec![f32::NAN; m * n];
+                        let mut store = DenseStore::new(
+                            MatMut::row_major("c", &mut c, m, n, n).unwrap(),
+                            1.0,
+                            0.0,
+                        );
+                        pool.install(|| g.gemm_with(&a, &b, &mut store)).unwrap();
+                        (c, n, 1)
+                    };
+                    let (ad, bd) = formula_reference(m, n, k);
+                    let expect = reference(
+                        m,
+                        n,
+                        k,
+                        1.0,
+                        Strided {
+                            data: &ad,
+                            rs: k,
+                            cs: 1,
+                        },
+                        Strided {
+                            data: &bd,
+                            rs: n,
+                            cs: 1,
+                        },
+                        0.0,
+                        Strided {
+                            data: &[],
+                            rs: 0,
+                            cs: 0,
+                        },
+                        GEMM_TOL,
+                    );
+                    let what = format!(
+                        "{} prepacked B {m}x{n}x{k} nr={pnr} short={short} scatter={scatter}",
+                        g.kernel_name()
+                    );
+                    assert_close(&what, Strided { data: &out, rs, cs }, m, n, &expect);
+                    let packs = b.pack_calls.load(std::sync::atomic::Ordering::Relaxed);
+                    if pnr == nr && !b.short {
+                        assert_eq!(packs, 0, "{what}: the packed panels were copied");
+                    } else {
+                        assert!(packs > 0, "{what}: unusable panels were read in place");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// C (m × batch·plane) stored channel-major: element (i, j) at `((j / plane) · m + i) · plane +
 /// j % plane` (a convolution's N×C×H×W output), with alpha, beta, a per-row bias and ReLU. Tiles
 /// inside one plane are dense blocks (row stride `plane`) and go through `window`; tiles that
