@@ -255,9 +255,11 @@ pub(crate) fn backward_data(g: &ConvGeometry, dy: &[f32], w: &[f32], dx: &mut [f
                 let m = set.len();
                 let target = (PANEL_FLOATS / (c * m)).max(4 * nr);
                 let blocks = n.div_ceil(target).div_ceil(threads) * threads;
-                let cols_max = n.div_ceil(blocks).div_ceil(nr) * nr;
-                let blocks = n.div_ceil(cols_max);
                 let last = ph0[rank - 1];
+                // All four phases of 2-D stride 2: blocks of whole dx line pairs where they fit.
+                let line = (m == 4 && rank == 2 && sl == 2).then_some(last.count);
+                let cols_max = block_columns(n, blocks, nr, line, threads);
+                let blocks = n.div_ceil(cols_max);
                 // Per phase of the set: its first position along the innermost dimension and the
                 // dx offset of its outer position relative to the first phase's (the set's
                 // phases share their positions: same counts).
@@ -417,6 +419,36 @@ pub(crate) fn backward_data(g: &ConvGeometry, dy: &[f32], w: &[f32], dx: &mut [f
     Ok(())
 }
 
+/// Columns of one column block of [`backward_data`]'s products: `n` columns in about `blocks`
+/// blocks of whole NR-panels. With `line` (the four phases of 2-D stride 2, written into dx
+/// two lines at a time), when that is not a whole number of lines, the largest multiple of
+/// both NR and the line below it (or the smallest, if that is at most 1.5 times as wide),
+/// provided the busiest thread does no more columns with it: every run of a block then covers
+/// whole lines ([`ConvPack::interleave_lines`] for every run, none cut by a block's end).
+/// ResNet-50's 128@56² stride 2: 288 → 336 columns (12 lines of 28, 7 panels of 48), 22 → 19
+/// blocks: criterion `bwd-data/deconvgemm/t1` 17.71 / 17.52 and 17.95 / 17.73 ms (quiet
+/// 07:26:30 UTC); at 2 threads 19 blocks leave one thread a block more (9.24 / 9.30, 9.20 /
+/// 9.51 ms), so it keeps 288 there.
+fn block_columns(n: usize, blocks: usize, nr: usize, line: Option<usize>, threads: usize) -> usize {
+    let cols = n.div_ceil(blocks).div_ceil(nr) * nr;
+    let Some(line) = line.filter(|&l| l > 0 && !cols.is_multiple_of(l)) else {
+        return cols;
+    };
+    let (mut x, mut y) = (nr, line);
+    while y != 0 {
+        (x, y) = (y, x % y);
+    }
+    let both = nr / x * line;
+    let whole = (cols / both).max(1) * both;
+    // Columns of the busiest thread with blocks of `c` columns.
+    let busiest = |c: usize| (n.div_ceil(c).div_ceil(threads) * c).min(n);
+    if 2 * whole <= 3 * cols && busiest(whole) <= busiest(cols) {
+        whole
+    } else {
+        cols
+    }
+}
+
 /// The sub-kernel of phase `ph` as the A operand of its convolution, C × (K · T), read from
 /// w as it is: row c, column kk·T + u = w\[kk\]\[c\]\[tap(u)\], tap(u) = a + s·(T − 1 − u)
 /// per dimension. Packed straight from w (each micro-panel's rows of one kk are `mr · R`
@@ -570,8 +602,25 @@ mod tests {
 
     /// Layers of several column blocks (the phases' sub-kernels packed once for all of them):
     /// all phases at once (even sizes; both dx lines of a channel at once, runs of 24 and 28
-    /// values, the latter with dx over [`STREAM_BYTES`]: streaming stores) and phase by phase
-    /// (odd sizes, 3-D), on 1 and 2 threads, against the reference.
+    /// values, the latter with dx over [`STREAM_BYTES`]: streaming stores, blocks of whole
+    /// lines on 1 thread and cut lines on 2, [`block_columns`]) and phase by phase (odd sizes,
+    /// 3-D), on 1 and 2 threads, against the reference.
+    #[test]
+    fn block_columns_are_whole_lines_where_no_thread_gets_more() {
+        // ResNet-50 128@56² stride 2 (6272 columns, 28-value lines, 22 planned blocks): 12
+        // lines (7 panels of 48) on 1 thread; 2 threads keep 288 (19 blocks would leave one
+        // thread 10 of them); no line given, or lines that divide the blocks: as planned.
+        assert_eq!(block_columns(6272, 22, 48, Some(28), 1), 336);
+        assert_eq!(block_columns(6272, 22, 48, Some(28), 2), 288);
+        assert_eq!(block_columns(6272, 22, 48, None, 1), 288);
+        assert_eq!(block_columns(6272, 22, 48, Some(24), 1), 288);
+        // The test layer below (112 channels, 3 × 28²): 288 → 336 on 1 thread, 240 kept on 2.
+        assert_eq!(block_columns(2352, 9, 48, Some(28), 1), 336);
+        assert_eq!(block_columns(2352, 10, 48, Some(28), 2), 240);
+        // Whole lines only up to 1.5 times the planned width: 7-value lines with 96 planned.
+        assert_eq!(block_columns(4000, 42, 48, Some(7), 1), 96);
+    }
+
     #[test]
     fn several_column_blocks_match_the_reference() {
         let geoms = [
