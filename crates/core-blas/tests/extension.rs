@@ -150,6 +150,57 @@ fn formula_reference(m: usize, n: usize, k: usize) -> (Vec<f32>, Vec<f32>) {
     (a, b)
 }
 
+/// The reference of `C = A·B` (alpha 1, beta 0) for the formula operands, with its error bounds.
+fn formula_expect(m: usize, n: usize, k: usize) -> Vec<(f64, f64)> {
+    let (ad, bd) = formula_reference(m, n, k);
+    let (a, b) = (
+        Strided {
+            data: &ad,
+            rs: k,
+            cs: 1,
+        },
+        Strided {
+            data: &bd,
+            rs: n,
+            cs: 1,
+        },
+    );
+    let c = Strided {
+        data: &[],
+        rs: 0,
+        cs: 0,
+    };
+    reference(m, n, k, 1.0, a, b, 0.0, c, GEMM_TOL)
+}
+
+/// `f(i, p)` for `i < outer`, `p < k`, packed once over the whole k in `w`-wide panels (the
+/// packed layout of both operands: panel `q`, step `p`, lane `x` at `(q·k + p)·w + x`, lanes
+/// past `outer` zero); one value short when `short`.
+fn whole_k_panels(
+    outer: usize,
+    k: usize,
+    w: usize,
+    short: bool,
+    f: impl Fn(usize, usize) -> f32,
+) -> Vec<f32> {
+    let panels = outer.div_ceil(w);
+    let mut data = vec![0.0; panels * k * w];
+    for q in 0..panels {
+        for p in 0..k {
+            for x in 0..w {
+                let i = q * w + x;
+                if i < outer {
+                    data[(q * k + p) * w + x] = f(i, p);
+                }
+            }
+        }
+    }
+    if short {
+        data.truncate(data.len().saturating_sub(1));
+    }
+    data
+}
+
 #[test]
 fn virtual_sources_and_scatter_store() {
     let pool = rayon::ThreadPoolBuilder::new()
@@ -171,30 +222,7 @@ fn virtual_sources_and_scatter_store() {
                 let mut store = TransposeAdd::new(m, n, concurrent, whole_k);
                 let (a, b) = (FormulaA { m, k }, FormulaB { k, n });
                 pool.install(|| g.gemm_with(&a, &b, &mut store)).unwrap();
-                let (ad, bd) = formula_reference(m, n, k);
-                let expect = reference(
-                    m,
-                    n,
-                    k,
-                    1.0,
-                    Strided {
-                        data: &ad,
-                        rs: k,
-                        cs: 1,
-                    },
-                    Strided {
-                        data: &bd,
-                        rs: n,
-                        cs: 1,
-                    },
-                    0.0,
-                    Strided {
-                        data: &[],
-                        rs: 0,
-                        cs: 0,
-                    },
-                    GEMM_TOL,
-                );
+                let expect = formula_expect(m, n, k);
                 let out = store.out.into_inner().unwrap();
                 let what = format!(
                     "{} virtual {m}x{n}x{k} conc={concurrent} whole_k={whole_k}",
@@ -420,26 +448,11 @@ struct PrePackedA {
 
 impl PrePackedA {
     fn new(m: usize, k: usize, mr: usize, short: bool) -> Self {
-        let panels = m.div_ceil(mr);
-        let mut data = vec![0.0; panels * k * mr];
-        for q in 0..panels {
-            for p in 0..k {
-                for x in 0..mr {
-                    let i = q * mr + x;
-                    if i < m {
-                        data[(q * k + p) * mr + x] = fa(i, p);
-                    }
-                }
-            }
-        }
-        if short {
-            data.truncate(data.len().saturating_sub(1));
-        }
         Self {
             m,
             k,
             mr,
-            data,
+            data: whole_k_panels(m, k, mr, short, fa),
             short,
             pack_calls: Default::default(),
         }
@@ -492,30 +505,7 @@ fn prepacked_a_is_read_in_place() {
                     DenseStore::new(MatMut::row_major("c", &mut c, m, n, n).unwrap(), 1.0, 0.0);
                 pool.install(|| g.gemm_with(&a, &FormulaB { k, n }, &mut store))
                     .unwrap();
-                let (ad, bd) = formula_reference(m, n, k);
-                let expect = reference(
-                    m,
-                    n,
-                    k,
-                    1.0,
-                    Strided {
-                        data: &ad,
-                        rs: k,
-                        cs: 1,
-                    },
-                    Strided {
-                        data: &bd,
-                        rs: n,
-                        cs: 1,
-                    },
-                    0.0,
-                    Strided {
-                        data: &[],
-                        rs: 0,
-                        cs: 0,
-                    },
-                    GEMM_TOL,
-                );
+                let expect = formula_expect(m, n, k);
                 let what = format!(
                     "{} prepacked {m}x{n}x{k} mr={pmr} short={short}",
                     g.kernel_name()
@@ -555,26 +545,11 @@ struct PrePackedB {
 
 impl PrePackedB {
     fn new(k: usize, n: usize, nr: usize, short: bool) -> Self {
-        let panels = n.div_ceil(nr);
-        let mut data = vec![0.0; panels * k * nr];
-        for q in 0..panels {
-            for p in 0..k {
-                for x in 0..nr {
-                    let j = q * nr + x;
-                    if j < n {
-                        data[(q * k + p) * nr + x] = fb(p, j);
-                    }
-                }
-            }
-        }
-        if short {
-            data.truncate(data.len().saturating_sub(1));
-        }
         Self {
             k,
             n,
             nr,
-            data,
+            data: whole_k_panels(n, k, nr, short, |j, p| fb(p, j)),
             short,
             pack_calls: Default::default(),
         }
@@ -639,30 +614,7 @@ fn prepacked_b_is_read_in_place() {
                         pool.install(|| g.gemm_with(&a, &b, &mut store)).unwrap();
                         (c, n, 1)
                     };
-                    let (ad, bd) = formula_reference(m, n, k);
-                    let expect = reference(
-                        m,
-                        n,
-                        k,
-                        1.0,
-                        Strided {
-                            data: &ad,
-                            rs: k,
-                            cs: 1,
-                        },
-                        Strided {
-                            data: &bd,
-                            rs: n,
-                            cs: 1,
-                        },
-                        0.0,
-                        Strided {
-                            data: &[],
-                            rs: 0,
-                            cs: 0,
-                        },
-                        GEMM_TOL,
-                    );
+                    let expect = formula_expect(m, n, k);
                     let what = format!(
                         "{} prepacked B {m}x{n}x{k} nr={pnr} short={short} scatter={scatter}",
                         g.kernel_name()
