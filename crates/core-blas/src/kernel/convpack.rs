@@ -634,6 +634,19 @@ unsafe fn avx2_deinterleave(
     }
 }
 
+/// The lane masks of a tail of `tail` (< 16) values of each of two phases: the `tail` lanes of
+/// one phase's vector, and the `2·tail` lanes of the interleaved line split over its two
+/// vectors (the first's, then the second's).
+#[cfg(target_arch = "x86_64")]
+fn tail_masks(tail: usize) -> (u16, u16, u16) {
+    debug_assert!(tail < CHUNK_LANES);
+    (
+        ((1u32 << tail) - 1) as u16,
+        ((1u32 << (2 * tail).min(16)) - 1) as u16,
+        ((1u32 << (2 * tail).saturating_sub(16)) - 1) as u16,
+    )
+}
+
 /// The AVX-512 deinterleave: per 16 values of each phase, two loads and two `vpermt2ps`; the
 /// tail's loads and stores masked.
 #[cfg(target_arch = "x86_64")]
@@ -649,11 +662,7 @@ unsafe fn avx512_deinterleave(
     let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     let tail = len % CHUNK_LANES;
-    let (m_out, m_x, m_y) = (
-        ((1u32 << tail) - 1) as u16,
-        ((1u32 << (2 * tail).min(16)) - 1) as u16,
-        ((1u32 << (2 * tail).saturating_sub(16)) - 1) as u16,
-    );
+    let (m_out, m_x, m_y) = tail_masks(tail);
     for r in 0..rows {
         for (l, pair) in dst.chunks_exact(2).enumerate() {
             // SAFETY: the caller's contract: the line's `2·len` reads and `len` writes of each
@@ -922,11 +931,7 @@ unsafe fn avx512_interleave(
     let first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
     let second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
     let tail = len % CHUNK_LANES;
-    let (m_in, m_lo, m_hi) = (
-        ((1u32 << tail) - 1) as u16,
-        ((1u32 << (2 * tail).min(16)) - 1) as u16,
-        ((1u32 << (2 * tail).saturating_sub(16)) - 1) as u16,
-    );
+    let (m_in, m_lo, m_hi) = tail_masks(tail);
     for r in 0..rows {
         // SAFETY: the caller's contract: row r's `2·len` writes and `len` reads of each line;
         // whole steps stay below `len`, the tail's masked loads and stores touch only lanes
