@@ -11,12 +11,23 @@
 //! of the ROUNDS calls, so that both sides of the lean table get the same number of timed calls,
 //! the same clock and the same statistic. On 1×1 strided layers it also times the pointwise passes on
 //! the input subsampled beforehand (what the passes cost without their gather / scatter).
+//!
+//! `--paired` times the forward convgemm and backward-data deconvgemm against their GEMM-only
+//! bounds (the conv bench's `gemm-bound` and `bwd-data/gemm-bound`: the same M, N, K on dense
+//! operands built beforehand, all 64-byte aligned) call by call: bound, pass, bound, pass, ..
+//! (2 warm-up pairs, then ROUNDS timed pairs, thread CPU time), and prints both medians and
+//! the median (and range) of the pairs' ratios bound / pass, so that both sides of the
+//! "pass >= 95% of its bound" goal see the same minutes of a noisy host. FILTER `fwd` or
+//! `bwd-data` keeps one of the two. Read the ratio with both medians: two builds of the pass
+//! can also move the bound (session 31: a build whose phase copy was a 2 MiB huge-page buffer
+//! ran the untouched bound 0.9-5.4% slower in the same process, 6 of 6 alternations, which
+//! alone raised its ratio).
 
 use conv_ops::{
     BackwardDataAlgo as D, BackwardFilterAlgo as F, ConvGeometry, ForwardAlgo, Pass, Workspace,
     backward_data, backward_filter, forward, testing::uniform,
 };
-use core_blas::AlignedVec;
+use core_blas::{AlignedVec, MatMut, MatRef};
 
 /// CPU time of the calling thread in seconds (`CLOCK_THREAD_CPUTIME_ID`); NaN where there is none.
 fn cpu() -> f64 {
@@ -76,9 +87,13 @@ fn call(d: &mut Data, pass: Pass, on_pointwise: bool, ws: &mut Workspace) -> Res
 fn run() -> Result<(), Error> {
     let mut a: Vec<String> = std::env::args().skip(1).collect();
     let back_to_back = a.iter().any(|s| s == "--back-to-back");
-    a.retain(|s| s != "--back-to-back");
+    let paired = a.iter().any(|s| s == "--paired");
+    a.retain(|s| s != "--back-to-back" && s != "--paired");
     if a.len() < 7 {
-        return Err("usage: N C K SIZE KERNEL STRIDE PAD [ROUNDS [FILTER]]".into());
+        return Err(
+            "usage: [--back-to-back | --paired] N C K SIZE KERNEL STRIDE PAD [ROUNDS [FILTER]]"
+                .into(),
+        );
     }
     let n: usize = a[0].parse()?;
     let (c, k): (usize, usize) = (a[1].parse()?, a[2].parse()?);
@@ -205,6 +220,10 @@ fn run() -> Result<(), Error> {
     }
     let mut ws = Workspace::new(true);
     let flops = data.g.flops() as f64;
+    if paired {
+        let filter = a.get(8).map(String::as_str);
+        return run_paired(&mut data, rounds, filter, &mut ws);
+    }
     if back_to_back {
         // The anchors' `bench`: 2 warm-up calls, then `rounds` timed calls, wall clock.
         for &(name, pass, pw) in &passes {
@@ -246,6 +265,99 @@ fn run() -> Result<(), Error> {
             "{name:34} {:8.3} ms {:6.1} GFLOP/s",
             t * 1e3,
             flops / t * 1e-9
+        );
+    }
+    Ok(())
+}
+
+/// Median of `v` (sorted in place); NaN when empty.
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+    }
+}
+
+/// `--paired`: each pass against its GEMM-only bound, alternated call by call (see the module
+/// docs); `filter` (`fwd` / `bwd-data`) keeps one of the two.
+fn run_paired(
+    d: &mut Data,
+    rounds: usize,
+    filter: Option<&str>,
+    ws: &mut Workspace,
+) -> Result<(), Error> {
+    let g = d.g;
+    let (rows, cols) = conv_ops::im2col::im2col_shape(&g);
+    let k = g.out_channels();
+    let olen = g.output_spatial_len();
+    // The conv bench's bounds: the forward's dense im2col(x) (one group), w as it is, dense C;
+    // backward-data's Wᵀ (C·R × K) times dy as one dense K × (N·O) matrix, dense C.
+    let mut col = AlignedVec::zeroed(rows * cols);
+    conv_ops::im2col::im2col(&g, 0, &d.x, &mut col)?;
+    let mut cfwd = AlignedVec::zeroed(k * cols);
+    let mut wt = AlignedVec::zeroed(rows * k);
+    for (i, row) in wt.chunks_exact_mut(k).enumerate() {
+        for (kk, v) in row.iter_mut().enumerate() {
+            *v = d.w[kk * rows + i];
+        }
+    }
+    let mut dy_dense = AlignedVec::zeroed(k * cols);
+    for (n, img) in d.dy.chunks_exact(k * olen).enumerate() {
+        for (kk, plane) in img.chunks_exact(olen).enumerate() {
+            dy_dense[kk * cols + n * olen..][..olen].copy_from_slice(plane);
+        }
+    }
+    let mut cbwd = AlignedVec::zeroed(rows * cols);
+    let pairs = [
+        ("fwd/convgemm", Pass::Forward(ForwardAlgo::Convgemm)),
+        ("bwd-data/deconvgemm", Pass::BackwardData(D::Deconvgemm)),
+    ];
+    for (name, pass) in pairs {
+        if filter.is_some_and(|f| !f.split(',').any(|part| name.contains(part))) {
+            continue;
+        }
+        let (mut tb, mut tp, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..rounds + 2 {
+            let t = cpu();
+            match pass {
+                Pass::Forward(_) => core_blas::gemm(
+                    1.0,
+                    MatRef::row_major("w", &d.w, k, rows, rows)?,
+                    MatRef::row_major("col", &col, rows, cols, cols)?,
+                    0.0,
+                    MatMut::row_major("c", &mut cfwd, k, cols, cols)?,
+                )?,
+                _ => core_blas::gemm(
+                    1.0,
+                    MatRef::row_major("wt", &wt, rows, k, k)?,
+                    MatRef::row_major("dy", &dy_dense, k, cols, cols)?,
+                    0.0,
+                    MatMut::row_major("c", &mut cbwd, rows, cols, cols)?,
+                )?,
+            }
+            let b = cpu() - t;
+            let t = cpu();
+            call(d, pass, false, ws)?;
+            let p = cpu() - t;
+            if i >= 2 {
+                tb.push(b);
+                tp.push(p);
+                ratio.push(b / p);
+            }
+        }
+        let (lo, hi) = ratio
+            .iter()
+            .fold((f64::INFINITY, 0.0f64), |(l, h), &r| (l.min(r), h.max(r)));
+        let (mb, mp) = (median(&mut tb), median(&mut tp));
+        println!(
+            "{name:20} bound {:8.3} ms  pass {:8.3} ms (medians)  bound/pass: pair median {:.3} (range {lo:.3}-{hi:.3}), of the medians {:.3}  n {}",
+            mb * 1e3,
+            mp * 1e3,
+            median(&mut ratio),
+            mb / mp,
+            tb.len()
         );
     }
     Ok(())
