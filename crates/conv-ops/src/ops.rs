@@ -70,7 +70,14 @@ const PER_IMAGE_MIN_PLANE: usize = 1024;
 /// 01:58 UTC, min of 5: VGG 64@224² forward 37.23 / 36.84, 37.41 / 36.44, 37.89 / 35.97,
 /// 37.20 / 36.53 ms, flipped backward-data 36.90 / 35.37, 36.79 / 36.52, 37.97 / 36.54;
 /// ResNet-50 64@56² forward 18.13 / 16.78, 17.98 / 17.25, 18.13 / 17.74, 17.81 / 17.29.
-const ONE_PASS_MAX: usize = 576;
+/// Deeper products gain as well (the B micro-panel, `depth × NR`, 332 KiB at 1728 × 48, still
+/// streams from L2): Zen 4 (AVX-512), `probe_passes ... 5`, 1 thread, `CORE_BLAS_KC` (every
+/// product) against the table's KC, medians of 4 alternations, quiet 09:45:18 UTC: C3D 64@8×56²
+/// (slabs of depth 1152 and 1728) forward 47.21 / 46.07 (864) / 45.89 (1152) / 45.59 (1728) ms,
+/// flipped backward-data 47.14 / 45.97 / 45.78 / 45.67; VGG 128@112² (1152), 3 alternations,
+/// quiet 09:46:12: forward 32.87 / 32.54, flipped 32.89 / 32.47; VGG 256@56² (2304): forward
+/// 32.98 / 32.45, flipped 32.78 / 32.55.
+const ONE_PASS_MAX: usize = 2304;
 
 /// `gemm` with KC raised to `depth` when that runs a product of that depth in one pass and
 /// `depth` is at most `max` (each caller's measured limit: [`ONE_PASS_MAX`] here, tapsum's
@@ -764,6 +771,20 @@ mod tests {
                 .unwrap(),
             // No padding: one product per image (depth 540); flipped: padding 2.
             ConvGeometry::new(1, 60, 60, &[34, 34], &[3, 3]).unwrap(),
+            // 3-D, odd planes, padding 1: depth slabs of 24·18 and 24·27 (past 576).
+            ConvGeometry::new(2, 24, 20, &[4, 17, 19], &[3, 3, 3])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+            // 3-D, stride 2 along H and W, padding 1: the same slabs, strided panels.
+            ConvGeometry::new(1, 24, 12, &[5, 66, 63], &[3, 3, 3])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap()
+                .with_stride(&[1, 2, 2])
+                .unwrap(),
+            // 3-D without padding: one product per image, depth 40·27 = 1080.
+            ConvGeometry::new(1, 40, 16, &[3, 34, 35], &[3, 3, 3]).unwrap(),
         ];
         for g in &geoms {
             assert!(g.output_spatial_len() >= PER_IMAGE_MIN_PLANE);
@@ -791,12 +812,15 @@ mod tests {
             Tolerance::for_f32_sum(g.in_channels() * g.kernel_len())
                 .check("y", &y, &want)
                 .unwrap_or_else(|e| panic!("{g:?}: {e}"));
-            let mut dx = vec![f32::NAN; g.x_len()];
-            crate::backward_data(g, &dy, &w, &mut dx, BackwardDataAlgo::FlippedConvgemm, ws)
-                .unwrap();
-            Tolerance::for_f32_sum(g.out_channels() * g.kernel_len())
-                .check("dx", &dx, &want_dx)
-                .unwrap_or_else(|e| panic!("{g:?}: {e}"));
+            // The flipped form takes stride 1 only.
+            if g.stride().iter().all(|&s| s == 1) {
+                let mut dx = vec![f32::NAN; g.x_len()];
+                crate::backward_data(g, &dy, &w, &mut dx, BackwardDataAlgo::FlippedConvgemm, ws)
+                    .unwrap();
+                Tolerance::for_f32_sum(g.out_channels() * g.kernel_len())
+                    .check("dx", &dx, &want_dx)
+                    .unwrap_or_else(|e| panic!("{g:?}: {e}"));
+            }
         }
     }
 
