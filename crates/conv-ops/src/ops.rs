@@ -664,13 +664,11 @@ pub fn backward_filter(
                         let count = nb.min(g.batch() - n0);
                         let gb = g.with_batch(count)?;
                         let (xb, dyb) = (&x[n0 * xi..][..count * xi], &dy[n0 * yi..][..count * yi]);
-                        let c = MatMut::row_major("dw", &mut *dwg, kg, wcols, wcols)
-                            .map_err(gemm_err)?;
-                        let mut store = DenseStore::new(c, 1.0, if n0 == 0 { 0.0 } else { 1.0 });
+                        let beta = if n0 == 0 { 0.0 } else { 1.0 };
                         let ab = out_channels(&gb, grp, dyb);
                         crate::bf_blocked::with_copy(&gb, grp, xb, |whole| {
                             let b = crate::bf_blocked::Im2colTBBlocked::new(&gb, grp, xb, whole);
-                            gemm.gemm_with(&ab, &b, &mut store)
+                            crate::bf_blocked::product_by_planes(&gemm, &gb, &ab, &b, dwg, kg, beta)
                         })
                         .map_err(gemm_err)?;
                     }
