@@ -2,10 +2,17 @@
 //! ic over m by MC (pack A into Ac), then the macro-kernel: jr over NR micro-panels of Bc, ir over
 //! MR micro-panels of Ac, one micro-kernel call per `MR × NR` tile.
 //!
-//! Threads (rayon) split C into a `tm × tn` grid of row (ic) and column (jc) ranges, cut at MR / NR
-//! multiples; each thread runs the five loops on its range with its own thread-local, reused
-//! packing buffers. The grid minimises redundant packing (`tm − 1` extra packings of B, `tn − 1`
-//! of A). Small products and 1-thread pools run on the calling thread without touching rayon.
+//! Threads (rayon) split the rows of C into `tm` ranges cut at MR multiples, and each row range's
+//! NC-wide column blocks among `tn` threads: each thread owns an even, contiguous share of them
+//! and runs it in order, and a thread that runs out takes the last blocks of another's share, one
+//! at a time, so a thread that starts late or runs slow (a vCPU woken from sleep, a noisy
+//! neighbour) ends up with fewer blocks instead of stalling the product by its delay. Each
+//! thread runs the five loops on its blocks with its own thread-local, reused packing buffers (a
+//! single A block packed once per thread, whichever blocks it runs). The grid minimises
+//! redundant packing (`tm − 1` extra packings of B, `tn − 1` of A). Small products and 1-thread
+//! pools run on the calling thread without touching rayon.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rayon::prelude::*;
 
@@ -41,6 +48,10 @@ const SPREAD_MIN_ROWS: usize = 12;
 
 /// Largest register tile (`MR · NR`) of any family: the size of the tile buffer for custom stores.
 const MAX_TILE: usize = 1024;
+
+/// Most threads of a product whose column blocks are shared (one share state each, on the
+/// stack); products on more threads split the columns statically.
+const MAX_SHARES: usize = 64;
 
 /// `(pc, kc, jc, nc)` of a B block.
 type BlockCoords = (usize, usize, usize, usize);
@@ -153,16 +164,70 @@ pub(crate) fn gemm<K: Kernel, A: PackA, B: PackB, S: Store>(
     };
     let (tm, tn) = grid(nt, m, n, K::MR, K::NR);
     if tm * tn <= 1 {
-        with_workspace(|ws| serial(kern, bs, (0, m), (0, n), k, a, b, &sink, ws));
+        let cols = Columns {
+            range: (0, n),
+            threads: 1,
+            own: 0,
+            shares: &[AtomicU64::new(0)],
+        };
+        with_workspace(|ws| serial(kern, bs, (0, m), cols, k, a, b, &sink, ws));
         return;
     }
+    // The share states of the threads of every row range (`tn` each), or a static split of the
+    // columns (each thread's part its own single share) beyond MAX_SHARES threads. Session 31,
+    // avx512, `gemm_ratio 64 50176 576 2 20 --scale` (the second worker woken from sleep in each
+    // pair, 1-5 ms late in up to a third of them: session 27), main / this, medians of 20 pairs
+    // (lower quartiles), quiet 10:17:49 UTC: `Vec` 1.646/1.933 (1.526/1.635), 1.994/1.905
+    // (1.880/1.631), 1.946/1.852 (1.587/1.672), 1.910/1.951 (1.661/1.607)×; 2 MiB pages
+    // 1.798/1.798 (1.585/1.585), 1.909/1.778 (1.553/1.598), 1.671/1.873 (1.599/1.491),
+    // 1.812/1.864 (1.510/1.748)×; the pool awake (`BACK=1`) 2.006/2.024, 1.991/2.001,
+    // 1.978/2.004, 1.989/1.995×; 2048³ (two blocks, as before) 1.923/1.951, 1.980/1.914×. The
+    // same schedule with the blocks handed out in order by one counter (s31-blas-wip; means of
+    // six medians main / that 1.824/1.892× at quiet 09:42:28, 1.825/1.904× at 09:47:55) lost
+    // the halves' locality on conv-ops' per-image products and, handing a block out ahead, gave
+    // one thread both blocks of a two-block product (criterion, 2 threads, quiet 09:52:57:
+    // ResNet-50 64@56² forward convgemm 8.85/9.27 ms, 128@28² backward-data bound 8.7/17.0 ms).
+    let shares: [AtomicU64; MAX_SHARES] = [const { AtomicU64::new(0) }; MAX_SHARES];
+    let shared = tn > 1 && tm * tn <= MAX_SHARES;
     (0..tm * tn).into_par_iter().for_each(|t| {
         let rows = part(m, K::MR, tm, t / tn);
-        let cols = part(n, K::NR, tn, t % tn);
-        if rows.0 < rows.1 && cols.0 < cols.1 {
+        let single = [AtomicU64::new(0)];
+        let cols = if shared {
+            Columns {
+                range: (0, n),
+                threads: tn,
+                own: t % tn,
+                shares: &shares[t / tn * tn..][..tn],
+            }
+        } else {
+            Columns {
+                range: part(n, K::NR, tn, t % tn),
+                threads: 1,
+                own: 0,
+                shares: &single,
+            }
+        };
+        if rows.0 < rows.1 && cols.range.0 < cols.range.1 {
             with_workspace(|ws| serial(kern, bs, rows, cols, k, a, b, &sink, ws));
         }
     });
+}
+
+/// The columns of one row range of C and how its threads share them. The range is cut into
+/// `threads` contiguous shares as a static split would cut it (at NR multiples), each in `NC`-wide
+/// column blocks (share 0's first one narrower when it is C's cache-line head); share `t` is
+/// thread `t`'s: it runs its blocks from the front, and a thread whose share is empty takes
+/// blocks from the back of another's. `shares[t]` counts the blocks taken from the front of
+/// share `t` (low 32 bits) and from its back (high 32 bits); every block is taken exactly once.
+struct Columns<'c> {
+    /// `[start, end)` of the columns.
+    range: (usize, usize),
+    /// How many threads share them (block widths are capped so that each can get one).
+    threads: usize,
+    /// This thread's share.
+    own: usize,
+    /// The shares' states (`threads` of them).
+    shares: &'c [AtomicU64],
 }
 
 /// Whether `k ≥ 1` rows of `n` values, row `p` at `p · ld`, lie inside storage of `len` values.
@@ -173,13 +238,14 @@ fn rows_inside(len: usize, ld: usize, k: usize, n: usize) -> bool {
         .is_some_and(|end| end <= len)
 }
 
-/// The five loops over the rows `rows` and columns `cols` of C, on the current thread.
+/// The five loops over the rows `rows` of C and the column blocks of `columns` this thread
+/// takes, on the current thread.
 #[allow(clippy::too_many_arguments)]
 fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     kern: K,
     bs: BlockSizes,
     rows: (usize, usize),
-    cols: (usize, usize),
+    columns: Columns<'_>,
     k: usize,
     a: &A,
     b: &B,
@@ -187,6 +253,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     ws: &mut Workspace,
 ) {
     let (mr, nr) = (K::MR, K::NR);
+    let cols = columns.range;
     // Several A blocks and several passes ([`Kernel::DEEPER_PASSES`]): passes 4/3 deeper (KC
     // rounded down to 16) and A blocks as much shorter (the same L2 budget MC·KC): a quarter
     // fewer C-tile loads and stores, B blocks (in L3) read in fewer, longer passes. Shapes with
@@ -246,7 +313,15 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     // only L2-sized blocks: 2048³ (4080-wide blocks) 93.2 / 92.4 / 92.6, 93.8 / 92.0 / 92.7% of
     // the peak; 64×50176×576 (432-wide) 73.5 / 79.6 / 78.8, 73.2 / 78.5 / 79.7%.
     let prefetch_next = nc_max * kc_max <= bs.mc * kc_budget;
-    let b_len = nc_max.min((cols.1 - cols.0).div_ceil(nr) * nr) * kc_max;
+    // The widest block: NC, or a thread's part of the columns when narrower.
+    let nc_blk = nc_max.min(
+        (cols.1 - cols.0)
+            .div_ceil(columns.threads.max(1))
+            .div_ceil(nr)
+            .max(1)
+            * nr,
+    );
+    let b_len = nc_blk.min((cols.1 - cols.0).div_ceil(nr) * nr) * kc_max;
     // One A block and several B blocks: pack A once for all of k and reuse it for every jc
     // (instead of re-packing the same block per jc), unless the source hands over its own panels.
     let m_pad = m_len.div_ceil(mr) * mr;
@@ -330,14 +405,61 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
         ws.b.get(b_len)
     };
     let (bc, hb) = bc.split_at_mut(b_len);
-    let mut jc = cols.0 + side;
-    while jc < cols.1 {
-        let nc = if jc == cols.0 && head > 0 {
-            head
-        } else {
-            nc_max.min(cols.1 - jc)
+    let start = cols.0 + side;
+    let threads = columns.threads.max(1);
+    let body = start + head;
+    let len = cols.1.saturating_sub(body);
+    // Share t: the columns of part t of a static split of the body (cut at NR multiples, as
+    // `part` splits rows), in NC-wide blocks from its start; share 0 begins with the head.
+    let share = |t: usize| part(len, nr, threads, t);
+    let blocks = |t: usize| {
+        let (lo, hi) = share(t);
+        (hi - lo).div_ceil(nc_max) + usize::from(t == 0 && head > 0)
+    };
+    // Block `j` of share `t`.
+    let block = |t: usize, j: usize| -> Option<(usize, usize)> {
+        let j = match (t, head, j) {
+            (0, h, 0) if h > 0 => return Some((start, h)),
+            (0, h, j) if h > 0 => j - 1,
+            (_, _, j) => j,
         };
-        let with_side = side > 0 && jc == cols.0 + side;
+        let (lo, hi) = share(t);
+        let at = lo + j * nc_max;
+        (at < hi).then(|| (body + at, nc_max.min(hi - at)))
+    };
+    // Take a block of share `t`, from its front or its back, if it has any left. Relaxed
+    // suffices: the state only hands out indices (each to one thread); the blocks' C windows
+    // are disjoint and rayon's join orders all of them before the product returns.
+    let take = |t: usize, back: bool| -> Option<(usize, usize)> {
+        let count = blocks(t) as u64;
+        debug_assert!(count < 1 << 32, "block counts fit a share state's halves");
+        let state = columns.shares[t]
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| {
+                let taken = (x & 0xffff_ffff) + (x >> 32);
+                (taken < count).then_some(x + if back { 1 << 32 } else { 1 })
+            })
+            .ok()?;
+        block(
+            t,
+            if back {
+                (count - 1 - (state >> 32)) as usize
+            } else {
+                (state & 0xffff_ffff) as usize
+            },
+        )
+    };
+    let own = || take(columns.own, false);
+    let other = || (1..threads).find_map(|d| take((columns.own + d) % threads, true));
+    let mut current = own().or_else(other);
+    // Whether this thread has packed its single A block for all of k (`a_once`): in its first
+    // block's passes, whichever block that is.
+    let mut a_packed = false;
+    while let Some((jc, nc)) = current {
+        let with_side = side > 0 && jc == start;
+        // The next block of this thread's share, taken when the last A block of this block's
+        // last pass starts so that its tiles can prefetch it (blocks of other shares are taken
+        // only once this one is done: a thread never holds another's block ahead).
+        let mut upcoming = None;
         let mut pc = 0;
         loop {
             let kc = kc_max.min(k - pc);
@@ -363,20 +485,23 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
                 b.pack_b(pc, kc, cols.0, side, nr, &mut hb[..nr * kc]);
             }
             // The B block packed after this one: its reads are spread over the last ic block.
-            let next = if !last {
-                Some((pc + kc, kc_max.min(k - pc - kc), jc, nc))
-            } else if jc + nc < cols.1 {
-                Some((0, kc_max.min(k), jc + nc, nc_max.min(cols.1 - jc - nc)))
-            } else {
-                None
-            };
+            let next_pass = (!last).then(|| (pc + kc, kc_max.min(k - pc - kc), jc, nc));
             let mut ic = rows.0;
             while ic < rows.1 {
                 let mc = mc_max.min(rows.1 - ic);
+                // The B block after this one (its reads spread over the last A block's tiles).
+                let next = if ic + mc < rows.1 {
+                    None
+                } else if last {
+                    upcoming = own();
+                    upcoming.map(|(j, w)| (0, kc_max.min(k), j, w))
+                } else {
+                    next_pass
+                };
                 let (ablk, a_stride) = if a_once {
                     // Block pc of the k-long packing (the blocks before it are kc_max deep).
                     let blk = &mut ac[pc * m_pad..][..m_pad * kc];
-                    if jc == cols.0 {
+                    if !a_packed {
                         a.pack_a(ic, mc, pc, kc, mr, blk);
                     }
                     (&*blk, kc * mr)
@@ -392,7 +517,8 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
                         // SAFETY: `ap` starts a packed A micro-panel of `kc · MR` values (the
                         // block's), `hb` holds the head's packed panel (`kc · NR` values, zero
                         // past `side` columns); the `m × side` window at (ic + ir, cols.0) lies
-                        // inside C and in this thread's range (side < cols.1 − cols.0).
+                        // inside C and belongs to block 0, which this thread took (side <
+                        // cols.1 − cols.0).
                         unsafe {
                             let cp = d.ptr.add((ic + ir) * d.rs + cols.0 * d.cs);
                             kern.run(kc, d.alpha, ap, hb.as_ptr(), beta, cp, d.rs, d.cs, m, side);
@@ -410,7 +536,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
                     let ahead = Ahead {
                         pc,
                         within: ic == rows.0,
-                        next: next.filter(|_| ic + mc >= rows.1),
+                        next,
                     };
                     tune::prefetch_enabled().then_some(Prefetch::Panels(b, ahead))
                 } else if ic + mc >= rows.1 && prefetch_next && tune::prefetch_enabled() {
@@ -444,7 +570,8 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
                 break;
             }
         }
-        jc += nc;
+        a_packed = true;
+        current = upcoming.or_else(other);
     }
 }
 
@@ -1033,6 +1160,137 @@ mod tests {
                 for (x, (&d, &c)) in cs[off..].iter().zip(dot.iter().zip(&c0)) {
                     let want = d + if beta == 0.0 { 0.0 } else { c };
                     assert_eq!(*x, want, "m {m} n {n} k {k} beta {beta} off {off}");
+                }
+            }
+        }
+    }
+
+    /// `starts.len()` OS threads run `serial` on the `m × n` product sharing its column blocks;
+    /// thread `t` starts once `starts[t]` blocks are taken (`usize::MAX`: once another
+    /// thread has finished). C and B have rows of `n` rounded up to 16 floats and start `off`
+    /// floats into their storage (a head of columns up to C's first cache line). C is NaN for
+    /// beta = 0 (an element no thread writes stays NaN) and 1 for beta = 1 (an element two
+    /// threads compute gets A·B twice).
+    #[allow(clippy::too_many_arguments)]
+    fn run_shared<K: Kernel>(
+        kern: K,
+        bs: BlockSizes,
+        (m, n, k): (usize, usize, usize),
+        a: &[f32],
+        b: &[f32],
+        off: usize,
+        beta: f32,
+        starts: &[usize],
+    ) -> Vec<f32> {
+        use crate::{DenseStore, MatMut, MatRef};
+        let ld = n.div_ceil(16) * 16;
+        let mut bs_data = vec![0.0f32; k * ld + off];
+        for p in 0..k {
+            bs_data[off + p * ld..][..n].copy_from_slice(&b[p * n..][..n]);
+        }
+        let mut c = vec![if beta == 0.0 { f32::NAN } else { 1.0 }; m * ld + off];
+        let av = MatRef::row_major("a", a, m, k, k).unwrap();
+        let bv = MatRef::row_major("b", &bs_data[off..], k, n, ld).unwrap();
+        let cv = MatMut::row_major("c", &mut c[off..], m, n, ld).unwrap();
+        let mut store = DenseStore::new(cv, 1.0, beta);
+        let direct = store.direct().map(|d| d.raw);
+        let sink = Sink {
+            direct,
+            store: &store,
+        };
+        let shares: Vec<AtomicU64> = starts.iter().map(|_| AtomicU64::new(0)).collect();
+        let taken = |shares: &[AtomicU64]| -> usize {
+            shares
+                .iter()
+                .map(|x| {
+                    let x = x.load(Ordering::Relaxed);
+                    ((x & 0xffff_ffff) + (x >> 32)) as usize
+                })
+                .sum()
+        };
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for (own, &start) in starts.iter().enumerate() {
+                let (sink, shares, done, av, bv) = (&sink, &shares[..], &done, &av, &bv);
+                s.spawn(move || {
+                    while (start == usize::MAX && done.load(Ordering::Acquire) == 0)
+                        || (start != usize::MAX
+                            && taken(shares) < start
+                            && done.load(Ordering::Acquire) == 0)
+                    {
+                        std::thread::yield_now();
+                    }
+                    let cols = Columns {
+                        range: (0, n),
+                        threads: starts.len(),
+                        own,
+                        shares,
+                    };
+                    with_workspace(|ws| serial(kern, bs, (0, m), cols, k, av, bv, sink, ws));
+                    done.fetch_add(1, Ordering::Release);
+                });
+            }
+        });
+        (0..m)
+            .flat_map(|i| c[off + i * ld..][..n].to_vec())
+            .collect()
+    }
+
+    /// Threads sharing a row range's column blocks: a thread that starts late (after the others
+    /// took some blocks, its own included, or after one finished them all) computes only what is
+    /// left, and every block, the head up to C's first cache line included, is computed exactly
+    /// once (NaN where none wrote). Every family, the
+    /// cache-derived block sizes and small ones; against the naive product (small integers).
+    #[test]
+    fn late_threads_take_the_blocks_left() {
+        use crate::isa::Family;
+        let (m, n, k) = (21usize, 1501usize, 50usize);
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();
+        let mut want = vec![0.0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                want[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+            }
+        }
+        for isa in crate::Isa::available() {
+            let g = crate::Gemm::new(isa).unwrap();
+            let (mr, nr) = g.tile();
+            let small = BlockSizes {
+                mc: 2 * mr,
+                kc: 16,
+                nc: 3 * nr,
+            };
+            for bs in [g.block_sizes(), small] {
+                for starts in [
+                    &[0, usize::MAX][..],
+                    &[0, 2],
+                    &[0, 9],
+                    &[0, 0],
+                    &[0, 1, 5],
+                    &[usize::MAX, 0, 3],
+                ] {
+                    for (off, beta) in [(0, 0.0), (4, 0.0), (4, 1.0)] {
+                        let shape = (m, n, k);
+                        let got = match Family::require(isa).unwrap() {
+                            Family::Scalar(kern) => {
+                                run_shared(kern, bs, shape, &a, &b, off, beta, starts)
+                            }
+                            #[cfg(target_arch = "x86_64")]
+                            Family::Avx2(kern) => {
+                                run_shared(kern, bs, shape, &a, &b, off, beta, starts)
+                            }
+                            #[cfg(target_arch = "x86_64")]
+                            Family::Avx512(kern) => {
+                                run_shared(kern, bs, shape, &a, &b, off, beta, starts)
+                            }
+                        };
+                        let want: Vec<f32> = want.iter().map(|&x| x + beta).collect();
+                        assert_eq!(
+                            got, want,
+                            "{isa} {bs:?} starts {starts:?} off {off} beta {beta}"
+                        );
+                    }
                 }
             }
         }
