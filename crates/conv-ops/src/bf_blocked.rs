@@ -799,35 +799,6 @@ impl<B: PackB> PackB for DepthB<'_, B> {
     }
 }
 
-/// Columns `k0..k0 + k` of A (output positions), as an A source of its own.
-struct DepthA<'a, A> {
-    a: &'a A,
-    k0: usize,
-    k: usize,
-}
-
-impl<A: PackA> PackA for DepthA<'_, A> {
-    fn rows(&self) -> usize {
-        self.a.rows()
-    }
-    fn cols(&self) -> usize {
-        self.k
-    }
-    fn pack_a(&self, ic: usize, mc: usize, pc: usize, kc: usize, mr: usize, dst: &mut [f32]) {
-        self.a.pack_a(ic, mc, self.k0 + pc, kc, mr, dst)
-    }
-    fn packed_a(
-        &self,
-        ic: usize,
-        mc: usize,
-        pc: usize,
-        kc: usize,
-        mr: usize,
-    ) -> Option<(&[f32], usize)> {
-        self.a.packed_a(ic, mc, self.k0 + pc, kc, mr)
-    }
-}
-
 /// dW (`dw`: `k` rows of the blocked columns, [`Im2colTBBlocked`]'s order) of one block of
 /// images `g` (dy as `a`, x as `b`) by classes of output planes ([`plane_classes`]), so that
 /// the products skip the taps that read padding planes: per image, the planes whose taps all
@@ -871,7 +842,7 @@ pub(crate) fn product_by_planes<A: PackA>(
                 n * olen + planes.start * per_plane,
                 planes.len() * per_plane,
             );
-            let ad = DepthA {
+            let ad = crate::layout::KRange {
                 a,
                 k0: r0,
                 k: depth,

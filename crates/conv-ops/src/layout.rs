@@ -480,10 +480,10 @@ pub(crate) struct RowClass<B> {
 }
 
 /// Columns `k0..k0 + k` of an A source, as an A source of its own.
-struct KRange<'a, A> {
-    a: &'a A,
-    k0: usize,
-    k: usize,
+pub(crate) struct KRange<'a, A> {
+    pub(crate) a: &'a A,
+    pub(crate) k0: usize,
+    pub(crate) k: usize,
 }
 
 impl<A: PackA> PackA for KRange<'_, A> {
