@@ -2,14 +2,10 @@
 //! AVX2) at its edges: k = 0, a `PackB` whose `row_major` hands over less than the matrix, B
 //! views at an offset with a tight end and ld > n, overlapping rows, k = 1 with a huge row
 //! stride. Every family runs them (scalar packs up front).
-use core_blas::{DenseStore, MatMut, MatRef, PackB};
+mod common;
 
-/// `len` small integers `(i · mul) mod modulo − modulo / 2`: products exact in any order.
-fn ints(len: usize, mul: usize, modulo: usize) -> Vec<f32> {
-    (0..len)
-        .map(|i| ((i * mul) % modulo) as f32 - (modulo / 2) as f32)
-        .collect()
-}
+use common::ints;
+use core_blas::{DenseStore, MatMut, MatRef, PackB};
 
 /// `A · B` through `core_blas::gemm` (beta = 0 over a C full of NaN), C row-major.
 fn product(a: MatRef<'_>, b: MatRef<'_>) -> Vec<f32> {

@@ -8,14 +8,8 @@ mod common;
 
 use std::sync::Mutex;
 
+use common::ints;
 use core_blas::{BlockSizes, Gemm, MatMut, MatRef, Store, Tile};
-
-/// Small integers (exact sums of products in f32 for these sizes).
-fn ints(len: usize, mul: usize, modulo: usize) -> Vec<f32> {
-    (0..len)
-        .map(|i| ((i * mul) % modulo) as f32 - (modulo / 2) as f32)
-        .collect()
-}
 
 fn contexts() -> Vec<Gemm> {
     let mut out = Vec::new();

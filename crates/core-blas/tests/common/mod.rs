@@ -112,3 +112,11 @@ pub fn families() -> Vec<core_blas::Isa> {
         _ => core_blas::Isa::available(),
     }
 }
+
+/// `len` small integers `(i · mul) mod modulo − modulo / 2`: sums of their products are exact in
+/// f32 in any order for the tests' sizes.
+pub fn ints(len: usize, mul: usize, modulo: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * mul) % modulo) as f32 - (modulo / 2) as f32)
+        .collect()
+}
