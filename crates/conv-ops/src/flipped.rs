@@ -13,6 +13,7 @@ use core_blas::PackA;
 use crate::algo::{ForwardAlgo, Workspace};
 use crate::error::{ConvError, Result};
 use crate::geometry::ConvGeometry;
+use crate::ops::ForwardA;
 
 /// The geometry whose forward pass is the backward-data pass of `g`: batch N, K input channels,
 /// C output channels, input = g's output, same kernel and dilation, padding `dil·(k−1) − pad`.
@@ -84,6 +85,7 @@ pub(crate) fn backward_data(
             cg,
             kg,
             taps: g.kernel_len(),
+            group: g.kernel_len(),
         };
         crate::ops::forward_group(&gt, grp, &a, dy, None, false, dx, algo, ws)
     });
@@ -96,6 +98,11 @@ pub(crate) fn backward_data(
 /// channel here) and column `k·R + t` (its output channel, tap) hold the forward weight
 /// w\[grp·K/G + k\]\[c\]\[R − 1 − t\] (reversing the flat tap index flips every spatial
 /// dimension at once), packed straight from w: no flipped copy.
+///
+/// With `group` < R (the row classes' order, [`ForwardA::tap_groups`]), the columns are in
+/// groups of `group` consecutive taps, group-major: column `(q·K/G + k)·group + u` holds tap
+/// `t = q·group + u` of output channel `k`.
+#[derive(Clone, Copy)]
 struct FlippedA<'a> {
     /// The forward layer's weights, K × C/G × R.
     w: &'a [f32],
@@ -104,6 +111,86 @@ struct FlippedA<'a> {
     cg: usize,
     kg: usize,
     taps: usize,
+    /// Taps per column group (R: one group, the plain order `k·R + t`).
+    group: usize,
+}
+
+impl ForwardA for FlippedA<'_> {
+    fn tap_groups(&self, gw: usize) -> Option<Self> {
+        (gw > 0 && self.taps.is_multiple_of(gw)).then_some(Self { group: gw, ..*self })
+    }
+}
+
+impl FlippedA<'_> {
+    /// [`PackA::pack_a`] in the group-major order (`group` < R), rows past `mc` already
+    /// zeroed: w is walked in memory order (output channel k, then its rows of the block,
+    /// `mc` runs of R values), each micro-panel's group `q` of k written as one run of
+    /// `group` columns.
+    fn pack_grouped(&self, ic: usize, mc: usize, pc: usize, kc: usize, mr: usize, dst: &mut [f32]) {
+        let (r, gw, kg) = (self.taps, self.group, self.kg);
+        // Runs j = q·kg + k of gw columns each.
+        let (j0, j1) = (pc / gw, (pc + kc).div_ceil(gw));
+        let (q0, q1) = (j0 / kg, (j1 - 1) / kg + 1);
+        let (ka, kb) = if q1 - q0 == 1 {
+            (j0 % kg, (j1 - 1) % kg + 1)
+        } else {
+            (0, kg)
+        };
+        for k in ka..kb {
+            let src = &self.w[((self.grp * kg + k) * self.cg + ic) * r..][..mc * r];
+            for q in q0..q1 {
+                let j = q * kg + k;
+                if j < j0 || j >= j1 {
+                    continue;
+                }
+                let u0 = if j == j0 { pc - j * gw } else { 0 };
+                let u1 = gw.min(pc + kc - j * gw);
+                let col0 = j * gw + u0 - pc;
+                // Column u0 + v holds row value r − 1 − (q·gw + u0 + v) = top − v.
+                let top = r - 1 - q * gw - u0;
+                for (qq, rows) in src.chunks(mr * r).enumerate() {
+                    let panel = &mut dst[qq * kc * mr + col0 * mr..][..(u1 - u0) * mr];
+                    // Whole runs of 3 taps (3×3 kernels) on whole micro-panels of AVX-512's
+                    // MR (8) and AVX2's (6): a fixed copy the compiler unrolls.
+                    if (u1 - u0, rows.len()) == (gw, mr * r) {
+                        match (r, gw, mr) {
+                            (9, 3, 8) => {
+                                flip_run::<9, 3, 8>(rows, top, panel);
+                                continue;
+                            }
+                            (9, 3, 6) => {
+                                flip_run::<9, 3, 6>(rows, top, panel);
+                                continue;
+                            }
+                            _ => {}
+                        }
+                    }
+                    for (i, row) in rows.chunks_exact(r).enumerate() {
+                        for (col, &v) in panel.chunks_exact_mut(mr).zip(row[..=top].iter().rev()) {
+                            col[i] = v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `out[v·MR + i] = rows[i·R + top − v]` for `v < GW`, `i < MR` (one run of GW columns of a
+/// micro-panel, taps reversed from `top`).
+#[inline(always)]
+fn flip_run<const R: usize, const GW: usize, const MR: usize>(
+    rows: &[f32],
+    top: usize,
+    out: &mut [f32],
+) {
+    assert!(top < R && top + 1 >= GW);
+    let (rows, out) = (&rows[..R * MR], &mut out[..GW * MR]);
+    for v in 0..GW {
+        for i in 0..MR {
+            out[v * MR + i] = rows[i * R + top - v];
+        }
+    }
 }
 
 impl PackA for FlippedA<'_> {
@@ -125,6 +212,10 @@ impl PackA for FlippedA<'_> {
             for col in dst[(panels - 1) * kc * mr..][..kc * mr].chunks_exact_mut(mr) {
                 col[tail..].fill(0.0);
             }
+        }
+        if self.group < r {
+            self.pack_grouped(ic, mc, pc, kc, mr, dst);
+            return;
         }
         // Walk w in memory order (the block's rows of one output channel k are mc consecutive
         // runs of R values: one stream the hardware prefetcher follows) and scatter into the
@@ -196,22 +287,38 @@ mod tests {
 
     /// `FlippedA::pack_a` against the flipped matrix built entry by entry, for blocks that start
     /// and end inside a kernel's taps, partial micro-panels, several groups, and the unrolled
-    /// 3×3 / 3×3×3 paths (MR 6, 8, 12) beside other MRs and tap counts.
+    /// 3×3 / 3×3×3 paths (MR 6, 8, 12) beside other MRs and tap counts; in the plain order
+    /// and in groups of taps (the row classes' order: 3×3 and 3×3×3 kernels in groups of 3
+    /// and 9, blocks that cross a group's boundary).
     #[test]
     fn flipped_a_packs_the_flipped_kernel() {
-        for (groups, kg, cg, taps) in [(1, 7, 20, 9), (2, 5, 13, 27), (3, 4, 9, 4), (1, 3, 6, 1)] {
+        let cases = [
+            (1, 7, 20, 9, 9),
+            (1, 7, 20, 9, 3),
+            (2, 5, 13, 27, 27),
+            (2, 5, 13, 27, 9),
+            (1, 4, 17, 27, 3),
+            (3, 4, 9, 4, 4),
+            (3, 4, 9, 4, 2),
+            (1, 3, 6, 1, 1),
+        ];
+        for (groups, kg, cg, taps, gw) in cases {
             let w: Vec<f32> = (0..groups * kg * cg * taps).map(|v| v as f32).collect();
             for grp in 0..groups {
-                let a = FlippedA {
+                let plain = FlippedA {
                     w: &w,
                     grp,
                     cg,
                     kg,
                     taps,
+                    group: taps,
                 };
+                let a = plain.tap_groups(gw).expect("gw divides the taps");
                 let (rows, cols) = (a.rows(), a.cols());
+                // Column p: run j = q·kg + k of gw columns, tap q·gw + u of k.
                 let want = |c: usize, p: usize| {
-                    let (k, t) = (p / taps, p % taps);
+                    let (j, u) = (p / gw, p % gw);
+                    let (k, t) = (j % kg, (j / kg) * gw + u);
                     w[((grp * kg + k) * cg + c) * taps + taps - 1 - t]
                 };
                 for mr in [4, 6, 8, 12] {
@@ -221,8 +328,14 @@ mod tests {
                         (rows / 2, rows - rows / 2),
                         (0, 5),
                     ] {
-                        for (pc, kc) in [(0, cols), (taps / 2, cols - taps / 2), (taps, 1), (3, 2)]
-                        {
+                        for (pc, kc) in [
+                            (0, cols),
+                            (taps / 2, cols - taps / 2),
+                            (taps, 1),
+                            (3, 2),
+                            (kg * gw - 1, 2 * gw + 3),
+                            (gw + 1, kg * gw),
+                        ] {
                             if kc == 0 || pc + kc > cols || mc == 0 || ic + mc > rows {
                                 continue;
                             }

@@ -675,7 +675,8 @@ impl<'a> Prepacked<'a> {
     /// [`Prepacked::pack`] with A's columns reordered: column `c·taps + q·gw + t` (channel
     /// `c` of `ch`, tap `q·gw + t`) becomes column `(q·ch + c)·gw + t` (groups of `gw`
     /// consecutive taps, group-major). Each micro-panel is packed in A's own order into a
-    /// buffer of one micro-panel, then copied group by group (`gw · mr` values a copy).
+    /// buffer of one micro-panel, then copied group by group (`gw · mr` values a copy). One
+    /// group of all taps (`gw == taps`) is A's own order: [`Prepacked::pack`].
     fn pack_ordered<A: PackA>(
         a: &A,
         mr: usize,
@@ -685,6 +686,9 @@ impl<'a> Prepacked<'a> {
     ) -> Self {
         let (rows, cols) = (a.rows(), a.cols());
         debug_assert!(cols == ch * taps && taps.is_multiple_of(gw));
+        if gw == taps {
+            return Self::pack(a, mr, threads, buf);
+        }
         let data = sized(buf, rows.div_ceil(mr) * mr * cols);
         Self::fill(rows, cols, mr, threads, data, |ic0, dst| {
             let mut tmp = vec![0f32; cols * mr];

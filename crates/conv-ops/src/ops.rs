@@ -393,11 +393,24 @@ fn row_classes(g: &ConvGeometry) -> Option<Vec<RowRange>> {
     Some(classes)
 }
 
+/// An A source of [`forward_group`]: the forward layer's weights, or the flipped ones of
+/// [`crate::flipped`].
+pub(crate) trait ForwardA: core_blas::PackA + Sized {
+    /// The same matrix with its columns in [`forward_classes`]' order (tap group, channel, tap
+    /// of the group; `gw` consecutive taps a group), when the source packs that order itself
+    /// (then the classes' A is packed in one pass, without a reordering copy).
+    fn tap_groups(&self, _gw: usize) -> Option<Self> {
+        None
+    }
+}
+
+impl ForwardA for MatRef<'_> {}
+
 /// The forward pass of group `grp` by a GEMM `algo` (convgemm or im2col + GEMM) whose A (the
 /// group's K/G × C/G·R weights) is `a`: the geometry's own weights, or the flipped ones of
 /// [`crate::flipped`] packed straight from w.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn forward_group<A: core_blas::PackA>(
+pub(crate) fn forward_group<A: ForwardA>(
     g: &ConvGeometry,
     grp: usize,
     a: &A,
@@ -513,14 +526,14 @@ pub(crate) fn forward_group<A: core_blas::PackA>(
                         wlen: c.rows.len() * ow,
                     })
                     .collect();
-                forward_classes(
-                    a,
-                    (cg, g.kernel_len(), kw),
-                    &classes,
-                    y,
-                    (g.out_channels(), olen, grp * kg),
-                    epi,
-                )
+                let (taps, dims) = (g.kernel_len(), (g.out_channels(), olen, grp * kg));
+                match a.tap_groups(kw) {
+                    // Already in the classes' order: one group of all taps (no reordering).
+                    Some(grouped) => {
+                        forward_classes(&grouped, (cg, taps, taps), &classes, y, dims, epi)
+                    }
+                    None => forward_classes(a, (cg, taps, kw), &classes, y, dims, epi),
+                }
             }
             None => {
                 let b = Im2colB::new(g, grp, x).with_fused_packing();
