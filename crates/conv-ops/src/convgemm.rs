@@ -45,6 +45,8 @@ pub struct Im2colB<'a> {
     /// elsewhere the rows may grow with the batch, and the description's per-row table with
     /// them).
     fused: bool,
+    /// Whether full panels of a stride-2 layer are described too ([`Im2colB::with_strided_fusion`]).
+    strided: bool,
     /// The kernel tap of each of the view's taps, when they are not `tap0..tap0 + taps`
     /// ([`Im2colB::with_tap_map`]; one group, `tap0` 0).
     map: Option<&'a [usize]>,
@@ -209,6 +211,7 @@ impl<'a> Im2colB<'a> {
             taps: g.kernel_len(),
             gw: g.kernel_len(),
             fused: false,
+            strided: false,
             map: None,
         }
     }
@@ -218,6 +221,18 @@ impl<'a> Im2colB<'a> {
     pub fn with_fused_packing(self) -> Self {
         Im2colB {
             fused: true,
+            ..self
+        }
+    }
+
+    /// The same matrix with fused packing ([`Im2colB::with_fused_packing`]) on stride 2 along
+    /// the innermost dimension too: core-blas's AVX-512 first tile then packs each 16-lane
+    /// chunk from one or two stride-2 pieces of x's lines (the phase-split forward's direct
+    /// form, [`crate::phasesplit`]).
+    pub(crate) fn with_strided_fusion(self) -> Self {
+        Im2colB {
+            fused: true,
+            strided: true,
             ..self
         }
     }
@@ -336,7 +351,7 @@ impl PackB for Im2colB<'_> {
     /// Stride-1 layers whose full panels are 16-value chunks (core-blas's [`ConvPack`] there).
     fn conv_fusable(&self, nr: usize) -> bool {
         self.fused
-            && self.src.d.stride[2] == 1
+            && (self.src.d.stride[2] == 1 || (self.strided && self.src.d.stride[2] == 2))
             && nr.is_multiple_of(CHUNK_LANES)
             && nr <= 64
             && ConvPack::global().is_ok()
@@ -407,6 +422,14 @@ impl PackB for Im2colB<'_> {
     /// stride-2 128@56² runs 1.02× slower without them (ResNet-20's 16→32 stride 2: 0.97×).
     fn prefetch_b(&self, pc: usize, kc: usize, jc: usize, nc: usize) {
         if kc == 0 || nc == 0 || self.src.d.stride[2] == 1 || self.wlen != self.src.olen() {
+            return;
+        }
+        if self.strided && !(self.col0 + jc).is_multiple_of(self.wlen) {
+            // Fused stride-2 panels: the kernel's first tile prefetches the next panel itself
+            // (the hints of every panel cost more than the phase copy they replace: quiet
+            // 12:47:53 UTC, probe 17.75-17.90 ms with them, 17.34-17.85 without); only an
+            // image's first panel (the next KC block's, asked for at this block's last
+            // panel) is hinted here.
             return;
         }
         let src = &self.src;

@@ -13,6 +13,16 @@
 //! instead of strided, two-piece rows with a prefetch of each block (ResNet-50's 128@56²
 //! stride 2: the packer 11% and its prefetch 4% of the samples, session 27).
 //!
+//! On the AVX-512 family, stride 2 along the lines skips the copy ([`reads_x`]): the first
+//! tile of each B panel packs it straight from x's stride-2 lines (core-blas's step-2 fused
+//! tile, per 16 values one or two pieces and a `vpermt2ps`, the next panel's lines
+//! prefetched), so x is read inside the product instead of in a pass of its own, where its
+//! memory read was ~0.5 ms of the 17.5 of ResNet-50's 128@56² (session 31). Paired probe,
+//! 1 thread, quiet 13:16:19 UTC, main / this, 4 alternations: pair medians 0.945 / 0.952,
+//! 0.947 / 0.955, 0.949 / 0.952, 0.941 / 0.953, pass medians 17.63 / 17.52, 17.60 / 17.48,
+//! 17.61 / 17.57, 17.80 / 17.65 ms; ResNet-18's 64@56² (quiet 13:22:38 UTC) 8.89 / 8.70, 8.93 /
+//! 8.69, 8.89 / 8.77 ms.
+//!
 //! Taken by [`crate::ForwardAlgo::Convgemm`] on the layers of [`applies`]. The copy is
 //! bounded (about [`BLOCK_FLOATS`] values, at least one image), kept per thread across calls
 //! and independent of the batch; A is packed once per call.
@@ -252,6 +262,15 @@ fn fill(g: &ConvGeometry, dims: &[Dim; 2], x: &[f32], dst: &mut [f32], threads: 
     }
 }
 
+/// Whether [`forward`] skips the phase copy and packs B straight from x: stride 2 along the
+/// lines, on the AVX-512 family, whose first tile of each panel packs it from one- or
+/// two-piece stride-2 chunks (core-blas's fused conv tile), reading x inside the product where
+/// the FMAs hide it, instead of in a pass of its own. One image a product.
+fn reads_x(g: &ConvGeometry) -> bool {
+    g.stride()[1] == 2
+        && core_blas::Gemm::global().is_ok_and(|gm| gm.isa() == core_blas::Isa::Avx512)
+}
+
 /// y = conv(x, w) (+ bias) (then ReLU) for a layer of [`applies`]: per block of images, the
 /// phase copy, then the stride-1 convgemm over it with the tap map (A packed once). With more
 /// blocks than threads, each thread takes whole blocks (its copy in its own L2, no product
@@ -283,15 +302,48 @@ pub(crate) fn forward(
         .collect();
     let image = g.in_channels() * d0.s * d1.s * d0.hp * d1.hp;
     let nb = (BLOCK_FLOATS / image).clamp(1, g.batch());
-    let blocks = g.batch().div_ceil(nb);
     let threads = rayon::current_num_threads().max(1);
     let mr = core_blas::Gemm::global().map_err(gemm_err)?.tile().0;
     let a = MatRef::row_major("w", w, k, cr, cr).map_err(gemm_err)?;
     let xi = g.in_channels() * g.input_spatial_len();
     let yi = k * olen;
+    // The product of `cnt` images' B into their y on `threads`.
+    let product = |pre: &Prepacked<'_>, b: &Im2colB<'_>, yb: &mut [f32], cnt: usize, threads| {
+        if cnt > 1 {
+            return forward_panels(pre, b, yb, (k, olen, 0), epi, threads == 1).map_err(gemm_err);
+        }
+        // One image: its y is a dense K × O matrix, stored from the kernel's registers.
+        let c = MatMut::row_major("y", yb, k, olen, olen).map_err(gemm_err)?;
+        let mut dense = DenseStore::new(c, epi.alpha, epi.beta);
+        if let Some(bias) = epi.bias {
+            dense = dense.with_bias(Bias::PerRow(bias)).map_err(gemm_err)?;
+        }
+        if epi.relu {
+            dense = dense.with_relu();
+        }
+        if threads == 1 {
+            core_blas::gemm_with(pre, b, &mut OneThread(dense))
+        } else {
+            core_blas::gemm_with(pre, b, &mut dense)
+        }
+        .map_err(gemm_err)
+    };
+    let direct = reads_x(g);
+    let gm = core_blas::Gemm::global().map_err(gemm_err)?;
+    let (kc, nr) = (gm.block_sizes().kc, gm.tile().1);
+    let nb = if direct { 1 } else { nb };
+    let blocks = g.batch().div_ceil(nb);
     // One block (x and y of its images): its copy and product on `threads`.
     let run = |pre: &Prepacked<'_>, xb: &[f32], yb: &mut [f32], threads: usize| {
         let cnt = xb.len() / xi;
+        if direct {
+            // No copy: the kernel's first tiles pack B from x's stride-2 lines.
+            let g1 = (*g).with_batch(cnt)?;
+            let b = Im2colB::new(&g1, 0, xb).with_strided_fusion();
+            // The first panel of the first KC block (nothing before it prefetched it).
+            core_blas::PackB::prefetch_b(&b, 0, kc.min(cr), 0, nr.min(olen));
+            return product(pre, &b, yb, cnt, threads);
+        }
         let sg = split_geometry(g, &dims, cnt)?;
         XQ.with_borrow_mut(|xq| {
             if xq.len() < cnt * image {
@@ -302,25 +354,7 @@ pub(crate) fn forward(
             let b = Im2colB::new(&sg, 0, xq)
                 .with_fused_packing()
                 .with_tap_map(&map);
-            if cnt > 1 {
-                return forward_panels(pre, &b, yb, (k, olen, 0), epi, threads == 1)
-                    .map_err(gemm_err);
-            }
-            // One image: its y is a dense K × O matrix, stored from the kernel's registers.
-            let c = MatMut::row_major("y", yb, k, olen, olen).map_err(gemm_err)?;
-            let mut dense = DenseStore::new(c, epi.alpha, epi.beta);
-            if let Some(bias) = epi.bias {
-                dense = dense.with_bias(Bias::PerRow(bias)).map_err(gemm_err)?;
-            }
-            if epi.relu {
-                dense = dense.with_relu();
-            }
-            if threads == 1 {
-                core_blas::gemm_with(pre, &b, &mut OneThread(dense))
-            } else {
-                core_blas::gemm_with(pre, &b, &mut dense)
-            }
-            .map_err(gemm_err)
+            product(pre, &b, yb, cnt, threads)
         })
     };
     let mut abuf = APACK.with_borrow_mut(std::mem::take);
@@ -389,6 +423,37 @@ mod tests {
         ];
         for g in &geoms {
             assert!(super::applies(g), "{g:?}");
+            check_forward_bias_relu(g, ForwardAlgo::Convgemm, 2).unwrap();
+        }
+    }
+
+    /// Layers large enough for many full 48-wide panels whose chunks cross output lines (the
+    /// AVX-512 path reads x straight: core-blas's step-2 fused first tile, its packing fallback
+    /// on panels that do not resolve, and the default two-step form on tiles of fewer than 8
+    /// rows): odd and even sizes and widths, paddings 0-2, 3×3 and 5×5 kernels, batches 1-5,
+    /// 1 and 2 threads, against the reference; and a stride-3 width, which keeps the phase
+    /// copy on every ISA.
+    #[test]
+    fn strided_lines_match_the_reference() {
+        let geom = |n, c, k, hw: [usize; 2], kk: [usize; 2], s: [usize; 2], p: [usize; 2]| {
+            ConvGeometry::new(n, c, k, &hw, &kk)
+                .unwrap()
+                .with_stride(&s)
+                .unwrap()
+                .with_padding(&p)
+                .unwrap()
+        };
+        let geoms = [
+            geom(3, 64, 16, [30, 30], [3, 3], [2, 2], [1, 1]),
+            geom(5, 64, 12, [29, 31], [3, 3], [2, 2], [0, 0]),
+            geom(1, 64, 8, [33, 32], [5, 5], [2, 2], [2, 2]),
+            geom(2, 72, 20, [27, 45], [3, 3], [1, 2], [1, 1]),
+            geom(2, 64, 8, [26, 38], [3, 4], [2, 3], [1, 1]),
+        ];
+        for g in &geoms {
+            assert!(super::applies(g), "{g:?}");
+            let avx512 = core_blas::Gemm::global().unwrap().isa() == core_blas::Isa::Avx512;
+            assert_eq!(super::reads_x(g), avx512 && g.stride()[1] == 2, "{g:?}");
             check_forward_bias_relu(g, ForwardAlgo::Convgemm, 2).unwrap();
         }
     }

@@ -876,7 +876,24 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
                     // (validated by the public entry point) and belongs to this thread's range.
                     unsafe {
                         let cp = d.ptr.add(i * d.rs + j * d.cs);
-                        if let Some((sp, rows)) = conv_rows.take() {
+                        if let Some((sp, rows)) = conv_rows.take_if(|(_, r)| r.strided) {
+                            // The same for a panel of step-2 rows.
+                            kern.run_packing_conv2(
+                                kc,
+                                d.alpha,
+                                ap,
+                                sp,
+                                rows.rows2.as_ptr(),
+                                rows.rows2.len(),
+                                rows.step,
+                                bdst,
+                                beta,
+                                cp,
+                                d.rs,
+                                d.cs,
+                                m,
+                            );
+                        } else if let Some((sp, rows)) = conv_rows.take() {
                             // The panel's first tile packs it through the checked masks
                             // (`ConvRows::resolve`: every lane read lies inside the source).
                             kern.run_packing_conv(

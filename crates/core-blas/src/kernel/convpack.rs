@@ -160,11 +160,43 @@ pub(crate) struct ConvRow {
     pub(crate) m: [u16; 4],
 }
 
+/// One row of a resolved [`ConvPanel`] cycle whose chunks read every other value (step 2,
+/// one or two pieces: im2col rows of a stride-2 layer, a piece per output line), as the fused
+/// kernel reads it. Chunk `q`'s 16 lanes are the even lanes of a 32-value window: its low 16
+/// values `maskz_load(m[4q], src + off[2q])` merged with `mask_load(m[4q + 1], src + off[2q +
+/// 1])`, its high 16 the same at + 64 bytes with `m[4q + 2]`, `m[4q + 3]` (`off` in bytes; the
+/// masks select only the window's even lanes that a piece reads, so lanes outside the pieces
+/// are zero and never read).
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+pub(crate) struct ConvRow2 {
+    /// Per chunk, the byte offsets of its two pieces' lane 0.
+    pub(crate) off: [isize; 6],
+    /// Per chunk, the window's load masks: low half of piece 1, of piece 2, high half of
+    /// piece 1, of piece 2.
+    pub(crate) m: [u16; 12],
+    /// Byte offset of the two cache lines the row prefetches (see [`PF2_BACK`]).
+    pub(crate) pf: isize,
+}
+
+/// The prefetch of a step-2 panel's rows: the panel's highest read position in a channel
+/// plane is its frontier (the next panel reads on past it); the row of tap `t` of a channel's
+/// period prefetches three cache lines (into L2: the panel's tiles between here and the next
+/// panel stream more than L1 through) from `32·t` values past `PF2_BACK` values before the
+/// frontier on (a period of 9 taps: the 288-304 values from 32 before the frontier, about the
+/// 152-208 values the next 48 output positions of a 3×3 stride-2 layer on 56² move on in x).
+const PF2_BACK: isize = 32;
+
 /// A [`ConvPanel`] resolved for the fused kernel: `rows` (one `period` of rows, starting at
-/// the panel's first row) and the byte step of the source pointer per period.
+/// the panel's first row; or `rows2` when `strided`) and the byte step of the source pointer
+/// per period.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct ConvRows {
     pub(crate) rows: Vec<ConvRow>,
+    /// The rows of a step-2 panel ([`ConvRow2`]), when `strided`.
+    pub(crate) rows2: Vec<ConvRow2>,
+    /// Whether the panel resolved to step-2 rows (`rows2`) rather than `rows`.
+    pub(crate) strided: bool,
     /// Bytes from one period of rows to the next.
     pub(crate) step: isize,
     /// The last panel resolved, without its base, when it resolved.
@@ -186,6 +218,9 @@ struct Memo {
     kc: usize,
     nch: usize,
     rel: Vec<isize>,
+    /// Step-2 panels: per row, its chunks' pieces' element offsets without the base (`rel`
+    /// is then empty).
+    rel2: Vec<[isize; 7]>,
     /// `None` when no row reads anything.
     reads: Option<(isize, isize)>,
 }
@@ -207,6 +242,11 @@ impl ConvRows {
         });
         if !hit {
             self.memo = self.describe(p, kc, nch);
+            self.strided = false;
+            if self.memo.is_none() && (1..=3).contains(&nch) && period_ok(p, kc, nch) {
+                self.memo = self.describe2(p, kc, nch);
+                self.strided = self.memo.is_some();
+            }
         }
         let Some(m) = &self.memo else {
             return false;
@@ -220,14 +260,106 @@ impl ConvRows {
                 _ => return false,
             }
         }
+        let bytes = |rel: isize| rel.checked_add(p.base).and_then(|o| o.checked_mul(4));
+        if self.strided {
+            self.rows2.truncate(m.rel2.len());
+            for (row, rel) in self.rows2.iter_mut().zip(&m.rel2) {
+                for (o, &r) in row.off.iter_mut().chain([&mut row.pf]).zip(rel) {
+                    match bytes(r) {
+                        Some(b) => *o = b,
+                        None => return false,
+                    }
+                }
+            }
+            return true;
+        }
         self.rows.truncate(m.rel.len());
         for (row, &rel) in self.rows.iter_mut().zip(&m.rel) {
-            match rel.checked_add(p.base).and_then(|o| o.checked_mul(4)) {
-                Some(bytes) => row.off = bytes,
+            match bytes(rel) {
+                Some(b) => row.off = b,
                 None => return false,
             }
         }
         true
+    }
+
+    /// [`ConvRows::describe`] for panels whose chunks all read with step 2 (one or two pieces
+    /// each; chunks without lanes go with any step), their rows in `self.rows2`; `None` for
+    /// any other panel or when an offset does not fit.
+    fn describe2(&mut self, p: &ConvPanel, kc: usize, nch: usize) -> Option<Memo> {
+        let (period, first) = (p.period, p.first);
+        self.rows2.clear();
+        let mut rel2 = Vec::with_capacity(period.min(kc));
+        let mut reads: Option<(isize, isize)> = None;
+        let mut frontier = isize::MIN;
+        for j in 0..period.min(kc) {
+            let t = (first + j) % period;
+            let chan = ((first + j) / period) as isize;
+            let cbase = chan.checked_mul(p.step)?;
+            let mut row = ConvRow2::default();
+            let mut rel = [cbase; 7];
+            let (mut lo, mut hi) = (isize::MAX, isize::MIN);
+            for (q, c) in p.taps[t * nch..][..nch].iter().enumerate() {
+                let Chunk::Lines {
+                    step,
+                    m1,
+                    m2,
+                    off1,
+                    off2,
+                } = *c
+                else {
+                    return None;
+                };
+                if m1 | m2 == 0 {
+                    continue;
+                }
+                if step != 2 {
+                    return None;
+                }
+                for (i, (m, off)) in [(m1, off1), (m2, off2)].into_iter().enumerate() {
+                    if m == 0 {
+                        continue;
+                    }
+                    let o = cbase.checked_add(off)?;
+                    rel[2 * q + i] = o;
+                    row.m[4 * q + i] = spread(m);
+                    row.m[4 * q + 2 + i] = spread(m >> 8);
+                    lo = lo.min(o.checked_add(2 * m.trailing_zeros() as isize)?);
+                    hi = hi.max(o.checked_add(2 * (15 - m.leading_zeros() as isize))?);
+                }
+            }
+            if lo <= hi {
+                frontier = frontier.max(hi - cbase);
+                let cycles = ((kc - 1 - j) / period) as isize;
+                let last = cycles.checked_mul(p.step).and_then(|d| d.checked_add(hi))?;
+                reads = Some(match reads {
+                    None => (lo, last),
+                    Some((l, h)) => (l.min(lo), h.max(last)),
+                });
+            }
+            rel2.push(rel);
+            self.rows2.push(row);
+        }
+        // The prefetch lines (a prefetch never faults: no bounds to check).
+        if frontier > isize::MIN {
+            for (j, rel) in rel2.iter_mut().enumerate() {
+                let t = ((first + j) % period) as isize;
+                let chan = ((first + j) / period) as isize;
+                rel[6] = (chan * p.step + frontier - PF2_BACK).checked_add(32 * t)?;
+            }
+        }
+        self.step = p.step.checked_mul(4)?;
+        Some(Memo {
+            taps: p.taps.clone(),
+            period,
+            first,
+            step: p.step,
+            kc,
+            nch,
+            rel: Vec::new(),
+            rel2,
+            reads,
+        })
     }
 
     /// The [`Memo`] of `p` for a block of `kc` rows and panels of `nch` chunks, with its rows
@@ -307,9 +439,16 @@ impl ConvRows {
             kc,
             nch,
             rel,
+            rel2: Vec::new(),
             reads,
         })
     }
+}
+
+/// The shape checks of [`ConvRows::describe`]: a period of `nch` chunks per tap, the first row
+/// inside it, a non-negative step, at least one row.
+fn period_ok(p: &ConvPanel, kc: usize, nch: usize) -> bool {
+    p.period != 0 && p.first < p.period && p.taps.len() == p.period * nch && p.step >= 0 && kc != 0
 }
 
 /// `(dst, dst_step, rows, src, src_step, chunks, idx)`: the contract of [`ConvPack::pack_rows`].
@@ -1881,6 +2020,79 @@ mod tests {
                 .filter(|l| m >> l & 1 == 1)
                 .fold(0u16, |a, l| a | 1 << (2 * l));
             assert_eq!(spread(m), want);
+        }
+    }
+
+    /// [`ConvRows::resolve`] of step-2 panels: one period of [`ConvRow2`]s (per chunk its
+    /// pieces' byte offsets and the window masks of their lanes, a chunk without lanes
+    /// zero-masked), the refusals (step-1 and step-2 chunks mixed, a gather, a lane read
+    /// outside the source), and a panel with the same taps at another base.
+    #[test]
+    fn conv_rows_resolve_step2() {
+        let two = |m1: u16, off1: isize, m2: u16, off2: isize| Chunk::Lines {
+            step: 2,
+            m1,
+            m2,
+            off1,
+            off2,
+        };
+        // Tap 0: 48 lanes, the second chunk crossing at lane 4 (a second line at +120).
+        // Tap 1: lane 0 in the padding, the last chunk without lanes.
+        let taps = vec![
+            two(0xffff, 10, 0, 0),
+            two(0x000f, 42, 0xfff0, 162),
+            two(0xffff, 194, 0, 0),
+            two(0xfffe, 11, 0, 0),
+            two(0xffff, 43, 0, 0),
+            two(0, 0, 0, 0),
+        ];
+        let mut p = ConvPanel {
+            taps,
+            period: 2,
+            first: 0,
+            base: 100,
+            step: 1000,
+        };
+        let mut r = ConvRows::default();
+        // 3 rows: taps 0, 1 of channel 0, tap 0 of channel 1; the last lane read is
+        // 100 + 1000 + 194 + 30.
+        assert!(r.resolve(&p, 100 + 1000 + 194 + 31, 3, 3));
+        assert!(r.strided);
+        assert_eq!((r.step, r.rows2.len()), (4000, 2));
+        let r0 = r.rows2[0];
+        // Pieces without lanes stay at the channel's base (their loads are masked off).
+        assert_eq!(r0.off, [440, 400, 4 * 142, 4 * 262, 4 * 294, 400]);
+        assert_eq!(
+            r0.m,
+            [
+                0x5555, 0, 0x5555, 0, 0x0055, 0x5500, 0, 0x5555, 0x5555, 0, 0x5555, 0
+            ]
+        );
+        let r1 = r.rows2[1];
+        assert_eq!(r1.m[..4], [0x5554, 0, 0x5555, 0]);
+        assert_eq!(r1.m[8..], [0, 0, 0, 0]);
+        assert!(!r.resolve(&p, 100 + 1000 + 194 + 30, 3, 3));
+        // The same taps at another base: the offsets move with it.
+        p.base = 7;
+        assert!(r.resolve(&p, 10_000, 3, 3));
+        assert_eq!(r.rows2[0].off[0], 4 * 17);
+        p.base = -11;
+        assert!(!r.resolve(&p, 10_000, 3, 3));
+        p.base = -10;
+        assert!(r.resolve(&p, 10_000, 3, 3));
+        for bad in [
+            Chunk::Lines {
+                step: 1,
+                m1: 1,
+                m2: 0,
+                off1: 0,
+                off2: 0,
+            },
+            Chunk::Gather { mask: 1, at: 0 },
+        ] {
+            let mut q = p.clone();
+            q.taps[4] = bad;
+            assert!(!r.resolve(&q, 10_000, 3, 3));
         }
     }
 

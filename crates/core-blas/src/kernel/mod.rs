@@ -282,6 +282,39 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
         }
     }
 
+    /// [`Kernel::run_packing_conv`] for a panel resolved to step-2 rows
+    /// ([`convpack::ConvRow2`]: per chunk two pieces, each reading every other value). The
+    /// default packs the panel, then runs [`Kernel::run`].
+    ///
+    /// # Safety
+    /// As [`Kernel::run_packing_conv`], with `period >= 1` [`convpack::ConvRow2`] entries at
+    /// `rows` and every lane their masks select readable at its piece's offset.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    unsafe fn run_packing_conv2(
+        self,
+        k: usize,
+        alpha: f32,
+        a: *const f32,
+        src: *const f32,
+        rows: *const convpack::ConvRow2,
+        period: usize,
+        step: isize,
+        bdst: *mut f32,
+        beta: f32,
+        c: *mut f32,
+        rs_c: usize,
+        cs_c: usize,
+        m: usize,
+    ) {
+        // SAFETY: the caller's contract is `conv2_then_run`'s.
+        unsafe {
+            conv2_then_run(
+                self, k, alpha, a, src, rows, period, step, bdst, beta, c, rs_c, cs_c, m,
+            )
+        }
+    }
+
     /// [`Kernel::run`] for short products (`k` up to a few hundred, operands in L1/L2) on a packed
     /// A micro-panel, alpha = 1, C row-major (row stride `ldc`): the kernel of
     /// [`Kernel::run_rowa`] reading the panel (`lda = 1`, step `MR`).
@@ -721,6 +754,57 @@ pub(crate) unsafe fn conv_then_run<K: Kernel>(
                         *s.wrapping_add(q * convpack::CHUNK_LANES + l)
                     } else {
                         0.0
+                    };
+                }
+            }
+        }
+        kern.run(k, alpha, a, bdst, beta, c, rs_c, cs_c, m, K::NR);
+    }
+}
+
+/// [`Kernel::run_packing_conv2`] done in two steps: the panel packed lane by lane from the
+/// step-2 rows, then [`Kernel::run`]. The trait's default.
+///
+/// # Safety
+/// The contract of [`Kernel::run_packing_conv2`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn conv2_then_run<K: Kernel>(
+    kern: K,
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    src: *const f32,
+    rows: *const convpack::ConvRow2,
+    period: usize,
+    step: isize,
+    bdst: *mut f32,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+    cs_c: usize,
+    m: usize,
+) {
+    let nch = K::NR / convpack::CHUNK_LANES;
+    // SAFETY: the caller's contract: `period` entries at `rows`, the lanes their masks select
+    // readable at their pieces' offsets (other lanes are never read), `k · NR` packed values
+    // writable at `bdst`.
+    unsafe {
+        for p in 0..k {
+            let r = *rows.add(p % period);
+            let at = |off: isize| {
+                src.cast::<u8>()
+                    .wrapping_offset(off + (p / period) as isize * step)
+                    .cast::<f32>()
+            };
+            for q in 0..nch {
+                let d = bdst.add(p * K::NR + q * convpack::CHUNK_LANES);
+                for l in 0..convpack::CHUNK_LANES {
+                    // Lane l is window lane 2l: half `l / 8`, bit `2l mod 16` of its masks.
+                    let (half, bit) = (l / 8, 1u16 << (2 * l % 16));
+                    let pick = (0..2).find(|&i| r.m[4 * q + 2 * half + i] & bit != 0);
+                    *d.add(l) = match pick {
+                        Some(i) => *at(r.off[2 * q + i]).add(2 * l),
+                        None => 0.0,
                     };
                 }
             }

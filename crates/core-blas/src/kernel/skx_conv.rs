@@ -17,7 +17,7 @@
 use core::arch::asm;
 use core::arch::x86_64::*;
 
-use super::convpack::ConvRow;
+use super::convpack::{ConvRow, ConvRow2};
 use super::x86::V512;
 
 /// Row `r` of A with a register broadcast: 1 load, 3 FMAs.
@@ -158,6 +158,149 @@ macro_rules! conv_loop {
     };
 }
 
+/// Chunk `$q` of a step-2 row ([`ConvRow2`](super::convpack::ConvRow2)) into `$d`: its
+/// pieces' offsets from `{t}`, the window's low half (piece 1 zero-masked, piece 2 merged)
+/// into `$d` and its high half into `$h`, their even lanes by one `vpermt2ps` (index zmm4),
+/// stored to the packed panel.
+macro_rules! conv_chunk2 {
+    ($q:literal, $d:literal, $h:literal) => {
+        concat!(
+            "mov {o}, qword ptr [{t} + 16*",
+            $q,
+            "]\n",
+            "mov {p}, qword ptr [{t} + 16*",
+            $q,
+            " + 8]\n",
+            "kmovw k1, word ptr [{t} + 48 + 8*",
+            $q,
+            "]\n",
+            "kmovw k2, word ptr [{t} + 50 + 8*",
+            $q,
+            "]\n",
+            "kmovw k3, word ptr [{t} + 52 + 8*",
+            $q,
+            "]\n",
+            "kmovw k4, word ptr [{t} + 54 + 8*",
+            $q,
+            "]\n",
+            "vmovups zmm",
+            $d,
+            " {{k1}}{{z}}, zmmword ptr [{s} + {o}]\n",
+            "vmovups zmm",
+            $h,
+            " {{k3}}{{z}}, zmmword ptr [{s} + {o} + 64]\n",
+            "kortestw k2, k4\n",
+            "jz 4",
+            $q,
+            "f\n",
+            "vmovups zmm",
+            $d,
+            " {{k2}}, zmmword ptr [{s} + {p}]\n",
+            "vmovups zmm",
+            $h,
+            " {{k4}}, zmmword ptr [{s} + {p} + 64]\n",
+            "4",
+            $q,
+            ":\n",
+            "vpermt2ps zmm",
+            $d,
+            ", zmm4, zmm",
+            $h,
+            "\n",
+            "vmovups zmmword ptr [{b} + 64*",
+            $q,
+            "], zmm",
+            $d,
+            "\n",
+        )
+    };
+}
+
+/// [`conv_loop`] for step-2 rows ([`ConvRow2`](super::convpack::ConvRow2), 80 bytes): the
+/// row's two prefetch lines, its three chunks by [`conv_chunk2`], then the 8 rows of A.
+macro_rules! conv_loop2 {
+    ($n:expr, $a:expr, $b:expr, $s:expr, $t:expr, $cnt:expr, $tab:expr, $per:expr, $stp:expr, $idx:expr, $c:expr) => {
+        asm!(
+            ".p2align 5",
+            "2:",
+            "mov {o}, qword ptr [{t} + 72]",
+            "prefetcht1 [{s} + {o}]",
+            "prefetcht1 [{s} + {o} + 64]",
+            "prefetcht1 [{s} + {o} + 128]",
+            conv_chunk2!(0, 0, 5),
+            conv_chunk2!(1, 1, 6),
+            conv_chunk2!(2, 3, 7),
+            cbc!(0, 8, 9, 10),
+            cbc!(1, 11, 12, 13),
+            ceb!(2, 14, 15, 16),
+            cbc!(3, 17, 18, 19),
+            cbc!(4, 20, 21, 22),
+            ceb!(5, 23, 24, 25),
+            cbc!(6, 26, 27, 28),
+            ceb!(7, 29, 30, 31),
+            "add {t}, 80",
+            "add {a}, 32",
+            "add {b}, 192",
+            "dec {cnt}",
+            "jnz 3f",
+            "mov {t}, {tab}",
+            "mov {cnt}, {per}",
+            "add {s}, {stp}",
+            "3:",
+            "dec {n}",
+            "jnz 2b",
+            n = inout(reg) $n => _,
+            a = inout(reg) $a,
+            b = inout(reg) $b,
+            s = inout(reg) $s,
+            t = inout(reg) $t,
+            cnt = inout(reg) $cnt,
+            tab = in(reg) $tab,
+            per = in(reg) $per,
+            stp = in(reg) $stp,
+            o = out(reg) _,
+            p = out(reg) _,
+            in("zmm4") $idx,
+            inout("zmm8") $c[0],
+            inout("zmm9") $c[1],
+            inout("zmm10") $c[2],
+            inout("zmm11") $c[3],
+            inout("zmm12") $c[4],
+            inout("zmm13") $c[5],
+            inout("zmm14") $c[6],
+            inout("zmm15") $c[7],
+            inout("zmm16") $c[8],
+            inout("zmm17") $c[9],
+            inout("zmm18") $c[10],
+            inout("zmm19") $c[11],
+            inout("zmm20") $c[12],
+            inout("zmm21") $c[13],
+            inout("zmm22") $c[14],
+            inout("zmm23") $c[15],
+            inout("zmm24") $c[16],
+            inout("zmm25") $c[17],
+            inout("zmm26") $c[18],
+            inout("zmm27") $c[19],
+            inout("zmm28") $c[20],
+            inout("zmm29") $c[21],
+            inout("zmm30") $c[22],
+            inout("zmm31") $c[23],
+            out("zmm0") _,
+            out("zmm1") _,
+            out("zmm2") _,
+            out("zmm3") _,
+            out("zmm5") _,
+            out("zmm6") _,
+            out("zmm7") _,
+            out("k1") _,
+            out("k2") _,
+            out("k3") _,
+            out("k4") _,
+            options(nostack),
+        )
+    };
+}
+
 /// The rows run after the C tile is prefetched (as the plain kernel's 8 rounds of 4 steps).
 const C_PREFETCH_ROWS: usize = 32;
 
@@ -213,10 +356,201 @@ pub(crate) unsafe fn avx512_ukr_conv_asm(
     }
 }
 
+/// [`avx512_ukr_conv_asm`] for step-2 rows: row `p` (`p < k`) is `rows[p % period]`
+/// ([`ConvRow2`]: per chunk two pieces read every other value) at `src + (p / period) · step`
+/// bytes, stored to `bdst + 48 · p` and multiplied with A's row `p` in the registers.
+///
+/// # Safety
+/// As [`avx512_ukr_conv_asm`], with `period >= 1` [`ConvRow2`] entries at `rows` and every
+/// lane their masks select readable at its piece's offset.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn avx512_ukr_conv2_asm(
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    src: *const f32,
+    rows: *const ConvRow2,
+    period: usize,
+    step: isize,
+    bdst: *mut f32,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+    cs_c: usize,
+    m: usize,
+    n: usize,
+) {
+    debug_assert!(m == 8 && n <= 48 && period >= 1);
+    // SAFETY: avx512f per the caller. The asm reads `k` rows of A (8 values each), the
+    // `period` entries at `rows` and, per row, the lanes its masks select at the caller's
+    // checked offsets (masked-off lanes do not fault); it writes `k · 48` values at `bdst`
+    // (the caller's exclusive buffer), only the registers it declares, and touches no stack;
+    // prefetches never fault; the C window is the caller's.
+    unsafe {
+        let idx = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let idx = _mm512_castsi512_ps(idx);
+        let mut c24 = [_mm512_setzero_ps(); 24];
+        let (mut ap, mut bp, mut sp, mut tp, mut cnt) = (a, bdst, src, rows, period);
+        let tail = k.min(C_PREFETCH_ROWS);
+        let head = k - tail;
+        if head > 0 {
+            conv_loop2!(head, ap, bp, sp, tp, cnt, rows, period, step, idx, c24);
+        }
+        super::skx::prefetch_c(c, rs_c, cs_c, m, n);
+        if tail > 0 {
+            conv_loop2!(tail, ap, bp, sp, tp, cnt, rows, period, step, idx, c24);
+        }
+        let _ = (ap, bp, sp, tp, cnt);
+        let acc: [[__m512; 3]; 8] = core::mem::transmute(c24);
+        super::store_acc::<V512, 8, 3>(&acc, alpha, beta, c, rs_c, cs_c, m, n);
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::convpack::ConvRow;
+    use super::super::convpack::{ConvRow, ConvRow2};
     use super::*;
+
+    /// The step-2 fused tile against a naive product on a panel described row by row (per
+    /// chunk two random disjoint pieces reading every other value, their window masks as
+    /// `ConvRows` builds them, random offsets, periods and source steps), and its packed
+    /// panel against the lanes it describes; depths around the C-prefetch split, alpha / beta
+    /// cases, unit and non-unit column strides of C.
+    #[test]
+    fn conv2_tile_matches_naive() {
+        if !is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        let spread = |m: u16| {
+            (0..8)
+                .filter(|l| m >> l & 1 == 1)
+                .fold(0u16, |a, l| a | 1 << (2 * l))
+        };
+        let len = 9000usize;
+        let src: Vec<f32> = (0..len).map(|i| (i % 11) as f32 - 5.0).collect();
+        for case in 0..80 {
+            let k = [0usize, 1, 3, 4, 5, 17, 27, 31, 32, 33, 64, 131][case % 12];
+            let period = 1 + rnd(27) as usize;
+            let step = rnd(40) as isize;
+            // Per row and chunk: lanes of piece 1, of piece 2, their element offsets.
+            let desc: Vec<[(u16, u16, isize, isize); 3]> = (0..period)
+                .map(|_| {
+                    std::array::from_fn(|_| {
+                        let m = if case % 5 == 0 && rnd(2) == 0 {
+                            0
+                        } else {
+                            rnd(1 << 16) as u16
+                        };
+                        let cut = rnd(17) as u32;
+                        let lo = if cut == 16 {
+                            u16::MAX
+                        } else {
+                            (1u16 << cut) - 1
+                        };
+                        let o1 = 100 + rnd(300) as isize;
+                        (m & lo, m & !lo, o1, o1 + rnd(200) as isize)
+                    })
+                })
+                .collect();
+            let rows: Vec<ConvRow2> = desc
+                .iter()
+                .map(|d| {
+                    let mut r = ConvRow2::default();
+                    for (q, &(m1, m2, o1, o2)) in d.iter().enumerate() {
+                        r.off[2 * q] = 4 * o1;
+                        r.off[2 * q + 1] = 4 * o2;
+                        r.m[4 * q..4 * q + 4].copy_from_slice(&[
+                            spread(m1),
+                            spread(m2),
+                            spread(m1 >> 8),
+                            spread(m2 >> 8),
+                        ]);
+                    }
+                    r.pf = 4 * rnd(500) as isize;
+                    r
+                })
+                .collect();
+            let mut want_b = vec![0f32; k * 48];
+            for p in 0..k {
+                let shift = (p / period) as isize * step;
+                for (q, &(m1, m2, o1, o2)) in desc[p % period].iter().enumerate() {
+                    for l in 0..16 {
+                        let at = if m1 & (1 << l) != 0 {
+                            Some(o1)
+                        } else if m2 & (1 << l) != 0 {
+                            Some(o2)
+                        } else {
+                            None
+                        };
+                        if let Some(o) = at {
+                            want_b[p * 48 + 16 * q + l] =
+                                src[(o + shift + 2 * l as isize) as usize];
+                        }
+                    }
+                }
+            }
+            let a: Vec<f32> = (0..k * 8).map(|_| rnd(5) as f32 - 2.0).collect();
+            let (alpha, beta) = [(1.0f32, 0.0f32), (2.0, 1.0), (-1.0, 3.0)][case % 3];
+            let cs = if case % 4 == 3 { 9 } else { 1 };
+            let rs = if cs == 1 { 50 } else { 1 };
+            let c0: Vec<f32> = (0..8 * 50 * 9)
+                .map(|_| {
+                    if beta == 0.0 {
+                        f32::NAN
+                    } else {
+                        rnd(9) as f32 - 4.0
+                    }
+                })
+                .collect();
+            let mut want_c = c0.clone();
+            for i in 0..8 {
+                for j in 0..48 {
+                    let mut acc = 0f32;
+                    for p in 0..k {
+                        acc += a[p * 8 + i] * want_b[p * 48 + j];
+                    }
+                    let at = i * rs + j * cs;
+                    let old = if beta == 0.0 { 0.0 } else { beta * c0[at] };
+                    want_c[at] = alpha * acc + old;
+                }
+            }
+            let mut c = c0.clone();
+            let mut dst = vec![f32::NAN; k * 48];
+            // SAFETY: avx512f checked above; `rows` holds `period` entries; every lane a mask
+            // selects reads `o + (p / period) · step + 2l` <= 600 + 131 · 40 + 30 < 9000, inside
+            // `src`; dst holds k · 48 values (its own allocation); the 8 × 48 window of `c`
+            // (strides rs, cs) is inside it.
+            unsafe {
+                avx512_ukr_conv2_asm(
+                    k,
+                    alpha,
+                    a.as_ptr(),
+                    src.as_ptr(),
+                    rows.as_ptr(),
+                    period,
+                    4 * step,
+                    dst.as_mut_ptr(),
+                    beta,
+                    c.as_mut_ptr(),
+                    rs,
+                    cs,
+                    8,
+                    48,
+                );
+            }
+            assert_eq!(dst, want_b, "packed panel, case {case}");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&c), bits(&want_c), "C, case {case}");
+        }
+    }
 
     /// The fused tile against a naive product on a panel described row by row (random masks,
     /// offsets, periods, source steps), and its packed panel against the lanes it describes:
