@@ -412,6 +412,95 @@ mod tests {
     use super::super::convpack::{ConvRow, ConvRow2};
     use super::*;
 
+    /// A fused tile's signature ([`avx512_ukr_conv_asm`], [`avx512_ukr_conv2_asm`]) over rows `R`.
+    type Tile<R> = unsafe fn(
+        usize,
+        f32,
+        *const f32,
+        *const f32,
+        *const R,
+        usize,
+        isize,
+        *mut f32,
+        f32,
+        *mut f32,
+        usize,
+        usize,
+        usize,
+        usize,
+    );
+
+    /// One call of a fused tile checked: `tile` over `rows` (one period) and `src`, stepping
+    /// `step` values a period, with A (k × 8) and C (an 8 × 48 window of an 8 × 50 × 9 buffer,
+    /// unit or non-unit column stride; NaN where beta = 0) random and alpha / beta by `case`;
+    /// its packed panel must equal `want_b` and its C the naive product, bit for bit.
+    ///
+    /// # Safety
+    /// avx512f is present, and every lane that `rows`' masks select at a depth below `k` lies
+    /// inside `src`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn check_tile<R>(
+        case: usize,
+        k: usize,
+        want_b: &[f32],
+        rnd: &mut impl FnMut(u64) -> u64,
+        tile: Tile<R>,
+        src: &[f32],
+        rows: &[R],
+        step: isize,
+    ) {
+        let a: Vec<f32> = (0..k * 8).map(|_| rnd(5) as f32 - 2.0).collect();
+        let (alpha, beta) = [(1.0f32, 0.0f32), (2.0, 1.0), (-1.0, 3.0)][case % 3];
+        let cs = if case % 4 == 3 { 9 } else { 1 };
+        let rs = if cs == 1 { 50 } else { 1 };
+        let c0: Vec<f32> = (0..8 * 50 * 9)
+            .map(|_| {
+                if beta == 0.0 {
+                    f32::NAN
+                } else {
+                    rnd(9) as f32 - 4.0
+                }
+            })
+            .collect();
+        let mut want_c = c0.clone();
+        for i in 0..8 {
+            for j in 0..48 {
+                let mut acc = 0f32;
+                for p in 0..k {
+                    acc += a[p * 8 + i] * want_b[p * 48 + j];
+                }
+                let at = i * rs + j * cs;
+                let old = if beta == 0.0 { 0.0 } else { beta * c0[at] };
+                want_c[at] = alpha * acc + old;
+            }
+        }
+        let mut c = c0.clone();
+        let mut dst = vec![f32::NAN; k * 48];
+        // SAFETY: the caller's contract for the CPU and the source; A holds k · 8 values, `dst`
+        // k · 48, and the 8 × 48 window of `c` (strides rs, cs) lies inside its 8 · 50 · 9.
+        unsafe {
+            tile(
+                k,
+                alpha,
+                a.as_ptr(),
+                src.as_ptr(),
+                rows.as_ptr(),
+                rows.len(),
+                4 * step,
+                dst.as_mut_ptr(),
+                beta,
+                c.as_mut_ptr(),
+                rs,
+                cs,
+                8,
+                48,
+            )
+        };
+        assert_eq!(dst, want_b, "packed panel, case {case}");
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&c), bits(&want_c), "C, case {case}");
+    }
+
     /// The step-2 fused tile against a naive product on a panel described row by row (per
     /// chunk two random disjoint pieces reading every other value, their window masks as
     /// `ConvRows` builds them, random offsets, periods and source steps), and its packed
@@ -497,58 +586,20 @@ mod tests {
                     }
                 }
             }
-            let a: Vec<f32> = (0..k * 8).map(|_| rnd(5) as f32 - 2.0).collect();
-            let (alpha, beta) = [(1.0f32, 0.0f32), (2.0, 1.0), (-1.0, 3.0)][case % 3];
-            let cs = if case % 4 == 3 { 9 } else { 1 };
-            let rs = if cs == 1 { 50 } else { 1 };
-            let c0: Vec<f32> = (0..8 * 50 * 9)
-                .map(|_| {
-                    if beta == 0.0 {
-                        f32::NAN
-                    } else {
-                        rnd(9) as f32 - 4.0
-                    }
-                })
-                .collect();
-            let mut want_c = c0.clone();
-            for i in 0..8 {
-                for j in 0..48 {
-                    let mut acc = 0f32;
-                    for p in 0..k {
-                        acc += a[p * 8 + i] * want_b[p * 48 + j];
-                    }
-                    let at = i * rs + j * cs;
-                    let old = if beta == 0.0 { 0.0 } else { beta * c0[at] };
-                    want_c[at] = alpha * acc + old;
-                }
-            }
-            let mut c = c0.clone();
-            let mut dst = vec![f32::NAN; k * 48];
-            // SAFETY: avx512f checked above; `rows` holds `period` entries; every lane a mask
-            // selects reads `o + (p / period) · step + 2l` <= 600 + 131 · 40 + 30 < 9000, inside
-            // `src`; dst holds k · 48 values (its own allocation); the 8 × 48 window of `c`
-            // (strides rs, cs) is inside it.
+            // SAFETY: avx512f checked above; every lane a mask selects reads
+            // `o + (p / period) · step + 2l` <= 600 + 131 · 40 + 30 < 9000, inside `src`.
             unsafe {
-                avx512_ukr_conv2_asm(
+                check_tile(
+                    case,
                     k,
-                    alpha,
-                    a.as_ptr(),
-                    src.as_ptr(),
-                    rows.as_ptr(),
-                    period,
-                    4 * step,
-                    dst.as_mut_ptr(),
-                    beta,
-                    c.as_mut_ptr(),
-                    rs,
-                    cs,
-                    8,
-                    48,
-                );
-            }
-            assert_eq!(dst, want_b, "packed panel, case {case}");
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&c), bits(&want_c), "C, case {case}");
+                    &want_b,
+                    &mut rnd,
+                    avx512_ukr_conv2_asm,
+                    &src,
+                    &rows,
+                    step,
+                )
+            };
         }
     }
 
@@ -604,58 +655,20 @@ mod tests {
                     }
                 }
             }
-            let a: Vec<f32> = (0..k * 8).map(|_| rnd(5) as f32 - 2.0).collect();
-            let (alpha, beta) = [(1.0f32, 0.0f32), (2.0, 1.0), (-1.0, 3.0)][case % 3];
-            let cs = if case % 4 == 3 { 9 } else { 1 };
-            let rs = if cs == 1 { 50 } else { 1 };
-            let c0: Vec<f32> = (0..8 * 50 * 9)
-                .map(|_| {
-                    if beta == 0.0 {
-                        f32::NAN
-                    } else {
-                        rnd(9) as f32 - 4.0
-                    }
-                })
-                .collect();
-            let mut want_c = c0.clone();
-            for i in 0..8 {
-                for j in 0..48 {
-                    let mut acc = 0f32;
-                    for p in 0..k {
-                        acc += a[p * 8 + i] * want_b[p * 48 + j];
-                    }
-                    let at = i * rs + j * cs;
-                    let old = if beta == 0.0 { 0.0 } else { beta * c0[at] };
-                    want_c[at] = alpha * acc + old;
-                }
-            }
-            let mut c = c0.clone();
-            let mut dst = vec![f32::NAN; k * 48];
-            // SAFETY: avx512f checked above; `rows` holds `period` entries; every lane a mask
-            // selects reads `off / 4 + (p / period) · step + l` <= 300 + 131 · 40 + 48 < 6000,
-            // inside `src`; dst holds k · 48 values (its own allocation); the 8 × 48 window of
-            // `c` (strides rs, cs) is inside it.
+            // SAFETY: avx512f checked above; every lane a mask selects reads
+            // `off / 4 + (p / period) · step + l` <= 300 + 131 · 40 + 48 < 6000, inside `src`.
             unsafe {
-                avx512_ukr_conv_asm(
+                check_tile(
+                    case,
                     k,
-                    alpha,
-                    a.as_ptr(),
-                    src.as_ptr(),
-                    rows.as_ptr(),
-                    period,
-                    4 * step,
-                    dst.as_mut_ptr(),
-                    beta,
-                    c.as_mut_ptr(),
-                    rs,
-                    cs,
-                    8,
-                    48,
-                );
-            }
-            assert_eq!(dst, want_b, "packed panel, case {case}");
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&c), bits(&want_c), "C, case {case}");
+                    &want_b,
+                    &mut rnd,
+                    avx512_ukr_conv_asm,
+                    &src,
+                    &rows,
+                    step,
+                )
+            };
         }
     }
 }
