@@ -158,7 +158,7 @@ macro_rules! conv_loop {
     };
 }
 
-/// Chunk `$q` of a step-2 row ([`ConvRow2`](super::convpack::ConvRow2)) into `$d`: its
+/// Chunk `$q` of a step-2 row ([`ConvRow2`]) into `$d`: its
 /// pieces' offsets from `{t}`, the window's low half (piece 1 zero-masked, piece 2 merged)
 /// into `$d` and its high half into `$h`, their even lanes by one `vpermt2ps` (index zmm4),
 /// stored to the packed panel.
@@ -216,7 +216,7 @@ macro_rules! conv_chunk2 {
     };
 }
 
-/// [`conv_loop`] for step-2 rows ([`ConvRow2`](super::convpack::ConvRow2), 80 bytes): the
+/// [`conv_loop`] for step-2 rows ([`ConvRow2`], 80 bytes): the
 /// row's two prefetch lines, its three chunks by [`conv_chunk2`], then the 8 rows of A.
 macro_rules! conv_loop2 {
     ($n:expr, $a:expr, $b:expr, $s:expr, $t:expr, $cnt:expr, $tab:expr, $per:expr, $stp:expr, $idx:expr, $c:expr) => {
