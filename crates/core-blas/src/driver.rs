@@ -878,7 +878,7 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
                         let cp = d.ptr.add(i * d.rs + j * d.cs);
                         if let Some((sp, rows)) = conv_rows.take_if(|(_, r)| r.strided) {
                             // The same for a panel of step-2 rows.
-                            kern.run_packing_conv2(
+                            kern.run_packing_conv(
                                 kc,
                                 d.alpha,
                                 ap,

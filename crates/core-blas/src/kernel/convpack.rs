@@ -179,6 +179,63 @@ pub(crate) struct ConvRow2 {
     pub(crate) pf: isize,
 }
 
+/// The row forms of a resolved [`ConvPanel`] cycle ([`ConvRow`], [`ConvRow2`]): what the
+/// two-step fallback ([`super::conv_then_run`]) packs per lane, and the AVX-512 fused tile that
+/// reads them ([`super::Kernel::run_packing_conv`]).
+pub(crate) trait ConvRowForm: Copy {
+    /// Lane `l` of chunk `q` of this row, its pieces read at their byte offsets from `s` (the
+    /// source pointer of the row's period); 0 when no mask selects the lane.
+    ///
+    /// # Safety
+    /// The lane, when a mask selects it, is readable at its piece's offset from `s`.
+    unsafe fn lane(&self, s: *const f32, q: usize, l: usize) -> f32;
+
+    /// The full `8 × 48` tile of `avx512-f32-8x48` that packs these rows as it runs.
+    #[cfg(target_arch = "x86_64")]
+    const AVX512_TILE: super::skx_conv::FusedTile<Self>;
+}
+
+/// The value `s + off` bytes + `i` values (masked lanes only: never read otherwise).
+///
+/// # Safety
+/// That value is readable.
+#[inline(always)]
+unsafe fn at(s: *const f32, off: isize, i: usize) -> f32 {
+    // SAFETY: the caller's.
+    unsafe { *s.cast::<u8>().wrapping_offset(off).cast::<f32>().add(i) }
+}
+
+impl ConvRowForm for ConvRow {
+    #[inline(always)]
+    unsafe fn lane(&self, s: *const f32, q: usize, l: usize) -> f32 {
+        if self.m[q] & (1 << l) != 0 {
+            // SAFETY: the lane is selected, hence readable (the caller's contract).
+            unsafe { at(s, self.off, q * CHUNK_LANES + l) }
+        } else {
+            0.0
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    const AVX512_TILE: super::skx_conv::FusedTile<Self> = super::skx_conv::avx512_ukr_conv_asm;
+}
+
+impl ConvRowForm for ConvRow2 {
+    #[inline(always)]
+    unsafe fn lane(&self, s: *const f32, q: usize, l: usize) -> f32 {
+        // Lane l is window lane 2l: half `l / 8`, bit `2l mod 16` of its masks.
+        let (half, bit) = (l / 8, 1u16 << (2 * l % 16));
+        match (0..2).find(|&i| self.m[4 * q + 2 * half + i] & bit != 0) {
+            // SAFETY: the lane is selected in piece i, hence readable (the caller's contract).
+            Some(i) => unsafe { at(s, self.off[2 * q + i], 2 * l) },
+            None => 0.0,
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    const AVX512_TILE: super::skx_conv::FusedTile<Self> = super::skx_conv::avx512_ukr_conv2_asm;
+}
+
 /// The prefetch of a step-2 panel's rows: the panel's highest read position in a channel
 /// plane is its frontier (the next panel reads on past it); the row of tap `t` of a channel's
 /// period prefetches three cache lines (into L2: the panel's tiles between here and the next

@@ -248,23 +248,25 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
     /// [`Kernel::run`] on a full-width tile (`n == NR`, `NR` 48 or less, a multiple of 16)
     /// whose B micro-panel is an im2col-like source resolved by [`convpack::ConvRows`]: row `p`
     /// (`p < k`) is `rows[p % period]` read at `src + (p / period) · step` bytes, chunk `q` of
-    /// it the lanes of mask `m[q]` at the row's byte offset + 64·q (other lanes zero); the
-    /// kernel also writes the packed panel (`k · NR` values) to `bdst`. The default packs the
-    /// panel, then runs [`Kernel::run`].
+    /// it the lanes [`convpack::ConvRowForm::lane`] reads there (a [`convpack::ConvRow`]: the
+    /// lanes of mask `m[q]` at the row's byte offset + 64·q; a [`convpack::ConvRow2`]: per
+    /// chunk two pieces, each reading every other value; other lanes zero); the kernel also
+    /// writes the packed panel (`k · NR` values) to `bdst`. The default packs the panel, then
+    /// runs [`Kernel::run`].
     ///
     /// # Safety
     /// As [`Kernel::run`] with `n == NR`; `period >= 1` entries at `rows`; every lane a mask
-    /// selects is readable at its offset; `bdst` holds `k · NR` writable values overlapping
-    /// neither the source, `a` nor the C window.
+    /// selects is readable at its piece's offset; `bdst` holds `k · NR` writable values
+    /// overlapping neither the source, `a` nor the C window.
     #[allow(clippy::too_many_arguments)]
     #[inline]
-    unsafe fn run_packing_conv(
+    unsafe fn run_packing_conv<R: convpack::ConvRowForm>(
         self,
         k: usize,
         alpha: f32,
         a: *const f32,
         src: *const f32,
-        rows: *const convpack::ConvRow,
+        rows: *const R,
         period: usize,
         step: isize,
         bdst: *mut f32,
@@ -277,39 +279,6 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
         // SAFETY: the caller's contract is `conv_then_run`'s.
         unsafe {
             conv_then_run(
-                self, k, alpha, a, src, rows, period, step, bdst, beta, c, rs_c, cs_c, m,
-            )
-        }
-    }
-
-    /// [`Kernel::run_packing_conv`] for a panel resolved to step-2 rows
-    /// ([`convpack::ConvRow2`]: per chunk two pieces, each reading every other value). The
-    /// default packs the panel, then runs [`Kernel::run`].
-    ///
-    /// # Safety
-    /// As [`Kernel::run_packing_conv`], with `period >= 1` [`convpack::ConvRow2`] entries at
-    /// `rows` and every lane their masks select readable at its piece's offset.
-    #[allow(clippy::too_many_arguments)]
-    #[inline]
-    unsafe fn run_packing_conv2(
-        self,
-        k: usize,
-        alpha: f32,
-        a: *const f32,
-        src: *const f32,
-        rows: *const convpack::ConvRow2,
-        period: usize,
-        step: isize,
-        bdst: *mut f32,
-        beta: f32,
-        c: *mut f32,
-        rs_c: usize,
-        cs_c: usize,
-        m: usize,
-    ) {
-        // SAFETY: the caller's contract is `conv2_then_run`'s.
-        unsafe {
-            conv2_then_run(
                 self, k, alpha, a, src, rows, period, step, bdst, beta, c, rs_c, cs_c, m,
             )
         }
@@ -714,67 +683,20 @@ pub(crate) fn assert_tile_matches_naive(
     }
 }
 
-/// [`Kernel::run_packing_conv`] done in two steps: pack the panel lane by lane, then
-/// [`Kernel::run`] on it. The trait's default and the fallback of the partial-row tiles.
+/// [`Kernel::run_packing_conv`] done in two steps: pack the panel lane by lane
+/// ([`convpack::ConvRowForm::lane`]), then [`Kernel::run`] on it. The trait's default and
+/// the fallback of the partial-row tiles.
 ///
 /// # Safety
 /// As [`Kernel::run_packing_conv`].
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn conv_then_run<K: Kernel>(
+pub(crate) unsafe fn conv_then_run<K: Kernel, R: convpack::ConvRowForm>(
     kern: K,
     k: usize,
     alpha: f32,
     a: *const f32,
     src: *const f32,
-    rows: *const convpack::ConvRow,
-    period: usize,
-    step: isize,
-    bdst: *mut f32,
-    beta: f32,
-    c: *mut f32,
-    rs_c: usize,
-    cs_c: usize,
-    m: usize,
-) {
-    let nch = K::NR / convpack::CHUNK_LANES;
-    // SAFETY: the caller's contract: `period` entries at `rows`, their masked lanes readable
-    // at their offsets (lanes outside the masks are never read), `k · NR` packed values
-    // writable at `bdst`.
-    unsafe {
-        for p in 0..k {
-            let r = *rows.add(p % period);
-            let s = src
-                .cast::<u8>()
-                .wrapping_offset(r.off + (p / period) as isize * step)
-                .cast::<f32>();
-            for q in 0..nch {
-                let d = bdst.add(p * K::NR + q * convpack::CHUNK_LANES);
-                for l in 0..convpack::CHUNK_LANES {
-                    *d.add(l) = if r.m[q] & (1 << l) != 0 {
-                        *s.wrapping_add(q * convpack::CHUNK_LANES + l)
-                    } else {
-                        0.0
-                    };
-                }
-            }
-        }
-        kern.run(k, alpha, a, bdst, beta, c, rs_c, cs_c, m, K::NR);
-    }
-}
-
-/// [`Kernel::run_packing_conv2`] done in two steps: the panel packed lane by lane from the
-/// step-2 rows, then [`Kernel::run`]. The trait's default.
-///
-/// # Safety
-/// The contract of [`Kernel::run_packing_conv2`].
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn conv2_then_run<K: Kernel>(
-    kern: K,
-    k: usize,
-    alpha: f32,
-    a: *const f32,
-    src: *const f32,
-    rows: *const convpack::ConvRow2,
+    rows: *const R,
     period: usize,
     step: isize,
     bdst: *mut f32,
@@ -786,26 +708,19 @@ pub(crate) unsafe fn conv2_then_run<K: Kernel>(
 ) {
     let nch = K::NR / convpack::CHUNK_LANES;
     // SAFETY: the caller's contract: `period` entries at `rows`, the lanes their masks select
-    // readable at their pieces' offsets (other lanes are never read), `k · NR` packed values
+    // readable at their pieces' offsets (`lane` reads no other), `k · NR` packed values
     // writable at `bdst`.
     unsafe {
         for p in 0..k {
             let r = *rows.add(p % period);
-            let at = |off: isize| {
-                src.cast::<u8>()
-                    .wrapping_offset(off + (p / period) as isize * step)
-                    .cast::<f32>()
-            };
+            let s = src
+                .cast::<u8>()
+                .wrapping_offset((p / period) as isize * step)
+                .cast::<f32>();
             for q in 0..nch {
                 let d = bdst.add(p * K::NR + q * convpack::CHUNK_LANES);
                 for l in 0..convpack::CHUNK_LANES {
-                    // Lane l is window lane 2l: half `l / 8`, bit `2l mod 16` of its masks.
-                    let (half, bit) = (l / 8, 1u16 << (2 * l % 16));
-                    let pick = (0..2).find(|&i| r.m[4 * q + 2 * half + i] & bit != 0);
-                    *d.add(l) = match pick {
-                        Some(i) => *at(r.off[2 * q + i]).add(2 * l),
-                        None => 0.0,
-                    };
+                    *d.add(l) = r.lane(s, q, l);
                 }
             }
         }

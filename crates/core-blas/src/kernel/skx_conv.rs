@@ -301,6 +301,25 @@ macro_rules! conv_loop2 {
     };
 }
 
+/// The signature of the fused tiles ([`avx512_ukr_conv_asm`], [`avx512_ukr_conv2_asm`]) over
+/// rows `R` ([`super::convpack::ConvRowForm::AVX512_TILE`]).
+pub(crate) type FusedTile<R> = unsafe fn(
+    usize,
+    f32,
+    *const f32,
+    *const f32,
+    *const R,
+    usize,
+    isize,
+    *mut f32,
+    f32,
+    *mut f32,
+    usize,
+    usize,
+    usize,
+    usize,
+);
+
 /// The rows run after the C tile is prefetched (as the plain kernel's 8 rounds of 4 steps).
 const C_PREFETCH_ROWS: usize = 32;
 
@@ -409,42 +428,27 @@ pub(crate) unsafe fn avx512_ukr_conv2_asm(
 
 #[cfg(test)]
 mod tests {
-    use super::super::convpack::{ConvRow, ConvRow2};
-    use super::*;
+    use super::super::Kernel;
+    use super::super::convpack::{ConvRow, ConvRow2, ConvRowForm};
+    use super::super::x86::Avx512;
 
-    /// A fused tile's signature ([`avx512_ukr_conv_asm`], [`avx512_ukr_conv2_asm`]) over rows `R`.
-    type Tile<R> = unsafe fn(
-        usize,
-        f32,
-        *const f32,
-        *const f32,
-        *const R,
-        usize,
-        isize,
-        *mut f32,
-        f32,
-        *mut f32,
-        usize,
-        usize,
-        usize,
-        usize,
-    );
-
-    /// One call of a fused tile checked: `tile` over `rows` (one period) and `src`, stepping
-    /// `step` values a period, with A (k × 8) and C (an 8 × 48 window of an 8 × 50 × 9 buffer,
-    /// unit or non-unit column stride; NaN where beta = 0) random and alpha / beta by `case`;
-    /// its packed panel must equal `want_b` and its C the naive product, bit for bit.
+    /// A panel of rows `R` checked on both forms of [`super::super::Kernel::run_packing_conv`]
+    /// of `avx512-f32-8x48`: its fused tile (`R::AVX512_TILE`, 8 rows of A) and the two-step
+    /// fallback ([`super::super::conv_then_run`], on 8 rows and on the partial-row tiles' `m`
+    /// of `1 + case % 7`), over `rows` (one period) and `src`, stepping `step` values a
+    /// period, with A (k × 8) and C (an 8 × 48 window of an 8 × 50 × 9 buffer, unit or
+    /// non-unit column stride; NaN where beta = 0) random and alpha / beta by `case`; the
+    /// packed panel must equal `want_b` and C the naive product on its first `m` rows (the
+    /// others untouched), bit for bit.
     ///
     /// # Safety
     /// avx512f is present, and every lane that `rows`' masks select at a depth below `k` lies
     /// inside `src`.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn check_tile<R>(
+    unsafe fn check_tile<R: ConvRowForm>(
         case: usize,
         k: usize,
         want_b: &[f32],
         rnd: &mut impl FnMut(u64) -> u64,
-        tile: Tile<R>,
         src: &[f32],
         rows: &[R],
         step: isize,
@@ -462,46 +466,78 @@ mod tests {
                 }
             })
             .collect();
-        let mut want_c = c0.clone();
-        for i in 0..8 {
-            for j in 0..48 {
-                let mut acc = 0f32;
-                for p in 0..k {
-                    acc += a[p * 8 + i] * want_b[p * 48 + j];
+        let kern = <Avx512 as Kernel>::new().expect("avx512f checked by the caller");
+        for (fused, m) in [(true, 8), (false, 8), (false, 1 + case % 7)] {
+            let mut want_c = c0.clone();
+            for i in 0..m {
+                for j in 0..48 {
+                    let mut acc = 0f32;
+                    for p in 0..k {
+                        acc += a[p * 8 + i] * want_b[p * 48 + j];
+                    }
+                    let at = i * rs + j * cs;
+                    let old = if beta == 0.0 { 0.0 } else { beta * c0[at] };
+                    want_c[at] = alpha * acc + old;
                 }
-                let at = i * rs + j * cs;
-                let old = if beta == 0.0 { 0.0 } else { beta * c0[at] };
-                want_c[at] = alpha * acc + old;
             }
+            let mut c = c0.clone();
+            let mut dst = vec![f32::NAN; k * 48];
+            let (ap, sp, rp, per) = (a.as_ptr(), src.as_ptr(), rows.as_ptr(), rows.len());
+            let (dp, cp) = (dst.as_mut_ptr(), c.as_mut_ptr());
+            // SAFETY: the caller's contract for the CPU and the source; A holds k · 8 values,
+            // `dst` k · 48, and the m × 48 window of `c` (strides rs, cs) lies inside its
+            // 8 · 50 · 9.
+            unsafe {
+                if fused {
+                    R::AVX512_TILE(
+                        k,
+                        alpha,
+                        ap,
+                        sp,
+                        rp,
+                        per,
+                        4 * step,
+                        dp,
+                        beta,
+                        cp,
+                        rs,
+                        cs,
+                        m,
+                        48,
+                    )
+                } else {
+                    super::super::conv_then_run(
+                        kern,
+                        k,
+                        alpha,
+                        ap,
+                        sp,
+                        rp,
+                        per,
+                        4 * step,
+                        dp,
+                        beta,
+                        cp,
+                        rs,
+                        cs,
+                        m,
+                    )
+                }
+            };
+            assert_eq!(
+                dst, want_b,
+                "packed panel, case {case}, fused {fused}, m {m}"
+            );
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&c),
+                bits(&want_c),
+                "C, case {case}, fused {fused}, m {m}"
+            );
         }
-        let mut c = c0.clone();
-        let mut dst = vec![f32::NAN; k * 48];
-        // SAFETY: the caller's contract for the CPU and the source; A holds k · 8 values, `dst`
-        // k · 48, and the 8 × 48 window of `c` (strides rs, cs) lies inside its 8 · 50 · 9.
-        unsafe {
-            tile(
-                k,
-                alpha,
-                a.as_ptr(),
-                src.as_ptr(),
-                rows.as_ptr(),
-                rows.len(),
-                4 * step,
-                dst.as_mut_ptr(),
-                beta,
-                c.as_mut_ptr(),
-                rs,
-                cs,
-                8,
-                48,
-            )
-        };
-        assert_eq!(dst, want_b, "packed panel, case {case}");
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&c), bits(&want_c), "C, case {case}");
     }
 
-    /// The step-2 fused tile against a naive product on a panel described row by row (per
+    /// The step-2 fused tile and its two-step fallback against a naive product on a panel described row by row (per
     /// chunk two random disjoint pieces reading every other value, their window masks as
     /// `ConvRows` builds them, random offsets, periods and source steps), and its packed
     /// panel against the lanes it describes; depths around the C-prefetch split, alpha / beta
@@ -588,22 +624,12 @@ mod tests {
             }
             // SAFETY: avx512f checked above; every lane a mask selects reads
             // `o + (p / period) · step + 2l` <= 600 + 131 · 40 + 30 < 9000, inside `src`.
-            unsafe {
-                check_tile(
-                    case,
-                    k,
-                    &want_b,
-                    &mut rnd,
-                    avx512_ukr_conv2_asm,
-                    &src,
-                    &rows,
-                    step,
-                )
-            };
+            unsafe { check_tile(case, k, &want_b, &mut rnd, &src, &rows, step) };
         }
     }
 
-    /// The fused tile against a naive product on a panel described row by row (random masks,
+    /// The fused tile and its two-step fallback against a naive product on a panel described
+    /// row by row (random masks,
     /// offsets, periods, source steps), and its packed panel against the lanes it describes:
     /// depths around the C-prefetch split, periods longer and shorter than k, alpha / beta
     /// cases (beta = 0 over NaN), unit and non-unit column strides of C.
@@ -657,18 +683,7 @@ mod tests {
             }
             // SAFETY: avx512f checked above; every lane a mask selects reads
             // `off / 4 + (p / period) · step + l` <= 300 + 131 · 40 + 48 < 6000, inside `src`.
-            unsafe {
-                check_tile(
-                    case,
-                    k,
-                    &want_b,
-                    &mut rnd,
-                    avx512_ukr_conv_asm,
-                    &src,
-                    &rows,
-                    step,
-                )
-            };
+            unsafe { check_tile(case, k, &want_b, &mut rnd, &src, &rows, step) };
         }
     }
 }

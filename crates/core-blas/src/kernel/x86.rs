@@ -1010,13 +1010,13 @@ impl Kernel for Avx512 {
     const PACKS_CONV: bool = true;
 
     #[inline]
-    unsafe fn run_packing_conv(
+    unsafe fn run_packing_conv<R: super::convpack::ConvRowForm>(
         self,
         k: usize,
         alpha: f32,
         a: *const f32,
         src: *const f32,
-        rows: *const super::convpack::ConvRow,
+        rows: *const R,
         period: usize,
         step: isize,
         bdst: *mut f32,
@@ -1027,46 +1027,14 @@ impl Kernel for Avx512 {
         m: usize,
     ) {
         // SAFETY: holding `Avx512` proves avx512f+avx2+fma; memory per the trait's contract
-        // (the full tile reads k rows of 3 masked chunks and writes k · 48 packed values).
+        // (the full tile reads k rows of 3 chunks and writes k · 48 packed values).
         unsafe {
             if m == AVX512_MR {
-                super::skx_conv::avx512_ukr_conv_asm(
+                R::AVX512_TILE(
                     k, alpha, a, src, rows, period, step, bdst, beta, c, rs_c, cs_c, m, AVX512_NR,
                 );
             } else {
                 super::conv_then_run(
-                    self, k, alpha, a, src, rows, period, step, bdst, beta, c, rs_c, cs_c, m,
-                );
-            }
-        }
-    }
-
-    #[inline]
-    unsafe fn run_packing_conv2(
-        self,
-        k: usize,
-        alpha: f32,
-        a: *const f32,
-        src: *const f32,
-        rows: *const super::convpack::ConvRow2,
-        period: usize,
-        step: isize,
-        bdst: *mut f32,
-        beta: f32,
-        c: *mut f32,
-        rs_c: usize,
-        cs_c: usize,
-        m: usize,
-    ) {
-        // SAFETY: holding `Avx512` proves avx512f+avx2+fma; memory per the trait's contract
-        // (the full tile reads k rows of 3 two-piece chunks and writes k · 48 packed values).
-        unsafe {
-            if m == AVX512_MR {
-                super::skx_conv::avx512_ukr_conv2_asm(
-                    k, alpha, a, src, rows, period, step, bdst, beta, c, rs_c, cs_c, m, AVX512_NR,
-                );
-            } else {
-                super::conv2_then_run(
                     self, k, alpha, a, src, rows, period, step, bdst, beta, c, rs_c, cs_c, m,
                 );
             }
