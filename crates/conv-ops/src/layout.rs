@@ -3,6 +3,7 @@
 //! channel stride is O, the image stride Ch·O), so it gets its own packers and store.
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use core_blas::store::{Direct, Window};
 use core_blas::{ConvPanel, DenseStore, PackA, PackB, Store, Tile};
@@ -339,6 +340,9 @@ impl<S: Store> Store for OneThread<S> {
     fn window(&self, i: usize, j: usize, rows: usize, cols: usize) -> Option<Window<'_>> {
         self.0.window(i, j, rows, cols)
     }
+    fn windows_everywhere(&self) -> bool {
+        self.0.windows_everywhere()
+    }
 }
 
 /// Columns `j0..j0 + cols` of a B source, as a B source of its own.
@@ -513,9 +517,11 @@ impl<A: PackA> PackA for KRange<'_, A> {
 /// columns, `(channel, tap)` with `taps` taps per channel (`ch` channels), are packed once in
 /// the order (tap group, channel, tap of the group), groups of `gw` consecutive taps, so that
 /// a class whose rows read only some groups (the first and last output rows of a padded
-/// kernel) is a contiguous K range. Each product runs C panel by C panel as in
-/// [`forward_panels`]; the blocks of all classes are shared out over the threads by their
-/// work (largest first, to the least loaded thread).
+/// kernel) is a contiguous K range. Each product runs block of columns by block as in
+/// [`forward_panels`], but through a [`SplitStore`]: the tiles inside one image's window are
+/// stored into y from registers, only those that cross images go through the C panel (the
+/// panel copy was 1.5% of 128@28²'s forward); the blocks of all classes are shared out over
+/// the threads by their work (largest first, to the least loaded thread).
 pub(crate) fn forward_classes<A: PackA, B: PackB + Sync>(
     a: &A,
     (ch, taps, gw): (usize, usize, usize),
@@ -580,27 +586,20 @@ pub(crate) fn forward_classes<A: PackA, B: PackB + Sync>(
             k: cl.b.rows(),
         };
         with_panel(rows * cols, |panel| {
-            let c = core_blas::MatMut::row_major("panel", panel, rows, cols, cols)?;
-            let mut store = OneThread(DenseStore::new(c, 1.0, 0.0));
+            let mut store = SplitStore {
+                out,
+                panel: panel.as_mut_ptr(),
+                rows,
+                cols,
+                j0,
+                window: (cl.wlo, cl.wlen),
+                dims: (channels, plane, c0),
+                epi,
+                spilled: (0..cols).map(|_| AtomicBool::new(false)).collect(),
+                _panel: std::marker::PhantomData,
+            };
             core_blas::gemm_with(&ak, &Columns { b: &cl.b, j0, cols }, &mut store)?;
-            for (r, src) in panel.chunks_exact(cols).enumerate() {
-                let chn = c0 + r;
-                let add = epi.bias.map_or(0.0, |b| b[chn]);
-                let mut t = 0;
-                while t < cols {
-                    let j = j0 + t;
-                    let (img, pos) = (j / cl.wlen, cl.wlo + j % cl.wlen);
-                    let len = (cols - t).min(cl.wlo + cl.wlen - pos);
-                    let off = (img * channels + chn) * plane + pos;
-                    // SAFETY: `off .. off + len` is one run of channel `chn` of image `img`
-                    // inside y (the class's columns lie in the batch and its window in the
-                    // plane, C's rows in the channels), and only this block writes these
-                    // positions (the classes' windows are disjoint, see `YPtr`).
-                    let dst = unsafe { out.slice(off, len) };
-                    epi.apply(dst, &src[t..t + len], add);
-                    t += len;
-                }
-            }
+            store.copy_spilled();
             Ok(())
         })
     };
@@ -613,6 +612,146 @@ pub(crate) fn forward_classes<A: PackA, B: PackB + Sync>(
     };
     PREPACKED.with_borrow_mut(|kept| *kept = buf);
     result
+}
+
+/// The store of one column block of [`forward_classes`]: a tile inside one image's window of y
+/// is written by the micro-kernel straight into y, with the epilogue ([`Store::window`]); a
+/// tile that crosses from one image to the next goes into the block's C panel (`rows × cols`,
+/// row-major), whose columns [`SplitStore::copy_spilled`] copies into y after the product.
+struct SplitStore<'a> {
+    out: YPtr,
+    panel: *mut f32,
+    rows: usize,
+    cols: usize,
+    /// The block's first column of the class.
+    j0: usize,
+    /// The class's output positions `wlo..wlo + wlen` of each image.
+    window: (usize, usize),
+    /// y's channels and plane, C's first channel.
+    dims: (usize, usize, usize),
+    epi: Epilogue<'a>,
+    /// The columns of the block written into the panel.
+    spilled: Vec<AtomicBool>,
+    _panel: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: tiles write disjoint elements of y (the class's windows and the channel-major map are
+// injective) or of the panel (this block's own, borrowed for the store's lifetime); the flags are
+// atomics.
+unsafe impl Sync for SplitStore<'_> {}
+
+impl SplitStore<'_> {
+    /// Copies the panel's spilled columns into y with the epilogue.
+    fn copy_spilled(&self) {
+        let (channels, plane, c0) = self.dims;
+        let (wlo, wlen) = self.window;
+        let cols = self.cols;
+        // SAFETY: the panel holds `rows · cols` values, and the product that wrote it is done.
+        let panel = unsafe { std::slice::from_raw_parts(self.panel, self.rows * cols) };
+        let mut t = 0;
+        while t < cols {
+            if !self.spilled[t].load(Ordering::Relaxed) {
+                t += 1;
+                continue;
+            }
+            let mut e = t + 1;
+            while e < cols && self.spilled[e].load(Ordering::Relaxed) {
+                e += 1;
+            }
+            for (r, src) in panel.chunks_exact(cols).enumerate() {
+                let chn = c0 + r;
+                let add = self.epi.bias.map_or(0.0, |b| b[chn]);
+                let mut c = t;
+                while c < e {
+                    let j = self.j0 + c;
+                    let (img, pos) = (j / wlen, wlo + j % wlen);
+                    let len = (e - c).min(wlo + wlen - pos);
+                    let off = (img * channels + chn) * plane + pos;
+                    // SAFETY: `off .. off + len` is one run of channel `chn` of image `img`
+                    // inside y, written by this block only (see `YPtr`).
+                    let dst = unsafe { self.out.slice(off, len) };
+                    self.epi.apply(dst, &src[c..c + len], add);
+                    c += len;
+                }
+            }
+            t = e;
+        }
+    }
+}
+
+impl Store for SplitStore<'_> {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn store_tile(&self, tile: &Tile<'_>) {
+        // Tiles without a window (none: `window` answers every tile) go into the panel.
+        for r in 0..tile.rows() {
+            let at = (tile.i() + r) * self.cols + tile.j();
+            debug_assert!(at + tile.cols() <= self.rows * self.cols);
+            // SAFETY: row `i + r`, columns `j .. j + cols` of the panel: inside it, this
+            // tile's alone.
+            let dst = unsafe { std::slice::from_raw_parts_mut(self.panel.add(at), tile.cols()) };
+            for (d, &v) in dst.iter_mut().zip(tile.row(r)) {
+                *d = if tile.first() { v } else { *d + v };
+            }
+        }
+        for f in &self.spilled[tile.j()..tile.j() + tile.cols()] {
+            f.store(true, Ordering::Relaxed);
+        }
+    }
+    fn concurrent(&self) -> bool {
+        false
+    }
+    fn windows_everywhere(&self) -> bool {
+        true
+    }
+    #[inline]
+    fn window(&self, i: usize, j: usize, rows: usize, cols: usize) -> Option<Window<'_>> {
+        if rows == 0 || i + rows > self.rows || j + cols > self.cols {
+            return None;
+        }
+        let (wlo, wlen) = self.window;
+        let jj = self.j0 + j;
+        if jj % wlen + cols > wlen {
+            if !self.spilled[j].load(Ordering::Relaxed) {
+                for f in &self.spilled[j..j + cols] {
+                    f.store(true, Ordering::Relaxed);
+                }
+            }
+            // SAFETY: element (r, c) of the tile is panel[(i + r)·cols + j + c], inside the
+            // panel (checked above), and no other tile maps there; the panel is this block's.
+            return Some(unsafe {
+                Window::new(self.panel.add(i * self.cols + j), self.cols, 1.0, 0.0)
+            });
+        }
+        let (channels, plane, c0) = self.dims;
+        let ch = c0 + i;
+        let off = ((jj / wlen) * channels + ch) * plane + wlo + jj % wlen;
+        if off + (rows - 1) * plane + cols > self.out.len {
+            return None;
+        }
+        let Epilogue {
+            alpha,
+            beta,
+            bias,
+            relu,
+        } = self.epi;
+        // SAFETY: element (r, c) of the tile is y[off + r·plane + c]: channel ch + r of image
+        // jj / wlen at position wlo + jj % wlen + c, inside the class's window (checked above)
+        // and y (checked above); the channel-major map is injective and the classes' windows
+        // disjoint, so no other tile of any block maps there (see `YPtr`).
+        let mut win = unsafe { Window::new(self.out.ptr.add(off), plane, alpha, beta) };
+        if let Some(b) = bias {
+            win = win.with_row_bias(&b[ch..ch + rows]);
+        }
+        if relu {
+            win = win.with_relu();
+        }
+        Some(win)
+    }
 }
 
 thread_local! {

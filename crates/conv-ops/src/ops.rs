@@ -838,8 +838,9 @@ mod tests {
     /// The small-plane forward by row classes ([`row_classes`], one product per class over
     /// its K range of the reordered A) and the flipped backward-data through it, on 1, 2 and 3
     /// threads, with bias and ReLU, against the reference: 3×3 with padding 1, a 5×3 kernel
-    /// (four border classes), per-side padding, dilation 2, groups, and 140 channels (a tap
-    /// group of 420 rows, so k blocks straddle groups).
+    /// (four border classes), per-side padding, dilation 2, groups, 140 channels (a tap
+    /// group of 420 rows, so k blocks straddle groups), and middle classes wider than a tile
+    /// (its tiles into y from registers or through the C panel).
     #[test]
     fn row_classes_match_the_reference() {
         let geoms = [
@@ -868,6 +869,17 @@ mod tests {
                 .with_groups(2)
                 .unwrap(),
             ConvGeometry::new(3, 140, 128, &[9, 13], &[3, 3])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+            // Middle classes wider than a tile (168 and 234 columns an image): tiles inside one
+            // image stored into y from registers, the others through the C panel; 136 output
+            // channels (a short last row of tiles), k longer than one pass.
+            ConvGeometry::new(2, 128, 136, &[14, 14], &[3, 3])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+            ConvGeometry::new(3, 128, 128, &[15, 18], &[3, 3])
                 .unwrap()
                 .with_padding(&[1])
                 .unwrap(),

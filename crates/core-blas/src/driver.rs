@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use crate::kernel::convpack::ConvRows;
 use crate::kernel::{Kernel, RowPrefetch};
 use crate::pack::{PackA, PackB, Workspace, with_workspace};
-use crate::store::{DirectRaw, Store, Tile};
+use crate::store::{BiasRaw, DirectRaw, Store, Tile};
 use crate::{BlockSizes, ConvPanel};
 
 /// Below this many multiply-adds (`m · n · k`) a product stays on one thread.
@@ -354,7 +354,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
         && K::PACKS_CONV
         && K::PACK_GROUP == 1
         && nr.is_multiple_of(crate::CHUNK_LANES)
-        && sink.direct.is_some()
+        && (sink.direct.is_some() || sink.store.windows_everywhere())
         && tune::fuse()
         && b.conv_fusable(nr);
     let mut conv_bufs = ConvBufs::default();
@@ -800,7 +800,7 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
             // ceil(nc / nr) · nr · kc, asserted above); no other reference to them is live.
             let panel = unsafe { std::slice::from_raw_parts_mut(bdst, nr * kc) };
             let ConvBufs { panel: desc, rows } = &mut **bufs;
-            if sink.direct.is_some()
+            if (sink.direct.is_some() || sink.store.windows_everywhere())
                 && let Some(data) = b.conv_panel(*pc, kc, jc + jr, nr, desc)
                 && rows.resolve(desc, data.len(), kc, nr / crate::CHUNK_LANES)
             {
@@ -896,103 +896,104 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
             let m = mr.min(mc - ir);
             let ap = ac[ir / mr * a_stride..].as_ptr();
             let (i, j) = (ic + ir, jc + jr);
-            match sink.direct {
-                Some(d) => {
-                    let beta = if first { d.beta } else { 1.0 };
-                    // SAFETY: `ap`/`bp` start micro-panels of `kc · MR` / `kc · NR` packed values
-                    // (buffer sizes asserted above, or the handed-over panels' length checked
-                    // by `b_block`); the `m × n` window at (i, j) lies inside C
-                    // (validated by the public entry point) and belongs to this thread's range.
-                    unsafe {
-                        let cp = d.ptr.add(i * d.rs + j * d.cs);
-                        if let Some((sp, rows)) = conv_rows.take_if(|(_, r)| r.strided) {
-                            // The same for a panel of step-2 rows.
-                            kern.run_packing_conv(
-                                kc,
-                                d.alpha,
-                                ap,
-                                sp,
-                                rows.rows2.as_ptr(),
-                                rows.rows2.len(),
-                                rows.step,
-                                bdst,
-                                beta,
-                                cp,
-                                d.rs,
-                                d.cs,
-                                m,
-                            );
-                        } else if let Some((sp, rows)) = conv_rows.take() {
-                            // The panel's first tile packs it through the checked masks
-                            // (`ConvRows::resolve`: every lane read lies inside the source).
-                            kern.run_packing_conv(
-                                kc,
-                                d.alpha,
-                                ap,
-                                sp,
-                                rows.rows.as_ptr(),
-                                rows.rows.len(),
-                                rows.step,
-                                bdst,
-                                beta,
-                                cp,
-                                d.rs,
-                                d.cs,
-                                m,
-                            );
-                        } else if let Some((sp, ld)) = pending.take() {
-                            // The panel's first tile: the kernel packs it as it goes (the
-                            // source rows are inside the matrix, the packed panel is bc's).
-                            kern.run_packing_b(
-                                kc, d.alpha, ap, sp, ld, bdst, beta, cp, d.rs, d.cs, m,
-                            );
-                        } else if let Some(pf) = in_kernel {
-                            kern.run_prefetching(
-                                kc, d.alpha, ap, bp, beta, cp, d.rs, d.cs, m, n, pf,
-                            );
-                        } else {
-                            kern.run(kc, d.alpha, ap, bp, beta, cp, d.rs, d.cs, m, n);
-                        }
-                        if last && d.has_epilogue() {
-                            d.epilogue(i, j, m, n);
-                        }
-                    }
-                }
+            // Where the tile goes: C (the dense store), the store's window for it, or the tile
+            // buffer handed to `store_tile` (alpha 1, beta 0: this pass's product alone, all NR
+            // columns computed, so that the kernel takes its vector store path; the zero-padded
+            // panel makes the extra columns harmless; rows past `m` are left untouched, the
+            // store reads only `m` rows).
+            let window = match sink.direct {
+                // SAFETY: the `m × n` window at (i, j) lies inside C (validated by the public
+                // entry point), so the offset stays inside C's storage.
+                Some(d) => Some((d, unsafe { d.ptr.add(i * d.rs + j * d.cs) }, (i, j))),
+                None => sink
+                    .store
+                    .window(i, j, m, n)
+                    .filter(|w| w.bias_len >= m)
+                    .map(|w| (w.raw, w.raw.ptr, (0, 0))),
+            };
+            let (d, cp, (ei, ej), beta, nn) = match window {
+                Some((d, cp, at)) => (d, cp, at, if first { d.beta } else { 1.0 }, n),
                 None => {
-                    if let Some(w) = sink.store.window(i, j, m, n).filter(|w| w.bias_len >= m) {
-                        let d = w.raw;
-                        let beta = if first { d.beta } else { 1.0 };
-                        // SAFETY: packed micro-panels as above; the store vouched (unsafe
-                        // `Window::new`) that the m × n window is valid and this tile's alone,
-                        // and the row bias covers the m rows (checked by the filter).
-                        unsafe {
-                            kern.run(kc, d.alpha, ap, bp, beta, d.ptr, d.rs, 1, m, n);
-                            if last && d.has_epilogue() {
-                                d.epilogue(0, 0, m, n);
-                            }
-                        }
-                        ir += mr;
-                        continue;
-                    }
-                    let tile = tile_buf.get_or_insert([0.0; MAX_TILE]);
-                    // SAFETY: packed micro-panels as above; the tile buffer holds MR × NR values
-                    // with row stride NR; beta = 0 so it is not read. All NR columns are
-                    // computed (the zero-padded panel makes the extra columns harmless) so the
-                    // kernel takes its vector store path; rows past `m` are left untouched (the
-                    // store reads only `m` rows).
-                    unsafe { kern.run(kc, 1.0, ap, bp, 0.0, tile.as_mut_ptr(), nr, 1, m, nr) };
-                    let t = Tile {
-                        i,
-                        j,
-                        rows: m,
-                        cols: n,
-                        data: &tile[..],
-                        ld: nr,
-                        first,
-                        last,
+                    let tile = tile_buf.get_or_insert([0.0; MAX_TILE]).as_mut_ptr();
+                    let d = DirectRaw {
+                        ptr: tile,
+                        rs: nr,
+                        cs: 1,
+                        alpha: 1.0,
+                        beta: 0.0,
+                        bias: BiasRaw::None,
+                        relu: false,
                     };
-                    sink.store.store_tile(&t);
+                    (d, tile, (0, 0), 0.0, nr)
                 }
+            };
+            // SAFETY: `ap`/`bp` start micro-panels of `kc · MR` / `kc · NR` packed values
+            // (buffer sizes asserted above, or the handed-over panels' length checked by
+            // `b_block`); the `m × nn` block at `cp` is C's window at (i, j) (inside C, validated
+            // by the public entry point, and in this thread's range), a window the store vouched
+            // for (unsafe `Window::new`: valid and this tile's alone, its row bias covering the m
+            // rows, checked by the filter), or the tile buffer (MR × NR values, row stride NR).
+            unsafe {
+                if let Some((sp, rows)) = conv_rows.take_if(|(_, r)| r.strided) {
+                    // The same for a panel of step-2 rows.
+                    kern.run_packing_conv(
+                        kc,
+                        d.alpha,
+                        ap,
+                        sp,
+                        rows.rows2.as_ptr(),
+                        rows.rows2.len(),
+                        rows.step,
+                        bdst,
+                        beta,
+                        cp,
+                        d.rs,
+                        d.cs,
+                        m,
+                    );
+                } else if let Some((sp, rows)) = conv_rows.take() {
+                    // The panel's first tile packs it through the checked masks
+                    // (`ConvRows::resolve`: every lane read lies inside the source).
+                    kern.run_packing_conv(
+                        kc,
+                        d.alpha,
+                        ap,
+                        sp,
+                        rows.rows.as_ptr(),
+                        rows.rows.len(),
+                        rows.step,
+                        bdst,
+                        beta,
+                        cp,
+                        d.rs,
+                        d.cs,
+                        m,
+                    );
+                } else if let Some((sp, ld)) = pending.take() {
+                    // The panel's first tile: the kernel packs it as it goes (the
+                    // source rows are inside the matrix, the packed panel is bc's).
+                    kern.run_packing_b(kc, d.alpha, ap, sp, ld, bdst, beta, cp, d.rs, d.cs, m);
+                } else if let Some(pf) = in_kernel {
+                    kern.run_prefetching(kc, d.alpha, ap, bp, beta, cp, d.rs, d.cs, m, nn, pf);
+                } else {
+                    kern.run(kc, d.alpha, ap, bp, beta, cp, d.rs, d.cs, m, nn);
+                }
+                if last && d.has_epilogue() {
+                    d.epilogue(ei, ej, m, n);
+                }
+            }
+            if window.is_none() {
+                let t = Tile {
+                    i,
+                    j,
+                    rows: m,
+                    cols: n,
+                    data: tile_buf.as_ref().map_or(&[][..], |t| &t[..]),
+                    ld: nr,
+                    first,
+                    last,
+                };
+                sink.store.store_tile(&t);
             }
             ir += mr;
         }

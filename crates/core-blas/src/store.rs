@@ -113,6 +113,13 @@ pub trait Store: Sync {
         let _ = (i, j, rows, cols);
         None
     }
+    /// Does [`Store::window`] answer `Some` for every tile of the product? Default `false`.
+    /// When `true`, an im2col-like B ([`crate::PackB::conv_panel`]) is packed inside the first
+    /// tile of each panel, as for the dense store (that first tile writes into its window; a
+    /// panel whose first tile has no window is packed up front all the same).
+    fn windows_everywhere(&self) -> bool {
+        false
+    }
 }
 
 /// A dense window of a store's output for one micro-tile (see [`Store::window`]): element
