@@ -131,7 +131,26 @@ pub(crate) struct Epilogue<'a> {
     pub(crate) relu: bool,
 }
 
-impl Epilogue<'_> {
+impl<'a> Epilogue<'a> {
+    /// This epilogue on a window of channel-major y for a tile whose rows are channels
+    /// `ch .. ch + rows` (row bias `bias[ch ..]`), one plane apart from `p`: what the
+    /// micro-kernel stores straight from registers ([`ChannelMajorStore`], [`SplitStore`]).
+    ///
+    /// # Safety
+    /// As [`Window::new`] for `p` with row stride `plane`.
+    #[inline]
+    unsafe fn window(&self, p: *mut f32, plane: usize, ch: usize, rows: usize) -> Window<'a> {
+        // SAFETY: the caller's.
+        let mut win = unsafe { Window::new(p, plane, self.alpha, self.beta) };
+        if let Some(b) = self.bias {
+            win = win.with_row_bias(&b[ch..ch + rows]);
+        }
+        if self.relu {
+            win = win.with_relu();
+        }
+        win
+    }
+
     /// `dst = alpha·src + beta·dst + add`, then ReLU (beta = 0 never reads dst; NaN stays
     /// NaN, as in [`ChannelMajorStore`]).
     #[inline]
@@ -226,24 +245,11 @@ impl Store for ChannelMajorStore<'_> {
         if rows == 0 || off + (rows - 1) * self.plane + cols > self.len {
             return None;
         }
-        let Epilogue {
-            alpha,
-            beta,
-            bias,
-            relu,
-        } = self.epi;
         // SAFETY: element (r, c) of the tile, r < rows, c < cols, is y[off + r·plane + c]: in
         // bounds (checked above), and the channel-major map is injective, so no other tile of
         // the product maps there (the driver asks once per tile and pass); the `&'a mut` borrow
         // of y keeps everybody else out (see the `Sync` impl).
-        let mut win = unsafe { Window::new(self.ptr.add(off), self.plane, alpha, beta) };
-        if let Some(b) = bias {
-            win = win.with_row_bias(&b[ch..ch + rows]);
-        }
-        if relu {
-            win = win.with_relu();
-        }
-        Some(win)
+        Some(unsafe { self.epi.window(self.ptr.add(off), self.plane, ch, rows) })
     }
     fn store_tile(&self, tile: &Tile<'_>) {
         let Epilogue {
@@ -733,24 +739,11 @@ impl Store for SplitStore<'_> {
         if off + (rows - 1) * plane + cols > self.out.len {
             return None;
         }
-        let Epilogue {
-            alpha,
-            beta,
-            bias,
-            relu,
-        } = self.epi;
         // SAFETY: element (r, c) of the tile is y[off + r·plane + c]: channel ch + r of image
         // jj / wlen at position wlo + jj % wlen + c, inside the class's window (checked above)
         // and y (checked above); the channel-major map is injective and the classes' windows
         // disjoint, so no other tile of any block maps there (see `YPtr`).
-        let mut win = unsafe { Window::new(self.out.ptr.add(off), plane, alpha, beta) };
-        if let Some(b) = bias {
-            win = win.with_row_bias(&b[ch..ch + rows]);
-        }
-        if relu {
-            win = win.with_relu();
-        }
-        Some(win)
+        Some(unsafe { self.epi.window(self.out.ptr.add(off), plane, ch, rows) })
     }
 }
 
