@@ -34,10 +34,11 @@ pub struct Im2colB<'a> {
     /// % wlen`.
     wlo: usize,
     wlen: usize,
-    /// The kernel taps of the view: `taps` of them from `tap0` on (all by default), in groups
-    /// of `gw` consecutive taps (one group by default), rows group by group: row `p` is group
-    /// `p / (C/G · gw)`, and inside its group channel `(p / gw) % C/G`, tap `p % gw` of the
-    /// group (with one group: channel `p / taps`, tap `tap0 + p % taps`).
+    /// The taps of the view: `taps` of them from `tap0` on (all by default), in groups of `gw`
+    /// consecutive taps (one group by default), rows group by group: row `p` is group `p /
+    /// (C/G · gw)`, and inside its group channel `(p / gw) % C/G`, tap `p % gw` of the group
+    /// (with one group: channel `p / taps`, tap `tap0 + p % taps`). Tap `t` is kernel tap `t`,
+    /// or `map[t]` with a tap map: `tap0` then counts entries of the map.
     tap0: usize,
     taps: usize,
     gw: usize,
@@ -47,8 +48,10 @@ pub struct Im2colB<'a> {
     fused: bool,
     /// Whether full panels of a stride-2 layer are described too ([`Im2colB::with_strided_fusion`]).
     strided: bool,
-    /// The kernel tap of each of the view's taps, when they are not `tap0..tap0 + taps`
-    /// ([`Im2colB::with_tap_map`]; one group, `tap0` 0).
+    /// The kernel taps the view's taps index ([`Im2colB::with_tap_map`]): tap `t` of the view
+    /// is kernel tap `map[tap0 + t]`; without a map it is kernel tap `tap0 + t`. Every view
+    /// derived from a mapped one (tap ranges, tap groups, one group's view) keeps indexing
+    /// the map, so the two compose.
     map: Option<&'a [usize]>,
 }
 
@@ -239,9 +242,11 @@ impl<'a> Im2colB<'a> {
 
     /// The rows of kernel taps `tap0..tap0 + taps` (flat, row-major over the kernel's
     /// dimensions) only: C/G · `taps` rows, row `p` = channel `p / taps`, tap `tap0 + p %
-    /// taps` (validated by the caller: `tap0 + taps <= R`).
+    /// taps` (validated by the caller: `tap0 + taps <= R`). On a view with a tap map
+    /// ([`Im2colB::with_tap_map`]) the taps are entries `tap0..tap0 + taps` of the map
+    /// (`tap0 + taps <= map.len()`).
     pub(crate) fn with_taps(self, tap0: usize, taps: usize) -> Self {
-        debug_assert!(tap0 + taps <= self.src.rlen);
+        debug_assert!(taps > 0 && tap0 + taps <= self.map.map_or(self.src.rlen, <[usize]>::len));
         Im2colB {
             rows: self.rows / self.taps * taps,
             tap0,
@@ -255,7 +260,8 @@ impl<'a> Im2colB<'a> {
     /// taps a group: row `p` is group `q = p / (C/G · gw)`, channel `(p / gw) % C/G`, tap
     /// `tap0 + q · gw + p % gw`. A K range of whole groups is then a block of consecutive
     /// rows (the A operand's columns in the same order serve every such range). Validated by
-    /// the caller: `tap0 + groups · gw <= R`.
+    /// the caller: `tap0 + groups · gw <= R`. On a view with a tap map the groups are runs of
+    /// the map's entries, as in [`Im2colB::with_taps`].
     pub(crate) fn with_tap_groups(self, tap0: usize, groups: usize, gw: usize) -> Self {
         Im2colB {
             gw: gw.max(1),
@@ -281,22 +287,24 @@ impl<'a> Im2colB<'a> {
 
     /// The rows of the kernel taps `map[0], map[1], ..` only, in that order: C/G · `map.len()`
     /// rows, row `p` = channel `p / map.len()`, tap `map[p % map.len()]` (validated by the
-    /// caller: every tap below R, `map` not empty). The phase-split forward
-    /// ([`crate::phasesplit`]) reads a strided layer's taps as some of the taps of a stride-1
-    /// layer over x's phases.
+    /// caller: every tap below R, `map` not empty). It replaces the view's taps (one group of
+    /// all of them); [`Im2colB::with_taps`] and [`Im2colB::with_tap_groups`] on the result
+    /// select among the map's entries. The phase-split forward ([`crate::phasesplit`]) reads a
+    /// strided layer's taps as some of the taps of a stride-1 layer over x's phases.
     pub(crate) fn with_tap_map(self, map: &'a [usize]) -> Self {
         debug_assert!(!map.is_empty() && map.iter().all(|&t| t < self.src.rlen));
         Im2colB {
             map: Some(map),
-            ..self.with_taps(0, map.len())
+            ..self
         }
+        .with_taps(0, map.len())
     }
 
     /// The kernel tap of the view's tap `t` (`t < taps`).
     #[inline(always)]
     fn kernel_tap(&self, t: usize) -> usize {
         match self.map {
-            Some(m) => m[t],
+            Some(m) => m[self.tap0 + t],
             None => self.tap0 + t,
         }
     }
@@ -399,7 +407,7 @@ impl PackB for Im2colB<'_> {
             out.taps.clear();
             match self.map {
                 Some(m) => {
-                    for &kt in m {
+                    for &kt in &m[self.tap0..][..rl] {
                         out.taps
                             .extend_from_slice(&s.chunks[e.chunks + kt * nch..][..nch]);
                     }
@@ -777,5 +785,153 @@ fn straight(t: &[Seg], runs: &[Run], ilen: usize, stride: usize, nr: usize) -> L
             mask,
         },
         _ => Lin::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::im2col::{im2col, im2col_shape};
+    use crate::testing::uniform;
+    use core_blas::Chunk;
+
+    /// The value a [`ConvPanel`] description gives lane `l` of a row whose channel plane
+    /// starts at `off` in `src` (`None` for a gather, which the driver packs with `pack_b`).
+    fn described(c: Chunk, off: isize, l: usize, src: &[f32]) -> Option<f32> {
+        let Chunk::Lines {
+            step,
+            m1,
+            m2,
+            off1,
+            off2,
+        } = c
+        else {
+            return None;
+        };
+        let bit = 1u16 << l;
+        let s = isize::from(step) * l as isize;
+        let at = if m1 & bit != 0 {
+            off + off1 + s
+        } else if m2 & bit != 0 {
+            off + off2 + s
+        } else {
+            return Some(0.0);
+        };
+        Some(src[usize::try_from(at).expect("offset inside x")])
+    }
+
+    /// A tap map combined with tap ranges and tap groups (and one group's own view, which
+    /// `pack_b` and `conv_panel` use for blocks of a grouped view) packs the im2col rows of the
+    /// map's entries: every block of several depths (blocks that cross groups included) and
+    /// panel widths against the explicit im2col matrix, and every full panel `conv_panel`
+    /// describes lane by lane. Before the map composed, a group's view read the map from its
+    /// start whatever its first tap, so groups after the first packed the first group's taps.
+    #[test]
+    fn tap_maps_compose_with_tap_ranges_and_groups() {
+        let geoms = [
+            // Stride 1, padding 1: full panels fusable on AVX-512.
+            (
+                ConvGeometry::new(2, 5, 4, &[7, 9], &[3, 3])
+                    .unwrap()
+                    .with_padding(&[1, 1]),
+                0,
+            ),
+            (
+                ConvGeometry::new(1, 6, 4, &[9, 8], &[3, 3])
+                    .unwrap()
+                    .with_padding_per_side(&[2, 0], &[1, 2])
+                    .unwrap()
+                    .with_dilation(&[2, 1])
+                    .unwrap()
+                    .with_groups(2),
+                1,
+            ),
+            (
+                ConvGeometry::new(2, 3, 3, &[4, 5, 6], &[2, 3, 3])
+                    .unwrap()
+                    .with_padding(&[1, 1, 0]),
+                0,
+            ),
+        ];
+        let mut described_panels = 0;
+        for (gi, (g, grp)) in geoms.into_iter().enumerate() {
+            let g = g.unwrap();
+            let x = uniform(gi as u64 + 7, g.x_len());
+            let (rows, cols) = im2col_shape(&g);
+            let mut col = vec![0.0; rows * cols];
+            im2col(&g, grp, &x, &mut col).unwrap();
+            let (cg, rlen) = (g.in_channels_per_group(), g.kernel_len());
+            // Kernel taps out of order, one twice.
+            let map: Vec<usize> = [rlen - 1, 0, 4, 2, rlen / 2, 1, 4]
+                .into_iter()
+                .map(|t| t % rlen)
+                .collect();
+            let mapped = Im2colB::new(&g, grp, &x)
+                .with_fused_packing()
+                .with_tap_map(&map);
+            // (view, its first map entry, groups, group width)
+            let views = [
+                (mapped, 0, 1, map.len()),
+                (mapped.with_taps(1, 4), 1, 1, 4),
+                (mapped.with_tap_groups(0, 3, 2), 0, 3, 2),
+                (mapped.with_tap_groups(1, 2, 3), 1, 2, 3),
+                (mapped.with_tap_groups(2, 5, 1), 2, 5, 1),
+            ];
+            for (vi, (b, e0, groups, gw)) in views.into_iter().enumerate() {
+                assert_eq!(b.rows(), cg * groups * gw);
+                // Row `p` of the view: group `q`, channel `c`, tap `t` of the group.
+                let want = |p: usize, j: usize| {
+                    let (q, r) = (p / (cg * gw), p % (cg * gw));
+                    let (c, t) = (r / gw, r % gw);
+                    col[(c * rlen + map[e0 + q * gw + t]) * cols + j]
+                };
+                for nr in [8, 16, 32, 48] {
+                    for kc in [1, 2, 3, 5, b.rows()] {
+                        for pc in (0..b.rows()).step_by(kc) {
+                            let kc = kc.min(b.rows() - pc);
+                            let mut dst = vec![f32::NAN; cols.div_ceil(nr) * nr * kc];
+                            b.pack_b(pc, kc, 0, cols, nr, &mut dst);
+                            for (i, v) in dst.iter().enumerate() {
+                                let (panel, p, l) = (i / (kc * nr), i / nr % kc, i % nr);
+                                let j = panel * nr + l;
+                                let w = if j < cols { want(pc + p, j) } else { 0.0 };
+                                assert_eq!(
+                                    *v, w,
+                                    "geometry {gi} view {vi} nr {nr} rows {pc}+{kc} column {j}"
+                                );
+                            }
+                            let mut out = ConvPanel::default();
+                            for j in (0..cols / nr * nr).step_by(nr) {
+                                let Some(src) = b.conv_panel(pc, kc, j, nr, &mut out) else {
+                                    continue;
+                                };
+                                let nch = nr / CHUNK_LANES;
+                                described_panels += 1;
+                                for p in 0..kc {
+                                    let t = (out.first + p) % out.period;
+                                    let off = out.base
+                                        + ((out.first + p) / out.period) as isize * out.step;
+                                    for l in 0..nr {
+                                        let c = out.taps[t * nch + l / CHUNK_LANES];
+                                        if let Some(v) = described(c, off, l % CHUNK_LANES, src) {
+                                            assert_eq!(
+                                                v,
+                                                want(pc + p, j + l),
+                                                "geometry {gi} view {vi} conv_panel nr {nr} \
+                                                 rows {pc}+{kc} column {}",
+                                                j + l
+                                            );
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // Where core-blas packs chunks (AVX-512, AVX2), the stride-1 geometries' full panels
+        // are described.
+        assert_eq!(described_panels > 0, ConvPack::global().is_ok());
     }
 }
