@@ -168,8 +168,16 @@ fn gcd(mut a: usize, mut b: usize) -> usize {
 /// No cached entry for this position.
 const EMPTY: u32 = u32::MAX;
 
+/// Scratches (tables of distinct views) a thread keeps: the row-class forward
+/// ([`crate::layout::forward_classes`]) packs one view per class of output rows (3 for a 3×3
+/// kernel) in turn, and a single cache started over at every switch, so that every call
+/// rebuilt the middle class's tables (`Im2colB::entry`, `Chunk::from_offsets`: ~0.9% of
+/// 128@28²'s forward).
+const SCRATCH_SETS: usize = 4;
+
 thread_local! {
-    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    /// The thread's scratches, the most recently used first.
+    static SCRATCH: RefCell<Vec<Scratch>> = const { RefCell::new(Vec::new()) };
     /// The runs of the block [`PackB::prefetch_b`] hints at.
     static PREFETCH_RUNS: RefCell<Vec<Run>> = const { RefCell::new(Vec::new()) };
 }
@@ -398,8 +406,7 @@ impl PackB for Im2colB<'_> {
         let (rl, nch) = (self.taps, nr / CHUNK_LANES);
         let first = self.col0 + j;
         let shift = self.locate(first).0 * src.image_len();
-        SCRATCH.with_borrow_mut(|s| {
-            self.reset_key(s, nr);
+        self.with_scratch(nr, |s| {
             let e = self.entry(s, first, nr, nr, true);
             if e.chunks == NO_CHUNKS {
                 return None;
@@ -449,10 +456,37 @@ impl PackB for Im2colB<'_> {
 }
 
 impl Im2colB<'_> {
-    /// Drops the cached tables when they belong to another geometry or panel width.
-    fn reset_key(&self, s: &mut Scratch, nr: usize) {
+    /// Runs `f` on the thread's scratch of this view's tables (geometry, panel width and
+    /// window): the one kept for them, or else the least recently used one (or a new one,
+    /// below [`SCRATCH_SETS`]) with its tables dropped.
+    fn with_scratch<R>(&self, nr: usize, f: impl FnOnce(&mut Scratch) -> R) -> R {
+        let key = self.scratch_key(nr);
+        SCRATCH.with_borrow_mut(|sets| {
+            let at = match sets.iter().position(|s| s.key == Some(key)) {
+                Some(at) => at,
+                None => {
+                    if sets.len() < SCRATCH_SETS {
+                        sets.push(Scratch::default());
+                    }
+                    let last = sets.len() - 1;
+                    let s = &mut sets[last];
+                    s.key = Some(key);
+                    s.slots.clear();
+                    s.slots.resize(self.wlen, EMPTY);
+                    s.clear_tables();
+                    last
+                }
+            };
+            sets[..=at].rotate_right(1);
+            f(&mut sets[0])
+        })
+    }
+
+    /// What the cached tables of a view depend on: the geometry, the group's first plane, the
+    /// panel width and the window (not the view's taps: the tables cover every kernel tap).
+    fn scratch_key(&self, nr: usize) -> (Dims3, [usize; 6]) {
         let src = &self.src;
-        let key = (
+        (
             src.d,
             [
                 src.plane(0),
@@ -462,14 +496,9 @@ impl Im2colB<'_> {
                 self.wlo,
                 self.wlen,
             ],
-        );
-        if s.key != Some(key) {
-            s.key = Some(key);
-            s.slots.clear();
-            s.slots.resize(self.wlen, EMPTY);
-            s.clear_tables();
-        }
+        )
     }
+
     /// The cached tables of the panel whose first column is `first` (`w` columns of a panel
     /// `nr` wide; full panels are cached per position in the window), built if missing;
     /// chunks only when `chunks` (core-blas's [`ConvPack`] is there) and `nr` is a multiple
@@ -608,8 +637,7 @@ impl Im2colB<'_> {
             .ok()
             .filter(|_| nr.is_multiple_of(CHUNK_LANES) && nr <= 64);
         let nch = nr / CHUNK_LANES;
-        SCRATCH.with_borrow_mut(|s| {
-            self.reset_key(s, nr);
+        self.with_scratch(nr, |s| {
             if cfg!(debug_assertions) {
                 s.planes.clear();
                 s.planes.extend((pc..pc + kc).map(|p| src.plane(p / rl)));
@@ -933,5 +961,79 @@ mod tests {
         // Where core-blas packs chunks (AVX-512, AVX2), the stride-1 geometries' full panels
         // are described.
         assert_eq!(described_panels > 0, ConvPack::global().is_ok());
+    }
+}
+
+#[cfg(test)]
+mod scratch_tests {
+    use super::*;
+    use crate::im2col::{im2col, im2col_shape};
+    use crate::testing::uniform;
+
+    /// Views whose tables differ (windows of other output rows, another geometry, another
+    /// panel width), more of them than a thread keeps scratches for, packed in turns on one
+    /// thread: every full and partial panel against the explicit im2col matrix, so that a
+    /// scratch handed to another view with the old view's tables, or a kept one whose tables
+    /// were dropped or mixed up, fails.
+    #[test]
+    fn views_in_turns_keep_their_own_tables() {
+        let g1 = ConvGeometry::new(3, 4, 2, &[9, 11], &[3, 3])
+            .unwrap()
+            .with_padding(&[1, 1])
+            .unwrap();
+        let g2 = ConvGeometry::new(2, 3, 2, &[6, 7], &[3, 2])
+            .unwrap()
+            .with_padding(&[1, 0])
+            .unwrap();
+        let (x1, x2) = (uniform(3, g1.x_len()), uniform(4, g2.x_len()));
+        let dense = |g: &ConvGeometry, x: &[f32]| {
+            let (rows, cols) = im2col_shape(g);
+            let mut col = vec![0.0; rows * cols];
+            im2col(g, 0, x, &mut col).unwrap();
+            (col, cols)
+        };
+        let (c1, n1) = dense(&g1, &x1);
+        let (c2, n2) = dense(&g2, &x2);
+        let ow1 = g1.output()[1];
+        // (view, its im2col, im2col's columns, the view's window (first, length), nr)
+        let base1 = Im2colB::new(&g1, 0, &x1).with_fused_packing();
+        let views = [
+            (base1, &c1, n1, (0, 9 * ow1), 16),
+            (base1.with_window(0, ow1), &c1, n1, (0, ow1), 16),
+            (base1.with_window(ow1, 7 * ow1), &c1, n1, (ow1, 7 * ow1), 16),
+            (base1.with_window(8 * ow1, ow1), &c1, n1, (8 * ow1, ow1), 16),
+            (base1.with_window(ow1, 7 * ow1), &c1, n1, (ow1, 7 * ow1), 8),
+            (
+                Im2colB::new(&g2, 0, &x2),
+                &c2,
+                n2,
+                (0, g2.output_spatial_len()),
+                16,
+            ),
+        ];
+        for round in 0..3 {
+            for (vi, (b, col, n, (wlo, wlen), nr)) in views.iter().enumerate().rev() {
+                let (rows, cols) = (b.rows(), b.cols());
+                let olen = n / (cols / wlen);
+                for pc in (0..rows).step_by(7) {
+                    let kc = 7.min(rows - pc);
+                    let mut dst = vec![f32::NAN; cols.div_ceil(*nr) * nr * kc];
+                    b.pack_b(pc, kc, 0, cols, *nr, &mut dst);
+                    for (i, v) in dst.iter().enumerate() {
+                        let (panel, p, l) = (i / (kc * nr), i / nr % kc, i % nr);
+                        let j = panel * nr + l;
+                        let want = if j < cols {
+                            col[(pc + p) * n + j / wlen * olen + wlo + j % wlen]
+                        } else {
+                            0.0
+                        };
+                        assert_eq!(
+                            *v, want,
+                            "round {round} view {vi} rows {pc}+{kc} column {j}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }
