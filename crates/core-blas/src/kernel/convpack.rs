@@ -163,8 +163,8 @@ pub(crate) struct ConvRow {
 /// One row of a resolved [`ConvPanel`] cycle whose chunks read every other value (step 2,
 /// one or two pieces: im2col rows of a stride-2 layer, a piece per output line), as the fused
 /// kernel reads it. Chunk `q`'s 16 lanes are the even lanes of a 32-value window: its low 16
-/// values `maskz_load(m[4q], src + off[2q])` merged with `mask_load(m[4q + 1], src + off[2q +
-/// 1])`, its high 16 the same at + 64 bytes with `m[4q + 2]`, `m[4q + 3]` (`off` in bytes; the
+/// values `maskz_load(m[4q], src + off[2q])` merged with `mask_load(m[4q + 2], src + off[2q +
+/// 1])`, its high 16 the same at + 64 bytes with `m[4q + 1]`, `m[4q + 3]` (`off` in bytes; the
 /// masks select only the window's even lanes that a piece reads, so lanes outside the pieces
 /// are zero and never read).
 #[derive(Clone, Copy, Debug, Default)]
@@ -172,8 +172,8 @@ pub(crate) struct ConvRow {
 pub(crate) struct ConvRow2 {
     /// Per chunk, the byte offsets of its two pieces' lane 0.
     pub(crate) off: [isize; 6],
-    /// Per chunk, the window's load masks: low half of piece 1, of piece 2, high half of
-    /// piece 1, of piece 2.
+    /// Per chunk, the window's load masks: piece 1's low and high half, then piece 2's (the
+    /// fused tile tests piece 2's two at once: one 32-bit half of the chunk's 64 bits).
     pub(crate) m: [u16; 12],
     /// Byte offset of the two cache lines the row prefetches (see [`PF2_BACK`]).
     pub(crate) pf: isize,
@@ -225,7 +225,7 @@ impl ConvRowForm for ConvRow2 {
     unsafe fn lane(&self, s: *const f32, q: usize, l: usize) -> f32 {
         // Lane l is window lane 2l: half `l / 8`, bit `2l mod 16` of its masks.
         let (half, bit) = (l / 8, 1u16 << (2 * l % 16));
-        match (0..2).find(|&i| self.m[4 * q + 2 * half + i] & bit != 0) {
+        match (0..2).find(|&i| self.m[4 * q + 2 * i + half] & bit != 0) {
             // SAFETY: the lane is selected in piece i, hence readable (the caller's contract).
             Some(i) => unsafe { at(s, self.off[2 * q + i], 2 * l) },
             None => 0.0,
@@ -379,8 +379,8 @@ impl ConvRows {
                     }
                     let o = cbase.checked_add(off)?;
                     rel[2 * q + i] = o;
-                    row.m[4 * q + i] = spread(m);
-                    row.m[4 * q + 2 + i] = spread(m >> 8);
+                    row.m[4 * q + 2 * i] = spread(m);
+                    row.m[4 * q + 2 * i + 1] = spread(m >> 8);
                     lo = lo.min(o.checked_add(2 * m.trailing_zeros() as isize)?);
                     hi = hi.max(o.checked_add(2 * (15 - m.leading_zeros() as isize))?);
                 }
@@ -2122,11 +2122,11 @@ mod tests {
         assert_eq!(
             r0.m,
             [
-                0x5555, 0, 0x5555, 0, 0x0055, 0x5500, 0, 0x5555, 0x5555, 0, 0x5555, 0
+                0x5555, 0x5555, 0, 0, 0x0055, 0, 0x5500, 0x5555, 0x5555, 0x5555, 0, 0
             ]
         );
         let r1 = r.rows2[1];
-        assert_eq!(r1.m[..4], [0x5554, 0, 0x5555, 0]);
+        assert_eq!(r1.m[..4], [0x5554, 0x5555, 0, 0]);
         assert_eq!(r1.m[8..], [0, 0, 0, 0]);
         assert!(!r.resolve(&p, 100 + 1000 + 194 + 30, 3, 3));
         // The same taps at another base: the offsets move with it.
