@@ -966,13 +966,6 @@ mod tests {
         // are described.
         assert_eq!(described_panels > 0, ConvPack::global().is_ok());
     }
-}
-
-#[cfg(test)]
-mod scratch_tests {
-    use super::*;
-    use crate::im2col::{im2col, im2col_shape};
-    use crate::testing::uniform;
 
     /// Views whose tables differ (windows of other output rows, another geometry, another
     /// panel width), more of them than a thread keeps scratches for, packed in turns on one
