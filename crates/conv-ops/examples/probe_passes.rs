@@ -1,9 +1,10 @@
 //! Probe: thread CPU time of every pass of one layer on one thread (min over rounds, the
 //! passes interleaved round by round), for quick A/B runs between two builds.
 //!
-//! `cargo run --release -p conv-ops --example probe_passes -- [--back-to-back] N C K SIZE KERNEL
-//! STRIDE PAD [ROUNDS [FILTER]]` with SIZE / KERNEL like `32x32` / `1x1`; FILTER (a comma list)
-//! keeps the passes whose name contains one of its parts. Prints ms per pass and GFLOP/s.
+//! `cargo run --release -p conv-ops --example probe_passes -- [--back-to-back | --paired
+//! [--threads T]] N C K SIZE KERNEL STRIDE PAD [ROUNDS [FILTER]]` with SIZE / KERNEL like `32x32`
+//! / `1x1`; FILTER (a comma list) keeps the passes whose name contains one of its parts. Prints
+//! ms per pass and GFLOP/s.
 //!
 //! `--back-to-back` times each pass on its own the way the PyTorch anchors time theirs
 //! (`conv_layers.py --min-time 0 --min-iters ROUNDS`, whose `bench` runs 2 warm-up calls, then
@@ -22,6 +23,11 @@
 //! can also move the bound (session 31: a build whose phase copy was a 2 MiB huge-page buffer
 //! ran the untouched bound 0.9-5.4% slower in the same process, 6 of 6 alternations, which
 //! alone raised its ratio).
+//!
+//! `--threads T` (with `--paired`) runs both sides on a pool of T threads and times them by the
+//! wall clock (as the conv bench's `/tN` benches do: the same pool for the bound and the pass),
+//! and also prints both sides' upper quartiles (where a late or slow worker shows). Every
+//! `--paired` run prints both sides' means too (a criterion sample is the mean of its calls).
 
 use conv_ops::{
     BackwardDataAlgo as D, BackwardFilterAlgo as F, ConvGeometry, ForwardAlgo, Pass, Workspace,
@@ -41,9 +47,17 @@ fn dims(s: &str) -> Result<Vec<usize>, std::num::ParseIntError> {
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 fn main() -> Result<(), Error> {
-    // One worker thread, everything run on it: its CPU time is the whole pass.
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
-    pool.install(run)
+    let args: Vec<String> = std::env::args().collect();
+    let threads = match args.iter().position(|s| s == "--threads") {
+        Some(i) => args.get(i + 1).ok_or("--threads T")?.parse()?,
+        None => 1,
+    };
+    // One worker thread, everything run on it: its CPU time is the whole pass (`--threads`:
+    // T workers, wall clock).
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?;
+    pool.install(|| run(threads))
 }
 
 /// The layer's tensors, and the subsampled input of a 1×1 strided layer: `AlignedVec`s (64-byte
@@ -84,14 +98,20 @@ fn call(d: &mut Data, pass: Pass, on_pointwise: bool, ws: &mut Workspace) -> Res
     Ok(())
 }
 
-fn run() -> Result<(), Error> {
+fn run(threads: usize) -> Result<(), Error> {
     let mut a: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(i) = a.iter().position(|s| s == "--threads") {
+        a.drain(i..(i + 2).min(a.len()));
+    }
+    if threads > 1 && !a.iter().any(|s| s == "--paired") {
+        return Err("--threads takes --paired".into());
+    }
     let back_to_back = a.iter().any(|s| s == "--back-to-back");
     let paired = a.iter().any(|s| s == "--paired");
     a.retain(|s| s != "--back-to-back" && s != "--paired");
     if a.len() < 7 {
         return Err(
-            "usage: [--back-to-back | --paired] N C K SIZE KERNEL STRIDE PAD [ROUNDS [FILTER]]"
+            "usage: [--back-to-back | --paired [--threads T]] N C K SIZE KERNEL STRIDE PAD [ROUNDS [FILTER]]"
                 .into(),
         );
     }
@@ -222,7 +242,7 @@ fn run() -> Result<(), Error> {
     let flops = data.g.flops() as f64;
     if paired {
         let filter = a.get(8).map(String::as_str);
-        return run_paired(&mut data, rounds, filter, &mut ws);
+        return run_paired(&mut data, rounds, filter, threads, &mut ws);
     }
     if back_to_back {
         // The anchors' `bench`: 2 warm-up calls, then `rounds` timed calls, wall clock.
@@ -281,13 +301,19 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// `--paired`: each pass against its GEMM-only bound, alternated call by call (see the module
-/// docs); `filter` (`fwd` / `bwd-data`) keeps one of the two.
+/// docs); `filter` (`fwd` / `bwd-data`) keeps one of the two; `threads > 1`: wall clock.
 fn run_paired(
     d: &mut Data,
     rounds: usize,
     filter: Option<&str>,
+    threads: usize,
     ws: &mut Workspace,
 ) -> Result<(), Error> {
+    let start = std::time::Instant::now();
+    let clock = || match threads {
+        1 => cpu(),
+        _ => start.elapsed().as_secs_f64(),
+    };
     let g = d.g;
     let (rows, cols) = conv_ops::im2col::im2col_shape(&g);
     let k = g.out_channels();
@@ -320,7 +346,7 @@ fn run_paired(
         }
         let (mut tb, mut tp, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
         for i in 0..rounds + 2 {
-            let t = cpu();
+            let t = clock();
             match pass {
                 Pass::Forward(_) => core_blas::gemm(
                     1.0,
@@ -337,10 +363,10 @@ fn run_paired(
                     MatMut::row_major("c", &mut cbwd, rows, cols, cols)?,
                 )?,
             }
-            let b = cpu() - t;
-            let t = cpu();
+            let b = clock() - t;
+            let t = clock();
             call(d, pass, false, ws)?;
-            let p = cpu() - t;
+            let p = clock() - t;
             if i >= 2 {
                 tb.push(b);
                 tp.push(p);
@@ -351,6 +377,21 @@ fn run_paired(
             .iter()
             .fold((f64::INFINITY, 0.0f64), |(l, h), &r| (l.min(r), h.max(r)));
         let (mb, mp) = (median(&mut tb), median(&mut tp));
+        let q3 = |v: &[f64]| v.get(v.len() * 3 / 4).copied().unwrap_or(f64::NAN);
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+        println!(
+            "{name:20} means: bound {:8.3} ms  pass {:8.3} ms  (criterion's samples are means)",
+            mean(&tb) * 1e3,
+            mean(&tp) * 1e3
+        );
+        if threads > 1 {
+            // `median` sorted both: their upper quartiles.
+            println!(
+                "{name:20} t{threads} upper quartiles: bound {:8.3} ms  pass {:8.3} ms",
+                q3(&tb) * 1e3,
+                q3(&tp) * 1e3
+            );
+        }
         println!(
             "{name:20} bound {:8.3} ms  pass {:8.3} ms (medians)  bound/pass: pair median {:.3} (range {lo:.3}-{hi:.3}), of the medians {:.3}  n {}",
             mb * 1e3,
