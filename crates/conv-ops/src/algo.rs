@@ -328,7 +328,11 @@ impl fmt::Display for Preset {
 /// the im2col / GEMM-result buffer of the `base` algorithms (one group at a time), the Reindex
 /// buffer of `rdx`, zero for the fused algorithms (and [`BackwardDataAlgo::FlippedConvgemm`] /
 /// [`BackwardDataAlgo::FlippedDirect`], whose packed weights are built from w directly). Not counted: the GEMM's packing buffers
-/// (per thread, bounded by the cache blocking, independent of the batch), the micro-tile
+/// (per thread, bounded by the cache blocking, independent of the batch), the tables of the
+/// panels packed from x by [`crate::Im2colB`] (convgemm's B: per thread and kept across calls,
+/// shared by every layer and pass the thread runs, at most [`crate::PANEL_TABLE_BYTES`] in all,
+/// whatever the batch and the layer; [`crate::panel_table_bytes`] counts what they hold, to
+/// the byte, and [`crate::release_workspaces`] frees them), the micro-tile
 /// the store receives, and the C panel of deconvgemm and of the forward convgemm on small
 /// output planes (one per thread, kept in thread-local storage across calls: at most 128 Ki
 /// floats, or K/G × 4·NR, or one output line by one channel's taps, whichever is largest;

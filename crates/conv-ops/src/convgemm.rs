@@ -8,7 +8,7 @@
 //! where some run overhangs the padding. The tables depend only on the panel's position inside
 //! an image, so they are cached per thread across calls (core-blas's small-m schedule packs one
 //! or two micro-panels per call; every KC block of an NC block packs the same panel positions)
-//! and reused for every image, up to [`CACHE_MAX_SEGS`] segments. Full panels of 16-value
+//! and reused for every image, within [`PANEL_TABLE_BYTES`] per thread. Full panels of 16-value
 //! chunks (AVX2's 16, AVX-512's 32 and 48) are packed by core-blas's [`ConvPack`] from a
 //! [`Chunk`] per (tap, 16 columns), built from the segments with the tables: one or two masked
 //! vector loads per chunk and channel (the padding never read), a gather where the columns
@@ -73,7 +73,6 @@ struct Scratch {
     /// core-blas's [`ConvPack`] is there), and the gathers' index rows.
     chunks: Vec<Chunk>,
     gidx: Vec<[i32; CHUNK_LANES]>,
-    planes: Vec<usize>,
 }
 
 /// A tap of a full panel of a [`fixed_width`] (stride 1 or 2) whose readable positions all lie
@@ -99,6 +98,9 @@ struct Entry {
     lin: usize,
     /// First of the entry's `R · nr / 16` chunks, [`NO_CHUNKS`] without.
     chunks: usize,
+    /// Whether the entry stays in the tables (a full panel of a view with slots); otherwise
+    /// [`Scratch::drop_entry`] removes it once its panel is packed.
+    kept: bool,
 }
 
 /// An [`Entry`] without chunks.
@@ -175,6 +177,18 @@ const EMPTY: u32 = u32::MAX;
 /// 128@28²'s forward).
 const SCRATCH_SETS: usize = 4;
 
+/// Bytes the panel tables of a thread's scratches take together at most (the capacities of
+/// all their vectors, slots included): a new entry that would pass it first frees the least
+/// recently used other scratches, then starts its own tables over; a view whose slots alone do
+/// not fit caches nothing. The lean rows' views need up to 3.2 MiB (C3D 64@8×56², one view;
+/// VGG 64@224² 1.9 MiB; ResNet-50's row classes 0.1-0.3 MiB for their three views, the
+/// stride-2 phase split's four 0.3 MiB): probe_passes with the bytes printed, session 35.
+pub const PANEL_TABLE_BYTES: usize = 4 << 20;
+
+/// What the tables themselves may take: [`PANEL_TABLE_BYTES`] less the thread's list of
+/// scratches.
+const ROOM: usize = PANEL_TABLE_BYTES - SCRATCH_SETS * size_of::<Scratch>();
+
 thread_local! {
     /// The thread's scratches, the most recently used first.
     static SCRATCH: RefCell<Vec<Scratch>> = const { RefCell::new(Vec::new()) };
@@ -182,13 +196,165 @@ thread_local! {
     static PREFETCH_RUNS: RefCell<Vec<Run>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Segments the cached tables may hold: past it the cache starts over (on planes whose panel
-/// positions need more, such as C3D's 8×56² with 27 taps or VGG's 224², the positions of one
-/// NC block are still packed once per KC block from the cache, instead of rebuilding their
-/// tables for every KC block).
-const CACHE_MAX_SEGS: usize = 1 << 16;
+/// Bytes of the panel tables on this thread: its scratches and the prefetch hint's runs
+/// (0 for those in use by a pass running on this thread).
+pub(crate) fn thread_table_bytes() -> usize {
+    let sets = SCRATCH.with(|c| c.try_borrow().map_or(0, |sets| sets_bytes(&sets)));
+    let runs = PREFETCH_RUNS.with(|c| c.try_borrow().map_or(0, |r| bytes_of(&r)));
+    sets + runs
+}
+
+/// Frees this thread's panel tables ([`crate::release_workspaces`]) and returns their bytes;
+/// 0 for those in use.
+pub(crate) fn release_thread() -> usize {
+    crate::take_thread_buffer(&SCRATCH, |sets| sets_bytes(&sets))
+        + crate::take_thread_buffer(&PREFETCH_RUNS, |r| bytes_of(&r))
+}
+
+/// Bytes of a thread's scratches: their list and their tables.
+fn sets_bytes(sets: &Vec<Scratch>) -> usize {
+    bytes_of(sets) + sets.iter().map(Scratch::bytes).sum::<usize>()
+}
+
+/// Bytes of a vector's capacity.
+fn bytes_of<T>(v: &Vec<T>) -> usize {
+    v.capacity() * size_of::<T>()
+}
+
+/// How many values one more entry may add to each table of a [`Scratch`] (upper bounds).
+struct Need {
+    runs: usize,
+    segs: usize,
+    taps: usize,
+    chunks: usize,
+}
 
 impl Scratch {
+    /// Bytes the scratch holds: the capacities of its vectors.
+    fn bytes(&self) -> usize {
+        bytes_of(&self.slots)
+            + bytes_of(&self.entries)
+            + bytes_of(&self.runs)
+            + bytes_of(&self.segs)
+            + bytes_of(&self.full)
+            + bytes_of(&self.lin)
+            + bytes_of(&self.chunks)
+            + bytes_of(&self.gidx)
+    }
+
+    /// Capacity for `need` more values in every table (and one entry), grown only if the
+    /// scratch then takes at most `room` bytes; false (nothing grown) otherwise. A table
+    /// that must grow doubles if that fits, else takes what it needs and a share of the
+    /// room left.
+    fn grow(&mut self, need: &Need, room: usize) -> bool {
+        // (len, capacity, add, size of a value) of every table that grows.
+        let t = [
+            (
+                self.entries.len(),
+                self.entries.capacity(),
+                1,
+                size_of::<Entry>(),
+            ),
+            (
+                self.runs.len(),
+                self.runs.capacity(),
+                need.runs,
+                size_of::<Run>(),
+            ),
+            (
+                self.segs.len(),
+                self.segs.capacity(),
+                need.segs,
+                size_of::<Seg>(),
+            ),
+            (
+                self.full.len(),
+                self.full.capacity(),
+                need.taps,
+                size_of::<bool>(),
+            ),
+            (
+                self.lin.len(),
+                self.lin.capacity(),
+                need.taps,
+                size_of::<Lin>(),
+            ),
+            (
+                self.chunks.len(),
+                self.chunks.capacity(),
+                need.chunks,
+                size_of::<Chunk>(),
+            ),
+            (
+                self.gidx.len(),
+                self.gidx.capacity(),
+                need.chunks,
+                size_of::<[i32; CHUNK_LANES]>(),
+            ),
+        ];
+        let cap = |doubled: bool| {
+            t.map(|(len, cap, add, _)| {
+                if len + add <= cap {
+                    cap
+                } else if doubled {
+                    (2 * cap).max(len + add)
+                } else {
+                    len + add
+                }
+            })
+        };
+        let bytes = |caps: &[usize; 7]| {
+            bytes_of(&self.slots) + caps.iter().zip(&t).map(|(c, x)| c * x.3).sum::<usize>()
+        };
+        let c = if bytes(&cap(true)) <= room {
+            cap(true)
+        } else {
+            // Near the bound: just what is needed, and the rest of the room shared among
+            // the tables that grow (so that the next entries rarely grow them again).
+            let mut c = cap(false);
+            let Some(spare) = room.checked_sub(bytes(&c)) else {
+                return false;
+            };
+            let grown = (0..7).filter(|&i| c[i] > t[i].1).count();
+            for (ci, x) in c.iter_mut().zip(&t) {
+                if *ci > x.1 {
+                    *ci += spare / grown / x.3;
+                }
+            }
+            c
+        };
+        self.entries.reserve_exact(c[0] - self.entries.len());
+        self.runs.reserve_exact(c[1] - self.runs.len());
+        self.segs.reserve_exact(c[2] - self.segs.len());
+        self.full.reserve_exact(c[3] - self.full.len());
+        self.lin.reserve_exact(c[4] - self.lin.len());
+        self.chunks.reserve_exact(c[5] - self.chunks.len());
+        self.gidx.reserve_exact(c[6] - self.gidx.len());
+        true
+    }
+
+    /// Removes entry `e`, the last one pushed, unless it is kept (see [`Entry::kept`]).
+    fn drop_entry(&mut self, e: Entry) {
+        if e.kept {
+            return;
+        }
+        self.entries.pop();
+        self.runs.truncate(e.runs);
+        self.segs.truncate(e.segs);
+        self.full.truncate(e.full);
+        self.lin.truncate(e.lin);
+        if e.chunks != NO_CHUNKS {
+            self.chunks.truncate(e.chunks);
+        }
+        if self.bytes() > ROOM {
+            // Only after a panel whose tables alone did not fit: give them back.
+            *self = Scratch {
+                key: self.key,
+                ..Scratch::default()
+            };
+        }
+    }
+
     /// Drops every cached entry's tables (the slots must be reset with them).
     fn clear_tables(&mut self) {
         self.entries.clear();
@@ -198,6 +364,68 @@ impl Scratch {
         self.lin.clear();
         self.chunks.clear();
         self.gidx.clear();
+    }
+}
+
+/// Makes room for one more entry of `need` in the first of `sets` within [`PANEL_TABLE_BYTES`] for
+/// all of them: frees the least recently used of the others, then starts the first's tables
+/// over, as far as needed; false if even then it does not fit (it is then grown anyway).
+fn make_room(sets: &mut [Scratch], need: &Need) -> bool {
+    let Some((s, rest)) = sets.split_first_mut() else {
+        return false;
+    };
+    let mut others: usize = rest.iter().map(Scratch::bytes).sum();
+    let mut evict = rest.len();
+    loop {
+        if s.grow(need, ROOM.saturating_sub(others)) {
+            return true;
+        }
+        if evict > 0 {
+            evict -= 1;
+            others -= rest[evict].bytes();
+            rest[evict] = Scratch::default();
+        } else if !s.entries.is_empty() {
+            s.slots.fill(EMPTY);
+            s.clear_tables();
+        } else {
+            s.grow(need, usize::MAX);
+            return false;
+        }
+    }
+}
+
+/// The slots of a view's `wlen` positions in the first of `sets` (its tables empty), within
+/// [`PANEL_TABLE_BYTES`] for all of them: frees the least recently used of the others, then the
+/// first's own table capacity, as far as needed; without them (too many positions) the view
+/// caches nothing.
+fn make_slots(sets: &mut [Scratch], wlen: usize) {
+    let Some((s, rest)) = sets.split_first_mut() else {
+        return;
+    };
+    if wlen * size_of::<u32>() > ROOM {
+        return;
+    }
+    let mut others: usize = rest.iter().map(Scratch::bytes).sum();
+    let mut evict = rest.len();
+    loop {
+        let slots = s.slots.capacity().max(wlen) * size_of::<u32>();
+        if s.bytes() - bytes_of(&s.slots) + slots + others <= ROOM {
+            s.slots.reserve_exact(wlen);
+            s.slots.resize(wlen, EMPTY);
+            return;
+        }
+        if evict > 0 {
+            evict -= 1;
+            others -= rest[evict].bytes();
+            rest[evict] = Scratch::default();
+        } else if s.bytes() > 0 {
+            *s = Scratch {
+                key: s.key,
+                ..Scratch::default()
+            };
+        } else {
+            return;
+        }
     }
 }
 
@@ -406,9 +634,11 @@ impl PackB for Im2colB<'_> {
         let (rl, nch) = (self.taps, nr / CHUNK_LANES);
         let first = self.col0 + j;
         let shift = self.locate(first).0 * src.image_len();
-        self.with_scratch(nr, |s| {
-            let e = self.entry(s, first, nr, nr, true);
+        self.with_scratch(nr, |sets| {
+            let e = self.entry(sets, first, nr, nr, true);
+            let s = &mut sets[0];
             if e.chunks == NO_CHUNKS {
+                s.drop_entry(e);
                 return None;
             }
             out.taps.clear();
@@ -423,6 +653,7 @@ impl PackB for Im2colB<'_> {
                     .taps
                     .extend_from_slice(&s.chunks[e.chunks + self.tap0 * nch..][..rl * nch]),
             }
+            s.drop_entry(e);
             out.period = rl;
             out.first = pc % rl;
             out.base = isize::try_from(src.plane(pc / rl) + shift).ok()?;
@@ -460,29 +691,31 @@ impl PackB for Im2colB<'_> {
 }
 
 impl Im2colB<'_> {
-    /// Runs `f` on the thread's scratch of this view's tables (geometry, panel width and
-    /// window): the one kept for them, or else the least recently used one (or a new one,
-    /// below [`SCRATCH_SETS`]) with its tables dropped.
-    fn with_scratch<R>(&self, nr: usize, f: impl FnOnce(&mut Scratch) -> R) -> R {
+    /// Runs `f` on the thread's scratches, the one of this view's tables (geometry, panel
+    /// width and window) first: the one kept for them, or else the least recently used one (or
+    /// a new one, below [`SCRATCH_SETS`]) with its tables dropped and its slots made within
+    /// [`PANEL_TABLE_BYTES`].
+    fn with_scratch<R>(&self, nr: usize, f: impl FnOnce(&mut [Scratch]) -> R) -> R {
         let key = self.scratch_key(nr);
         SCRATCH.with_borrow_mut(|sets| {
-            let at = match sets.iter().position(|s| s.key == Some(key)) {
-                Some(at) => at,
-                None => {
-                    if sets.len() < SCRATCH_SETS {
-                        sets.push(Scratch::default());
-                    }
-                    let last = sets.len() - 1;
-                    let s = &mut sets[last];
-                    s.key = Some(key);
-                    s.slots.clear();
-                    s.slots.resize(self.wlen, EMPTY);
-                    s.clear_tables();
-                    last
+            let found = sets.iter().position(|s| s.key == Some(key));
+            let at = found.unwrap_or_else(|| {
+                if sets.len() < SCRATCH_SETS {
+                    sets.reserve_exact(SCRATCH_SETS - sets.len());
+                    sets.push(Scratch::default());
                 }
-            };
+                let last = sets.len() - 1;
+                let s = &mut sets[last];
+                s.key = Some(key);
+                s.slots.clear();
+                s.clear_tables();
+                last
+            });
             sets[..=at].rotate_right(1);
-            f(&mut sets[0])
+            if found.is_none() {
+                make_slots(sets, self.wlen);
+            }
+            f(sets)
         })
     }
 
@@ -507,25 +740,49 @@ impl Im2colB<'_> {
     /// `nr` wide; full panels are cached per position in the window), built if missing;
     /// chunks only when `chunks` (core-blas's [`ConvPack`] is there) and `nr` is a multiple
     /// of 16.
-    fn entry(&self, s: &mut Scratch, first: usize, w: usize, nr: usize, chunks: bool) -> Entry {
+    /// The entry is built in the first of `sets` (within [`PANEL_TABLE_BYTES`] for all of them:
+    /// [`make_room`]); one not [`Entry::kept`] is for this panel only ([`Scratch::drop_entry`]
+    /// once it is packed).
+    fn entry(
+        &self,
+        sets: &mut [Scratch],
+        first: usize,
+        w: usize,
+        nr: usize,
+        chunks: bool,
+    ) -> Entry {
         let src = &self.src;
         let stride = src.d.stride[2];
         let image = src.image_len();
         let n = self.locate(first).0;
-        let cached = w == nr;
+        // Full panels are cached, in views whose slots fit.
+        let cached = w == nr && !sets[0].slots.is_empty();
         let slot = if cached {
-            s.slots[first % self.wlen]
+            sets[0].slots[first % self.wlen]
         } else {
             EMPTY
         };
         if slot != EMPTY {
-            s.entries[slot as usize]
+            sets[0].entries[slot as usize]
         } else {
-            if s.segs.len() >= CACHE_MAX_SEGS {
-                // Start over (this panel's entry alone would not reach the limit).
-                s.slots.fill(EMPTY);
-                s.clear_tables();
-            }
+            // Runs: one per output line the panel touches in each stretch of the window it
+            // covers (at most w / wlen + 2 stretches, each one more line than its length's).
+            let o2 = src.d.output[2];
+            let runs = w.min(w.div_ceil(o2) + 2 * (w.div_ceil(self.wlen) + 1));
+            let need = Need {
+                runs,
+                segs: runs * src.rlen,
+                taps: src.rlen,
+                chunks: if cached && chunks {
+                    src.rlen * nr / CHUNK_LANES
+                } else {
+                    0
+                },
+            };
+            // A panel whose tables alone do not fit (kernels of thousands of taps) is built
+            // anyway and given back once packed.
+            let kept = make_room(sets, &need) && cached;
+            let s = &mut sets[0];
             let e = Entry {
                 runs: s.runs.len(),
                 count: self.push_runs(first, w, &mut s.runs),
@@ -533,7 +790,9 @@ impl Im2colB<'_> {
                 full: s.full.len(),
                 lin: s.lin.len(),
                 chunks: NO_CHUNKS,
+                kept,
             };
+            debug_assert!(e.count <= need.runs);
             src.push_segments(&s.runs[e.runs..], &mut s.segs);
             let (rr, ss) = (&s.runs[e.runs..], &mut s.segs[e.segs..]);
             // Relative to image n: a panel at `pos` of another image reads the same
@@ -546,7 +805,7 @@ impl Im2colB<'_> {
                     .map(|t| w == nr && t.iter().zip(rr).all(|(g, r)| g.lo == 0 && g.hi == r.len)),
             );
             let mut e = e;
-            if cached && chunks {
+            if kept && chunks {
                 let at = s.chunks.len();
                 if push_chunks(ss, rr, e.count, stride, nr, &mut s.chunks, &mut s.gidx) {
                     e.chunks = at;
@@ -563,7 +822,7 @@ impl Im2colB<'_> {
                     Lin::default()
                 }
             }));
-            if cached {
+            if kept {
                 s.slots[first % self.wlen] = s.entries.len() as u32;
             }
             s.entries.push(e);
@@ -641,23 +900,22 @@ impl Im2colB<'_> {
             .ok()
             .filter(|_| nr.is_multiple_of(CHUNK_LANES) && nr <= 64);
         let nch = nr / CHUNK_LANES;
-        self.with_scratch(nr, |s| {
-            if cfg!(debug_assertions) {
-                s.planes.clear();
-                s.planes.extend((pc..pc + kc).map(|p| src.plane(p / rl)));
-            }
+        // The block rows' last (largest) plane, for the debug builds' bounds check.
+        let planes = [src.plane((pc + kc).saturating_sub(1) / rl)];
+        self.with_scratch(nr, |sets| {
             for (j0, w, panel) in micro_panels(dst, depth, nr, jc, nc) {
                 let panel = &mut panel[roff * nr..][..kc * nr];
                 let first = self.col0 + j0;
                 let n = self.locate(first).0;
-                let e = self.entry(s, first, w, nr, cp.is_some());
+                let e = self.entry(sets, first, w, nr, cp.is_some());
+                let s = &sets[0];
                 let count = e.count;
                 let prun = &s.runs[e.runs..][..count];
                 let psegs = &s.segs[e.segs..][..count * rlen];
                 let pfull = &s.full[e.full..][..rlen];
                 let plin = &s.lin[e.lin..][..rlen];
                 let shift = n * image;
-                debug_assert!(src.segments_in_bounds(prun, psegs, &s.planes, shift));
+                debug_assert!(src.segments_in_bounds(prun, psegs, &planes, shift));
                 // By blocks of channels ([`channel_block`]: usually one), tap by tap (the rows
                 // of one tap, one per channel, share its segments), the channels of the block
                 // in order: row `c·T + tap − pc` (T = `rl`, the taps of the view).
@@ -752,6 +1010,7 @@ impl Im2colB<'_> {
                         }
                     }
                 }
+                sets[0].drop_entry(e);
             }
         });
     }

@@ -64,15 +64,15 @@ pub use algo::{
     BackwardDataAlgo, BackwardFilterAlgo, ForwardAlgo, Pass, Preset, Workspace, direct_applies,
     workspace_bytes,
 };
-pub use convgemm::Im2colB;
+pub use convgemm::{Im2colB, PANEL_TABLE_BYTES};
 pub use convgemm_trans::Im2colTB;
 pub use error::{ConvError, Result};
 pub use flipped::transposed_geometry;
 pub use geometry::{ConvGeometry, Dims3, MAX_RANK};
 pub use ops::{backward_data, backward_filter, bias_grad, forward};
 
-/// Frees conv-ops' per-thread buffers (the direct convolution's padded copies and packed
-/// weights, the C panels of deconvgemm and the small-plane forward, the tap-by-tap forms'
+/// Frees conv-ops' per-thread buffers (the panel tables of [`Im2colB`] ([`panel_table_bytes`]),
+/// the direct convolution's padded copies and packed weights, the C panels of deconvgemm and the small-plane forward, the tap-by-tap forms'
 /// copies, the subsampled inputs, the stride-phase copies of strided inputs, the blocked
 /// backward-filter's position-major copies of 3-D inputs, the per-image forward's slab weights)
 /// on the calling thread and on every thread of the current
@@ -85,6 +85,7 @@ pub use ops::{backward_data, backward_filter, bias_grad, forward};
 pub fn release_workspaces() -> usize {
     let release = || {
         bf_blocked::release_thread()
+            + convgemm::release_thread()
             + direct::release_thread()
             + layout::release_thread()
             + ops::release_thread()
@@ -98,6 +99,25 @@ pub fn release_workspaces() -> usize {
         pool
     } else {
         pool + release()
+    }
+}
+
+/// Bytes held right now by the tables of the panels [`Im2colB`] packs (where each full panel's
+/// columns read x, cached per panel position so that every image and every block of rows
+/// reuses them) on the calling thread and on every thread of the current rayon pool (the
+/// calling thread once if it is one of them). Per thread they take at most
+/// [`PANEL_TABLE_BYTES`] (all views together, whatever the batch and the layer), plus the runs
+/// of the one block of B a prefetch hint covers (strided layers; at most one run per column of
+/// a block of B); tables in use by a pass running at the time count 0. [`release_workspaces`]
+/// frees them with conv-ops' other per-thread buffers.
+pub fn panel_table_bytes() -> usize {
+    let pool: usize = rayon::broadcast(|_| convgemm::thread_table_bytes())
+        .into_iter()
+        .sum();
+    if rayon::current_thread_index().is_some() {
+        pool
+    } else {
+        pool + convgemm::thread_table_bytes()
     }
 }
 

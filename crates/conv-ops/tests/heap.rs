@@ -211,3 +211,150 @@ fn no_workspace_grows_with_the_batch_on_tiny_planes() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// The tables of the panels `Im2colB` packs (kept per thread across calls, one set per view)
+/// are counted exactly and bounded: on a fresh thread, what packing B from x keeps on the heap
+/// is what `panel_table_bytes` reports, never more than `PANEL_TABLE_BYTES` (nor at its peak
+/// while packing), over more views than a thread keeps tables for, a view whose tables alone
+/// pass the bound (a 3-D plane of 50176 positions, 27 taps, 16-wide panels: 3136 panel
+/// positions) and a view with more positions than the bound has slots for; every panel packs
+/// what im2col holds; `release_workspaces` frees exactly what was counted. Fails if a table
+/// (or a scratch) is left out of the count or the release, or if the bound is not enforced.
+#[test]
+fn panel_tables_are_counted_and_bounded() {
+    use conv_ops::{Im2colB, PANEL_TABLE_BYTES, im2col, panel_table_bytes, release_workspaces};
+    use core_blas::PackB;
+
+    let pad = |g: ConvGeometry, p: &[usize]| g.with_padding(p).unwrap();
+    let small1 = pad(ConvGeometry::new(2, 3, 2, &[9, 11], &[3, 3]).unwrap(), &[1]);
+    let small2 = pad(
+        ConvGeometry::new(2, 3, 2, &[6, 7], &[3, 2]).unwrap(),
+        &[1, 0],
+    );
+    let big = pad(
+        ConvGeometry::new(1, 1, 1, &[16, 56, 56], &[3, 3, 3]).unwrap(),
+        &[1],
+    );
+    let wide = ConvGeometry::new(1, 1, 1, &[1024, 1040], &[1, 1]).unwrap();
+    // (layer, panel width): six views of the small layers, more than a thread keeps.
+    let smalls: Vec<(ConvGeometry, usize)> = [small1, small2]
+        .into_iter()
+        .flat_map(|g| [16, 48, 8].map(|nr| (g, nr)))
+        .collect();
+    let mut views = smalls.clone();
+    views.push((big, 16));
+    views.extend(smalls.iter().take(3));
+    views.push((wide, 48));
+    views.extend(smalls.iter().rev().take(4));
+
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        release_workspaces();
+        let start = LIVE.with(Cell::get);
+        let mut saw_big = 0;
+        for (vi, &(g, nr)) in views.iter().enumerate() {
+            let x = uniform(vi as u64, g.x_len());
+            let (rows, cols) = im2col::im2col_shape(&g);
+            let mut col = vec![0.0; rows * cols];
+            im2col::im2col(&g, 0, &x, &mut col).unwrap();
+            let kc = 5.min(rows);
+            let mut dst = vec![f32::NAN; cols.div_ceil(nr) * nr * kc];
+            let b = Im2colB::new(&g, 0, &x).with_fused_packing();
+            // The heap without the tables, and their peak while packing.
+            let base = LIVE.with(Cell::get) - panel_table_bytes() as isize;
+            PEAK.with(|p| p.set(LIVE.with(Cell::get)));
+            for round in 0..2 {
+                for pc in (0..rows).step_by(kc) {
+                    let kc = kc.min(rows - pc);
+                    b.pack_b(pc, kc, 0, cols, nr, &mut dst);
+                    for (i, v) in dst[..cols.div_ceil(nr) * nr * kc].iter().enumerate() {
+                        let (panel, p, l) = (i / (kc * nr), i / nr % kc, i % nr);
+                        let j = panel * nr + l;
+                        let want = if j < cols {
+                            col[(pc + p) * cols + j]
+                        } else {
+                            0.0
+                        };
+                        assert_eq!(*v, want, "view {vi} round {round} rows {pc}+{kc} col {j}");
+                    }
+                }
+            }
+            let peak = PEAK.with(Cell::get) - base;
+            let held = panel_table_bytes();
+            let kept = LIVE.with(Cell::get) - base;
+            assert_eq!(
+                kept,
+                held as isize,
+                "view {vi} ({:?}, nr {nr}): the thread keeps {kept} bytes of tables, \
+                 panel_table_bytes says {held}",
+                g.input()
+            );
+            assert!(
+                held <= PANEL_TABLE_BYTES && peak <= PANEL_TABLE_BYTES as isize,
+                "view {vi} ({:?}, nr {nr}): {held} bytes held, {peak} at the peak",
+                g.input()
+            );
+            if g == big {
+                saw_big = held;
+            }
+        }
+        // The bound binds: the large view's tables fill most of it.
+        assert!(saw_big > PANEL_TABLE_BYTES / 2, "large view {saw_big}");
+        // A forward convgemm whose tables pass the bound (C3D's kernel on twice its depth:
+        // its view starts its tables over during the call) against the naive reference, the
+        // tables within the bound after it.
+        {
+            let g = pad(
+                ConvGeometry::new(1, 2, 3, &[16, 56, 56], &[3, 3, 3]).unwrap(),
+                &[1],
+            );
+            let (x, w) = (uniform(11, g.x_len()), uniform(12, g.w_len()));
+            let mut y = vec![f32::NAN; g.y_len()];
+            let mut want = vec![0.0; g.y_len()];
+            let mut ws = Workspace::new(false);
+            for _ in 0..2 {
+                forward(
+                    &g,
+                    &x,
+                    &w,
+                    None,
+                    false,
+                    &mut y,
+                    ForwardAlgo::Convgemm,
+                    &mut ws,
+                )
+                .unwrap();
+                conv_ops::reference::forward(&g, &x, &w, None, &mut want).unwrap();
+                conv_ops::testing::Tolerance::for_f32_sum(2 * 27)
+                    .check("y", &y, &want)
+                    .unwrap();
+                let held = panel_table_bytes();
+                assert!(held <= PANEL_TABLE_BYTES, "forward over the bound: {held}");
+            }
+        }
+        release_workspaces();
+        core_blas::pack::release_workspaces();
+        // Views again after the forward: the count, the release.
+        for &(g, nr) in &views[..5] {
+            let x = uniform(9, g.x_len());
+            let (rows, cols) = im2col::im2col_shape(&g);
+            let mut dst = vec![0.0; cols.div_ceil(nr) * nr * rows];
+            Im2colB::new(&g, 0, &x)
+                .with_fused_packing()
+                .pack_b(0, rows, 0, cols, nr, &mut dst);
+        }
+        let held = panel_table_bytes();
+        let kept = LIVE.with(Cell::get) - start;
+        assert_eq!(kept, held as isize, "kept {kept}, counted {held}");
+        assert_eq!(release_workspaces(), held, "release frees what was counted");
+        assert_eq!(
+            LIVE.with(Cell::get),
+            start,
+            "nothing kept after the release"
+        );
+        assert_eq!(panel_table_bytes(), 0);
+    });
+}
