@@ -1,8 +1,8 @@
 //! Probe: thread CPU time of every pass of one layer on one thread (min over rounds, the
 //! passes interleaved round by round), for quick A/B runs between two builds.
 //!
-//! `cargo run --release -p conv-ops --example probe_passes -- [--back-to-back | --paired
-//! [--threads T]] N C K SIZE KERNEL STRIDE PAD [ROUNDS [FILTER]]` with SIZE / KERNEL like `32x32`
+//! `cargo run --release -p conv-ops --example probe_passes -- [--back-to-back | --paired]
+//! [--threads T] N C K SIZE KERNEL STRIDE PAD [ROUNDS [FILTER]]` with SIZE / KERNEL like `32x32`
 //! / `1x1`; FILTER (a comma list) keeps the passes whose name contains one of its parts. Prints
 //! ms per pass and GFLOP/s.
 //!
@@ -26,7 +26,9 @@
 //!
 //! `--threads T` (with `--paired`) runs both sides on a pool of T threads and times them by the
 //! wall clock (as the conv bench's `/tN` benches do: the same pool for the bound and the pass),
-//! and also prints both sides' upper quartiles (where a late or slow worker shows). Every
+//! and also prints both sides' upper quartiles (where a late or slow worker shows). With
+//! `--back-to-back` it runs the passes on a pool of T threads (wall clock already): the
+//! deconvgemm 2-thread speedup goal, call by call. Every
 //! `--paired` run prints both sides' means too (a criterion sample is the mean of its calls).
 
 use conv_ops::{
@@ -103,15 +105,15 @@ fn run(threads: usize) -> Result<(), Error> {
     if let Some(i) = a.iter().position(|s| s == "--threads") {
         a.drain(i..(i + 2).min(a.len()));
     }
-    if threads > 1 && !a.iter().any(|s| s == "--paired") {
-        return Err("--threads takes --paired".into());
+    if threads > 1 && !a.iter().any(|s| s == "--paired" || s == "--back-to-back") {
+        return Err("--threads takes --paired or --back-to-back".into());
     }
     let back_to_back = a.iter().any(|s| s == "--back-to-back");
     let paired = a.iter().any(|s| s == "--paired");
     a.retain(|s| s != "--back-to-back" && s != "--paired");
     if a.len() < 7 {
         return Err(
-            "usage: [--back-to-back | --paired [--threads T]] N C K SIZE KERNEL STRIDE PAD [ROUNDS [FILTER]]"
+            "usage: [--back-to-back | --paired] [--threads T] N C K SIZE KERNEL STRIDE PAD [ROUNDS [FILTER]]"
                 .into(),
         );
     }
