@@ -332,7 +332,11 @@ impl fmt::Display for Preset {
 /// panels packed from x by [`crate::Im2colB`] (convgemm's B: per thread and kept across calls,
 /// shared by every layer and pass the thread runs, at most [`crate::PANEL_TABLE_BYTES`] in all,
 /// whatever the batch and the layer; [`crate::panel_table_bytes`] counts what they hold, to
-/// the byte, and [`crate::release_workspaces`] frees them), the micro-tile
+/// the byte, and [`crate::release_workspaces`] frees them), the chunk table of the panels
+/// [`crate::Im2colTB`] packs for the transposed convgemm's backward-filter on output planes of
+/// at most 1024 positions and strided layers (per thread and kept across calls, one chunk per
+/// output position of an image and tap: at most 65536 chunks of 24 bytes and their gathers'
+/// index rows, independent of the batch; [`crate::release_workspaces`] frees it), the micro-tile
 /// the store receives, and the C panel of deconvgemm and of the forward convgemm on small
 /// output planes (one per thread, kept in thread-local storage across calls: at most 128 Ki
 /// floats, or K/G × 4·NR, or one output line by one channel's taps, whichever is largest;

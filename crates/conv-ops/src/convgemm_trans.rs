@@ -94,6 +94,35 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
+impl Scratch {
+    /// Bytes the scratch holds: the capacities of its vectors.
+    fn bytes(&self) -> usize {
+        fn b<T>(v: &Vec<T>) -> usize {
+            v.capacity() * size_of::<T>()
+        }
+        b(&self.runs)
+            + b(&self.segs)
+            + b(&self.lanes)
+            + b(&self.zeros)
+            + b(&self.groups)
+            + b(&self.table)
+            + b(&self.built)
+            + b(&self.gidx)
+            + b(&self.block)
+            + b(&self.block_idx)
+            + b(&self.offs)
+            + b(&self.runs16)
+            + b(&self.segs16)
+            + b(&self.cols)
+    }
+}
+
+/// Frees this thread's scratch, the chunk table included ([`crate::release_workspaces`]), and
+/// returns its bytes; one in use counts 0.
+pub(crate) fn release_thread() -> usize {
+    crate::take_thread_buffer(&SCRATCH, |s| s.bytes())
+}
+
 impl<'a> Im2colTB<'a> {
     /// im2col(x)ᵀ of group `grp` (validated by the caller: `x.len() == g.x_len()`).
     pub fn new(g: &ConvGeometry, grp: usize, x: &'a [f32]) -> Self {

@@ -72,6 +72,7 @@ pub use geometry::{ConvGeometry, Dims3, MAX_RANK};
 pub use ops::{backward_data, backward_filter, bias_grad, forward};
 
 /// Frees conv-ops' per-thread buffers (the panel tables of [`Im2colB`] ([`panel_table_bytes`]),
+/// the chunk table and runs of [`Im2colTB`] (the transposed convgemm's B),
 /// the direct convolution's padded copies and packed weights, the C panels of deconvgemm and the small-plane forward, the tap-by-tap forms'
 /// copies, the subsampled inputs, the stride-phase copies of strided inputs, the blocked
 /// backward-filter's position-major copies of 3-D inputs, the per-image forward's slab weights)
@@ -86,6 +87,7 @@ pub fn release_workspaces() -> usize {
     let release = || {
         bf_blocked::release_thread()
             + convgemm::release_thread()
+            + convgemm_trans::release_thread()
             + direct::release_thread()
             + layout::release_thread()
             + ops::release_thread()

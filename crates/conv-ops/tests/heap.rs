@@ -358,3 +358,56 @@ fn panel_tables_are_counted_and_bounded() {
         assert_eq!(panel_table_bytes(), 0);
     });
 }
+
+/// `release_workspaces` frees every per-thread buffer the transposed convgemm's backward-filter
+/// keeps: on a fresh thread, a backward-filter on small output planes (where
+/// [`conv_ops::Im2colTB`] keeps a chunk table per output position of an image and tap), a
+/// strided layer and a 3-D one, followed by the release of conv-ops' and core-blas's per-thread
+/// buffers, leaves the thread holding nothing more than before; the results match the naive
+/// reference. (Lazily made process-wide state is made first on another thread.) Fails if the
+/// transposed convgemm's scratch is left out of the release.
+#[test]
+fn release_frees_the_transposed_convgemm_tables() {
+    let layers = [
+        ConvGeometry::from_parts(3, 16, 8, &[14, 13], &[3, 3], &[1], &[1], &[1], &[1], 1).unwrap(),
+        ConvGeometry::from_parts(2, 8, 16, &[17, 15], &[3, 3], &[2], &[1], &[1], &[1], 1).unwrap(),
+        ConvGeometry::from_parts(2, 8, 8, &[3, 6, 7], &[3, 3, 3], &[1], &[1], &[1], &[1], 1)
+            .unwrap(),
+    ];
+    let fresh = || {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap()
+    };
+    for g in &layers {
+        let (x, dy) = (uniform(21, g.x_len()), uniform(22, g.y_len()));
+        let mut want = vec![0.0; g.w_len()];
+        conv_ops::reference::backward_filter(g, &x, &dy, &mut want).unwrap();
+        let run = |dw: &mut [f32]| {
+            let mut ws = Workspace::new(false);
+            backward_filter(g, &x, &dy, dw, BackwardFilterAlgo::ConvgemmTrans, &mut ws).unwrap();
+        };
+        let mut dw = vec![f32::NAN; g.w_len()];
+        fresh().install(|| run(&mut dw));
+        dw.fill(f32::NAN);
+        let (peak, kept) = fresh().install(|| {
+            measure(|| {
+                run(&mut dw);
+                conv_ops::release_workspaces();
+                core_blas::pack::release_workspaces();
+            })
+        });
+        let sums = g.batch() * g.output_spatial_len();
+        conv_ops::testing::Tolerance::for_f32_sum(sums)
+            .check("dw", &dw, &want)
+            .unwrap();
+        assert!(peak > 0, "{:?}: the pass allocated nothing", g.input());
+        assert_eq!(
+            kept,
+            0,
+            "{:?}: kept {kept} bytes after the release",
+            g.input()
+        );
+    }
+}
