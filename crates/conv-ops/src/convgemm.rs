@@ -18,6 +18,7 @@ use std::cell::RefCell;
 
 use core_blas::{CHUNK_LANES, Chunk, ConvPack, ConvPanel, PackB};
 
+use crate::bytes_of;
 use crate::geometry::{ConvGeometry, Dims3};
 use crate::source::{Run, Seg, Source, copy_run, micro_panels};
 
@@ -214,11 +215,6 @@ pub(crate) fn release_thread() -> usize {
 /// Bytes of a thread's scratches: their list and their tables.
 fn sets_bytes(sets: &Vec<Scratch>) -> usize {
     bytes_of(sets) + sets.iter().map(Scratch::bytes).sum::<usize>()
-}
-
-/// Bytes of a vector's capacity.
-fn bytes_of<T>(v: &Vec<T>) -> usize {
-    v.capacity() * size_of::<T>()
 }
 
 /// How many values one more entry may add to each table of a [`Scratch`] (upper bounds).

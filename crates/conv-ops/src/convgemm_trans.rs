@@ -25,6 +25,7 @@ use std::cell::RefCell;
 
 use core_blas::{CHUNK_LANES, Chunk, ConvPack, PackB};
 
+use crate::bytes_of;
 use crate::geometry::{ConvGeometry, Dims3};
 use crate::source::{Run, Seg, Source, micro_panels};
 
@@ -97,23 +98,20 @@ thread_local! {
 impl Scratch {
     /// Bytes the scratch holds: the capacities of its vectors.
     fn bytes(&self) -> usize {
-        fn b<T>(v: &Vec<T>) -> usize {
-            v.capacity() * size_of::<T>()
-        }
-        b(&self.runs)
-            + b(&self.segs)
-            + b(&self.lanes)
-            + b(&self.zeros)
-            + b(&self.groups)
-            + b(&self.table)
-            + b(&self.built)
-            + b(&self.gidx)
-            + b(&self.block)
-            + b(&self.block_idx)
-            + b(&self.offs)
-            + b(&self.runs16)
-            + b(&self.segs16)
-            + b(&self.cols)
+        bytes_of(&self.runs)
+            + bytes_of(&self.segs)
+            + bytes_of(&self.lanes)
+            + bytes_of(&self.zeros)
+            + bytes_of(&self.groups)
+            + bytes_of(&self.table)
+            + bytes_of(&self.built)
+            + bytes_of(&self.gidx)
+            + bytes_of(&self.block)
+            + bytes_of(&self.block_idx)
+            + bytes_of(&self.offs)
+            + bytes_of(&self.runs16)
+            + bytes_of(&self.segs16)
+            + bytes_of(&self.cols)
     }
 }
 

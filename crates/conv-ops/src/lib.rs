@@ -135,6 +135,11 @@ fn take_thread_buffer<T: Default>(
     })
 }
 
+/// Bytes of a vector's capacity.
+fn bytes_of<T>(v: &Vec<T>) -> usize {
+    v.capacity() * size_of::<T>()
+}
+
 /// Bytes of a buffer of f32 values (its capacity).
 fn vec_bytes(v: Vec<f32>) -> usize {
     4 * v.capacity()
