@@ -3,7 +3,7 @@
 //! channel stride is O, the image stride Ch·O), so it gets its own packers and store.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use core_blas::store::{Direct, Window};
 use core_blas::{ConvPanel, DenseStore, PackA, PackB, Store, Tile};
@@ -526,8 +526,9 @@ impl<A: PackA> PackA for KRange<'_, A> {
 /// kernel) is a contiguous K range. Each product runs block of columns by block as in
 /// [`forward_panels`], but through a [`SplitStore`]: the tiles inside one image's window are
 /// stored into y from registers, only those that cross images go through the C panel (the
-/// panel copy was 1.5% of 128@28²'s forward); the blocks of all classes are shared out over
-/// the threads by their work (largest first, to the least loaded thread).
+/// panel copy was 1.5% of 128@28²'s forward); the blocks of all classes are cut into one
+/// share per thread by their work ([`class_shares`]), and a thread done with its share takes
+/// blocks from the back of the others' (a late or slow worker).
 pub(crate) fn forward_classes<A: PackA, B: PackB + Sync>(
     a: &A,
     (ch, taps, gw): (usize, usize, usize),
@@ -547,37 +548,8 @@ pub(crate) fn forward_classes<A: PackA, B: PackB + Sync>(
     let (mr, nr) = gemm.tile();
     let threads = rayon::current_num_threads().max(1);
     let target = (PANEL_FLOATS / rows).max(4 * nr);
-    // Blocks (class, first column, columns): a class's blocks as in `forward_panels`.
-    let mut tasks = Vec::new();
-    for (ci, cl) in classes.iter().enumerate() {
-        let n = cl.b.cols();
-        if n == 0 {
-            continue;
-        }
-        let mut blocks = n.div_ceil(target);
-        if n >= threads * 4 * nr {
-            blocks = blocks.div_ceil(threads) * threads;
-        }
-        let cols_max = n.div_ceil(blocks).div_ceil(nr) * nr;
-        let mut j0 = 0;
-        while j0 < n {
-            let cols = cols_max.min(n - j0);
-            tasks.push((ci, j0, cols));
-            j0 += cols;
-        }
-    }
-    // Largest first to the least loaded thread.
-    let work = |&(ci, _, cols): &(usize, usize, usize)| cols * classes[ci].b.rows();
-    tasks.sort_by_key(|t| std::cmp::Reverse(work(t)));
-    let mut lists = vec![(0usize, Vec::new()); threads.min(tasks.len()).max(1)];
-    for t in tasks {
-        let least = lists
-            .iter_mut()
-            .min_by_key(|(load, _)| *load)
-            .expect("at least one list");
-        least.0 += work(&t);
-        least.1.push(t);
-    }
+    let sizes: Vec<(usize, usize)> = classes.iter().map(|c| (c.b.cols(), c.b.rows())).collect();
+    let shares = class_shares(&sizes, threads, target, nr);
     let mut buf = PREPACKED.with_borrow_mut(std::mem::take);
     let pre = Prepacked::pack_ordered(a, mr, threads, &mut buf, (ch, taps, gw));
     let out = YPtr {
@@ -609,15 +581,95 @@ pub(crate) fn forward_classes<A: PackA, B: PackB + Sync>(
             Ok(())
         })
     };
-    let result = if lists.len() == 1 {
-        lists[0].1.iter().try_for_each(run)
+    let result = if shares.len() == 1 {
+        shares[0].iter().try_for_each(run)
     } else {
-        lists
-            .par_iter()
-            .try_for_each(|(_, list)| list.iter().try_for_each(run))
+        let taken: Vec<AtomicU64> = shares.iter().map(|_| AtomicU64::new(0)).collect();
+        (0..shares.len()).into_par_iter().try_for_each(|own| {
+            // This thread's share from the front, then the others' from their backs.
+            while let Some(i) = take(&taken[own], shares[own].len(), false) {
+                run(&shares[own][i])?;
+            }
+            for other in (1..shares.len()).map(|d| (own + d) % shares.len()) {
+                while let Some(i) = take(&taken[other], shares[other].len(), true) {
+                    run(&shares[other][i])?;
+                }
+            }
+            Ok(())
+        })
     };
     PREPACKED.with_borrow_mut(|kept| *kept = buf);
     result
+}
+
+/// The blocks `(class, first column, columns)` of [`forward_classes`] in `threads` shares, one
+/// per thread (empty ones left out), for classes of `(columns, depth)` `sizes`: the classes'
+/// columns in order, cut where the work (columns times the class's depth) before the cut is
+/// `t / threads` of the total (at multiples of `nr` of a class's columns), each share's part of a class in blocks of at most about `target` columns (as in
+/// [`forward_panels`]), a share's blocks largest first. The classes of a padded layer mirror
+/// each other (first and last rows), so two threads each get one narrow class and half of the
+/// middle one: the same work whatever a narrow class's column costs. The greedy split by
+/// columns times depth it replaces gave 128@28²'s thread with both narrow classes 3% more time
+/// than the other (per-block trace); `probe_passes --paired --threads 2`, 20 pairs, 6
+/// alternations in both orders, quiet 23:52 UTC: 128@28² forward 8.79 → 8.51 ms (6 of 6
+/// faster; bound / pass 0.964 → 1.002), other rows level.
+fn class_shares(
+    sizes: &[(usize, usize)],
+    threads: usize,
+    target: usize,
+    nr: usize,
+) -> Vec<Vec<(usize, usize, usize)>> {
+    let threads = threads.max(1);
+    let total: usize = sizes.iter().map(|&(n, depth)| n * depth.max(1)).sum();
+    let mut shares = vec![Vec::new(); threads];
+    let mut before = 0;
+    for (ci, &(n, depth)) in sizes.iter().enumerate() {
+        let depth = depth.max(1);
+        // Column `j` of this class starts share `t` where `before + j · depth` reaches
+        // `t · total / threads`.
+        let cut = |t: usize| -> usize {
+            let at = (t * total / threads).saturating_sub(before);
+            ((at + depth * nr / 2) / (depth * nr) * nr).min(n)
+        };
+        for (t, share) in shares.iter_mut().enumerate() {
+            let (lo, hi) = (cut(t), if t + 1 == threads { n } else { cut(t + 1) });
+            if lo >= hi {
+                continue;
+            }
+            let len = hi - lo;
+            let cols_max = len.div_ceil(len.div_ceil(target)).div_ceil(nr) * nr;
+            let mut j0 = lo;
+            while j0 < hi {
+                let cols = cols_max.min(hi - j0);
+                share.push((ci, j0, cols));
+                j0 += cols;
+            }
+        }
+        before += n * depth;
+    }
+    for share in &mut shares {
+        share.sort_by_key(|&(ci, _, cols)| std::cmp::Reverse(cols * sizes[ci].1));
+    }
+    shares.retain(|s| !s.is_empty());
+    shares
+}
+
+/// Takes the next block of a share of `len` blocks whose state is `taken` (blocks taken from
+/// the front in the low 32 bits, from the back in the high 32): from the back if `back`.
+/// Every block is taken exactly once; `None` once none is left.
+fn take(taken: &AtomicU64, len: usize, back: bool) -> Option<usize> {
+    let mut s = taken.load(Ordering::Relaxed);
+    loop {
+        let (front, from_back) = ((s & 0xffff_ffff) as usize, (s >> 32) as usize);
+        if front + from_back >= len {
+            return None;
+        }
+        let next = if back { s + (1 << 32) } else { s + 1 };
+        match taken.compare_exchange_weak(s, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return Some(if back { len - 1 - from_back } else { front }),
+            Err(now) => s = now,
+        }
+    }
 }
 
 /// The store of one column block of [`forward_classes`]: a tile inside one image's window of y
@@ -962,6 +1014,100 @@ unsafe impl Sync for YPtr {}
 mod tests {
     use crate::testing::check_forward_bias_relu;
     use crate::{ConvGeometry, ForwardAlgo};
+
+    /// [`super::class_shares`]: every column of every class in exactly one block, blocks of at
+    /// most `target` columns (rounded up to `nr`) starting at multiples of `nr`, each share's
+    /// work within `nr` columns of the deepest class of an even split, blocks largest first;
+    /// ResNet-50's 128@28² and 256@14² classes on two threads: one narrow class a thread.
+    #[test]
+    fn class_shares_cover_the_columns_once_and_even_out_the_work() {
+        // Classes' (columns, depth), the target width, NR.
+        type Case = (&'static [(usize, usize)], usize, usize);
+        let cases: [Case; 6] = [
+            (&[(224, 768), (5824, 1152), (224, 768)], 1024, 48),
+            (&[(112, 1536), (1344, 2304), (112, 1536)], 512, 48),
+            (&[(7, 5), (100, 9), (33, 3), (1, 9)], 32, 8),
+            (&[(1000, 10)], 96, 16),
+            (&[(0, 5), (50, 5), (3, 1)], 20, 4),
+            (&[(40, 2), (8, 6)], 8, 8),
+        ];
+        for (sizes, target, nr) in cases {
+            let total: usize = sizes.iter().map(|&(n, d)| n * d).sum();
+            let deepest = sizes.iter().map(|&(_, d)| d).max().unwrap_or(0);
+            for threads in 1..=4 {
+                let shares = super::class_shares(sizes, threads, target, nr);
+                assert!(shares.len() <= threads && shares.iter().all(|s| !s.is_empty()));
+                let mut seen: Vec<Vec<u32>> = sizes.iter().map(|&(n, _)| vec![0; n]).collect();
+                for share in &shares {
+                    let work = |&(ci, _, cols): &(usize, usize, usize)| cols * sizes[ci].1;
+                    for (ci, j0, cols) in share.iter().copied() {
+                        assert!(cols > 0 && cols <= target.div_ceil(nr) * nr);
+                        assert!(j0.is_multiple_of(nr), "{sizes:?} {threads}: block at {j0}");
+                        seen[ci][j0..j0 + cols].iter_mut().for_each(|s| *s += 1);
+                    }
+                    assert!(share.windows(2).all(|p| work(&p[0]) >= work(&p[1])));
+                    if shares.len() == threads {
+                        let got: usize = share.iter().map(work).sum();
+                        assert!(
+                            got.abs_diff(total / threads) <= nr * deepest,
+                            "{sizes:?} {threads} threads: {got} of {total}"
+                        );
+                    }
+                }
+                assert!(
+                    seen.iter().flatten().all(|&s| s == 1),
+                    "{sizes:?} {threads}"
+                );
+                if threads == 2 && sizes.len() == 3 && sizes[0] == sizes[2] && sizes[0].0 > 0 {
+                    for share in &shares {
+                        let narrow = share.iter().filter(|b| b.0 != 1).count();
+                        assert_eq!(narrow, 1, "{sizes:?}: {shares:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`super::take`]: blocks from the front in order, from the back in reverse order, never
+    /// one twice; threads that take their own share's blocks from the front and then the
+    /// others' from the back take every block exactly once.
+    #[test]
+    fn shares_are_taken_exactly_once() {
+        use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+        let one = AtomicU64::new(0);
+        let got: Vec<_> = [false, true, true, false, false, true, false]
+            .map(|back| super::take(&one, 5, back))
+            .into();
+        assert_eq!(
+            got,
+            [Some(0), Some(4), Some(3), Some(1), Some(2), None, None]
+        );
+        for lens in [vec![1usize, 0, 7], vec![50, 3, 20, 9], vec![200, 200]] {
+            for _ in 0..20 {
+                let taken: Vec<AtomicU64> = lens.iter().map(|_| AtomicU64::new(0)).collect();
+                let count: Vec<Vec<AtomicUsize>> = lens
+                    .iter()
+                    .map(|&l| (0..l).map(|_| AtomicUsize::new(0)).collect())
+                    .collect();
+                std::thread::scope(|sc| {
+                    for own in 0..lens.len() {
+                        let (taken, count, lens) = (&taken, &count, &lens);
+                        sc.spawn(move || {
+                            let order = (0..lens.len()).map(|d| (own + d) % lens.len());
+                            for (i, s) in order.enumerate() {
+                                while let Some(b) = super::take(&taken[s], lens[s], i > 0) {
+                                    count[s][b].fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                        });
+                    }
+                });
+                for c in count.iter().flatten() {
+                    assert_eq!(c.load(Ordering::Relaxed), 1, "{lens:?}");
+                }
+            }
+        }
+    }
 
     /// The whole-batch forward (C panels, and the windowed channel-major store) on 1, 2 and 3 threads (blocks per thread, a short last block), with
     /// bias and ReLU, groups and a pointwise layer, against the reference.
