@@ -49,6 +49,10 @@ pub struct Im2colB<'a> {
     fused: bool,
     /// Whether full panels of a stride-2 layer are described too ([`Im2colB::with_strided_fusion`]).
     strided: bool,
+    /// A fused stride-2 view's column blocks as the driver runs them (width, panel width),
+    /// when known ([`Im2colB::with_block_hints`]): [`PackB::prefetch_b`] then hints each
+    /// block's first panel in the last panel before it.
+    blocks: Option<(usize, usize)>,
     /// The kernel taps the view's taps index ([`Im2colB::with_tap_map`]): tap `t` of the view
     /// is kernel tap `map[tap0 + t]`; without a map it is kernel tap `tap0 + t`. Every view
     /// derived from a mapped one (tap ranges, tap groups, one group's view) keeps indexing
@@ -447,6 +451,7 @@ impl<'a> Im2colB<'a> {
             gw: g.kernel_len(),
             fused: false,
             strided: false,
+            blocks: None,
             map: None,
         }
     }
@@ -470,6 +475,38 @@ impl<'a> Im2colB<'a> {
             strided: true,
             ..self
         }
+    }
+
+    /// The same fused stride-2 view ([`Im2colB::with_strided_fusion`]) for a product that the
+    /// driver runs in column blocks of `width` columns from the view's first one (the last
+    /// one narrower), panels `nr` wide: the driver's prefetch of the next block (or of the
+    /// next pass over the same block) comes in slices, one per panel of the current block,
+    /// in column order; the view takes the slice that ends a block as the hint of that
+    /// block's first panel, whose tile reads x first (see [`PackB::prefetch_b`]). A wrong
+    /// width only moves the hints (no effect on the values).
+    pub(crate) fn with_block_hints(self, width: usize, nr: usize) -> Self {
+        Im2colB {
+            blocks: (width > 0 && nr > 0).then_some((width, nr)),
+            ..self
+        }
+    }
+
+    /// Prefetches (into L2) the x lines that columns `jc..jc + nc` of rows `pc..pc + kc`
+    /// read: [`PackB::prefetch_b`] without its choice of hints.
+    pub(crate) fn prefetch_columns(&self, pc: usize, kc: usize, jc: usize, nc: usize) {
+        if kc == 0 || nc == 0 {
+            return;
+        }
+        let src = &self.src;
+        PREFETCH_RUNS.with_borrow_mut(|runs| {
+            src.runs(self.col0 + jc, nc, runs);
+            src.prefetch(runs, self.channels(pc, kc), self.strided);
+        });
+    }
+
+    /// The channels (of the group) that rows `pc..pc + kc` read (`kc > 0`).
+    fn channels(&self, pc: usize, kc: usize) -> std::ops::Range<usize> {
+        pc / self.taps..(pc + kc - 1) / self.taps + 1
     }
 
     /// The rows of kernel taps `tap0..tap0 + taps` (flat, row-major over the kernel's
@@ -667,6 +704,28 @@ impl PackB for Im2colB<'_> {
             return;
         }
         let at = (self.col0 + jc) % self.wlen;
+        if self.strided
+            && let Some((width, nr)) = self.blocks
+        {
+            // Fused stride-2 panels with the driver's blocks known: the kernel's first tile
+            // prefetches the next panel itself, so the panels that read x cold are each
+            // block's first (of every pass: the next pass reads other channels) and the
+            // partial panel at an image's end (packed by `pack_b` before its block's tiles).
+            // The driver hints the next block (or pass) one slice per panel of this block,
+            // in column order: the slice ending a block arrives in this block's last panel
+            // (the one before the block it hints, for blocks as wide as this one), and stands
+            // for that block's first panel; the slice reaching the image's end is also hinted
+            // as it is (the partial panel). The other slices are dropped: the first panel
+            // hinted a block ahead (the driver's first slice) is evicted by then.
+            for (p, w) in block_hints(at, nc, self.wlen, width, nr)
+                .into_iter()
+                .flatten()
+            {
+                // (The view's column of image position p: jc is position at of its image.)
+                self.prefetch_columns(pc, kc, jc - at + p, w);
+            }
+            return;
+        }
         if self.strided && at != 0 && at + nc < self.wlen {
             // Fused stride-2 panels: the kernel's first tile prefetches the next panel itself
             // (the hints of every panel cost more than the phase copy they replace: quiet
@@ -681,9 +740,31 @@ impl PackB for Im2colB<'_> {
         let src = &self.src;
         PREFETCH_RUNS.with_borrow_mut(|runs| {
             src.runs(self.col0 + jc, nc, runs);
-            src.prefetch(runs, pc / self.taps..(pc + kc - 1) / self.taps + 1);
+            src.prefetch(runs, self.channels(pc, kc), self.strided);
         });
     }
+}
+
+/// What a fused stride-2 view with the driver's column blocks known ([`Im2colB::with_block_hints`]:
+/// blocks `width` columns wide from an image's first position, panels `nr` wide) hints for
+/// the driver's slice of image positions `at..at + nc` (of `wlen`): the first panel of the
+/// block the slice ends, when it ends one (or the image), and the slice itself when it
+/// reaches the image's end from inside it (the partial panel `pack_b` packs up front); each
+/// as (first position, positions).
+fn block_hints(
+    at: usize,
+    nc: usize,
+    wlen: usize,
+    width: usize,
+    nr: usize,
+) -> [Option<(usize, usize)>; 2] {
+    let end = at + nc;
+    let own = (end >= wlen && at != 0).then_some((at, nc));
+    let first = (end.is_multiple_of(width) || end >= wlen).then(|| {
+        let first = (end - 1) / width * width;
+        (first, nr.min(wlen - first))
+    });
+    [own, first]
 }
 
 impl Im2colB<'_> {
@@ -1105,6 +1186,85 @@ mod tests {
             return Some(0.0);
         };
         Some(src[usize::try_from(at).expect("offset inside x")])
+    }
+
+    /// The fused stride-2 view's block hints: of the driver's slices of the next block (one
+    /// per panel of the current block, in column order), the one ending a block stands for
+    /// that block's first panel; the one reaching the image's end from inside it is also
+    /// hinted as it is (the partial panel); every other slice is dropped. ResNet-50's 784
+    /// positions in blocks of 336 (the last one 112 = 2 · 48 + 16), and 672 in blocks of 336
+    /// (the last block full).
+    #[test]
+    fn block_hints_take_the_first_panel_of_each_block() {
+        let h = |at, nc, wlen| block_hints(at, nc, wlen, 336, 48);
+        for at in (0..288).step_by(48).chain((336..624).step_by(48)) {
+            assert_eq!(h(at, 48, 784), [None, None], "{at}");
+        }
+        assert_eq!(h(288, 48, 784), [None, Some((0, 48))]);
+        assert_eq!(h(624, 48, 784), [None, Some((336, 48))]);
+        assert_eq!(h(672, 48, 784), [None, None]);
+        assert_eq!(h(720, 48, 784), [None, None]);
+        assert_eq!(h(768, 16, 784), [Some((768, 16)), Some((672, 48))]);
+        assert_eq!(h(624, 48, 672), [Some((624, 48)), Some((336, 48))]);
+        assert_eq!(h(288, 48, 672), [None, Some((0, 48))]);
+        // A one-block image: its slice reaching the end from its start.
+        assert_eq!(block_hints(0, 40, 40, 336, 48), [None, Some((0, 40))]);
+    }
+
+    /// A fused stride-2 view's hints (`lead`) also take the value before an input line whose
+    /// run starts in the left padding (the step-2 tile's masked window touches its cache
+    /// line: on row 0 the previous channel plane's last line), and nothing else is added:
+    /// without `lead` the same indices but those. 3×3 stride 2 padding 1 on 2 × 3 × 11 × 12,
+    /// the runs of a few column ranges, every channel.
+    #[test]
+    fn strided_hints_take_the_line_before_a_padded_run() {
+        let g = ConvGeometry::new(2, 3, 4, &[11, 12], &[3, 3])
+            .unwrap()
+            .with_stride(&[2])
+            .unwrap()
+            .with_padding(&[1])
+            .unwrap();
+        let x = uniform(5, g.x_len());
+        let b = Im2colB::new(&g, 0, &x).with_strided_fusion();
+        let (oh, ow) = (g.output()[0], g.output()[1]);
+        let (h, w) = (g.input()[0], g.input()[1]);
+        let src = &b.src;
+        let mut runs = Vec::new();
+        for (first, count) in [(0, 6), (3, 9), (ow, 2 * ow), (oh * ow, 8), (5, oh * ow)] {
+            src.runs(first, count, &mut runs);
+            let (mut with, mut without) = (Vec::new(), Vec::new());
+            src.prefetch_indices(&runs, 0..3, true, |i| with.push(i));
+            src.prefetch_indices(&runs, 0..3, false, |i| without.push(i));
+            // The lines each run reads: taps' rows inside the image, from column 0 (a run
+            // starting at output column 0 starts at input column -1).
+            let mut lead = Vec::new();
+            for p in (first..first + count).filter(|p| p % ow == 0) {
+                let (n, oy) = (p / (oh * ow), p % (oh * ow) / ow);
+                for c in 0..3 {
+                    for kh in 0..3 {
+                        let iy = (2 * oy + kh) as isize - 1;
+                        if (0..h as isize).contains(&iy) {
+                            let at = (n * 3 + c) * h * w + iy as usize * w;
+                            if at > 0 {
+                                lead.push(at - 1);
+                            }
+                        }
+                    }
+                }
+            }
+            assert_eq!(lead.is_empty(), (first..first + count).all(|p| p % ow != 0));
+            let mut rest: Vec<usize> = with.clone();
+            for i in &lead {
+                let k = rest
+                    .iter()
+                    .position(|j| j == i)
+                    .unwrap_or_else(|| panic!("{first} {count}: {i} not hinted"));
+                rest.remove(k);
+            }
+            rest.sort_unstable();
+            without.sort_unstable();
+            assert_eq!(rest, without, "{first} {count}");
+        }
     }
 
     /// A tap map combined with tap ranges and tap groups (and one group's own view, which

@@ -332,6 +332,21 @@ pub(crate) fn forward(
     let gm = core_blas::Gemm::global().map_err(gemm_err)?;
     let (kc, nr) = (gm.block_sizes().kc, gm.tile().1);
     let nb = if direct { 1 } else { nb };
+    // The column blocks the driver runs a one-image product in on one thread, when A is one
+    // block (core-blas's `serial`: k in 1-3 passes, the 2-3 pass rule; one A block keeps its
+    // B block in L2, NC capped at MC·KC / kc_max columns), for the fused view's hints.
+    let block_width = {
+        let bs = gm.block_sizes();
+        let kc0 = bs.kc.max(1);
+        let passes = match cr.div_ceil(kc0).max(1) {
+            p @ 2..=3 => cr.div_ceil(kc0 + kc0 / 8).min(p),
+            p => p,
+        };
+        let kc_max = cr.div_ceil(passes).max(1);
+        let nc = bs.nc.div_ceil(nr) * nr;
+        let l2 = (bs.mc * kc0.max(kc_max) / kc_max / nr).max(1) * nr;
+        (k <= bs.mc).then_some(nc.min(l2))
+    };
     let blocks = g.batch().div_ceil(nb);
     // One block (x and y of its images): its copy and product on `threads`.
     let run = |pre: &Prepacked<'_>, xb: &[f32], yb: &mut [f32], threads: usize| {
@@ -339,9 +354,12 @@ pub(crate) fn forward(
         if direct {
             // No copy: the kernel's first tiles pack B from x's stride-2 lines.
             let g1 = (*g).with_batch(cnt)?;
-            let b = Im2colB::new(&g1, 0, xb).with_strided_fusion();
+            let mut b = Im2colB::new(&g1, 0, xb).with_strided_fusion();
+            if let Some(width) = block_width.filter(|_| threads == 1) {
+                b = b.with_block_hints(width, nr);
+            }
             // The first panel of the first KC block (nothing before it prefetched it).
-            core_blas::PackB::prefetch_b(&b, 0, kc.min(cr), 0, nr.min(olen));
+            b.prefetch_columns(0, kc.min(cr), 0, nr.min(olen));
             return product(pre, &b, yb, cnt, threads);
         }
         let sg = split_geometry(g, &dims, cnt)?;
