@@ -20,6 +20,9 @@
 //! unless `CORE_BLAS_HUGEPAGES=0`) instead of `Vec`s. The last line printed is the process's
 //! `AnonHugePages` (Linux), i.e. how much of its memory the kernel gave 2 MiB pages.
 //!
+//! `--bind`: the T-thread pool's workers are bound to the CPUs ([`core_blas::bind_workers`]);
+//! `--scale`'s 1-thread pool stays unbound.
+//!
 //! Probes: `--huge=AC` (any subset of A, B, C): only those operands are `AlignedVec`s, the rest
 //! `Vec`s (which operand's 4 KiB pages cost what); `VOFF=n` (0-15): the `Vec` operands start n
 //! floats past a 64-byte boundary (glibc's large `Vec`s start 16 bytes past a page: n = 4);
@@ -55,9 +58,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .get(4)
         .copied()
         .unwrap_or(((4e10 / flops) as usize).clamp(5, 101));
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()?;
+    let bind = raw.iter().any(|a| a == "--bind");
+    let builder = rayon::ThreadPoolBuilder::new().num_threads(threads);
+    let pool = if bind {
+        core_blas::bind_workers(builder)?.build()?
+    } else {
+        builder.build()?
+    };
     let g = core_blas::Gemm::global()?;
     // `UKRV=v`: the kernels' probe variant (`core_blas::__set_ukr_variant`).
     if let Some(v) = std::env::var("UKRV").ok().and_then(|v| v.parse().ok()) {

@@ -67,6 +67,12 @@ pub enum Error {
         /// The families this host supports.
         available: String,
     },
+    /// The calling thread's CPU affinity cannot be read ([`crate::bind_workers`]).
+    #[error("CPU affinity unavailable: {reason}")]
+    Affinity {
+        /// Why.
+        reason: &'static str,
+    },
     /// An environment variable holds a value that cannot be parsed.
     #[error("environment variable `{var}` = `{value}` is invalid: {reason}")]
     Env {

@@ -60,7 +60,9 @@
 //!
 //! ## Threads
 //! rayon's current pool (`RAYON_NUM_THREADS`). Products below about 2·10⁶ multiply-adds, and every
-//! product in a 1-thread pool, run on the calling thread without any rayon dispatch.
+//! product in a 1-thread pool, run on the calling thread without any rayon dispatch. A process
+//! that has its CPUs to itself can bind its pool's workers to them ([`bind_workers`]), so that a
+//! worker woken for a product is woken on its own CPU.
 //!
 //! ## Example
 //! ```
@@ -88,6 +90,7 @@
 //! ```
 
 mod aligned;
+mod bind;
 mod blocking;
 mod driver;
 mod error;
@@ -106,6 +109,7 @@ pub mod vector;
 mod view;
 
 pub use aligned::AlignedVec;
+pub use bind::{allowed_cpus, bind_workers};
 pub use blocking::{BlockSizes, CacheSizes};
 pub use error::Error;
 pub use gather::{Piece, gather_pieces};
