@@ -12,6 +12,9 @@
 //! and 2 threads and prints, per case, a summary line with its own median GFLOP/s and % of that
 //! peak (also appended as records for `cargo xtask bench`).
 //!
+//! `GEMM_BIND=1`: the 1- and 2-thread pools' workers are bound to CPUs
+//! ([`core_blas::bind_workers`]), to compare bound and unbound pools' records.
+//!
 //! matrixmultiply decides its thread count once per process from `MATMUL_NUM_THREADS`, so it is
 //! measured only in the group whose thread count equals that variable (default 1 here: run the
 //! bench twice, with `MATMUL_NUM_THREADS=1` and `=2`, to get both reference rows).
@@ -210,11 +213,15 @@ fn main() {
     let summary_budget = Duration::from_millis(if quick { 300 } else { 1500 });
     let mut summary = Vec::new();
 
+    let bind = std::env::var("GEMM_BIND").is_ok_and(|v| v == "1");
     for threads in [1usize, 2] {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .expect("pool");
+        let builder = rayon::ThreadPoolBuilder::new().num_threads(threads);
+        let builder = if bind {
+            core_blas::bind_workers(builder).expect("CPU affinity readable")
+        } else {
+            builder
+        };
+        let pool = builder.build().expect("pool");
         let peak = core_blas::peak::fma_peak_gflops(isa, threads, peak_time).expect("peak");
         record(&format!("fma-peak-t{threads}"), "gflops", peak, "GFLOP/s");
         let mut group = criterion.benchmark_group(flop_group(&format!("gemm-t{threads}")));
