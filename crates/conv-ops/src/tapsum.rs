@@ -16,12 +16,14 @@
 //! tap that joins every output position writes, the others add. The products run by blocks
 //! of [`BLOCK_COLS`] output columns, all nine taps on one block's B before the next. The
 //! result is transposed back into y (dx), with bias and ReLU. Exactly the layer's real
-//! multiply-adds, plus copies: of w once per block of images (transposed or de-interleaved
-//! by tap, a block of columns at a time), of each block's input and output (at most
-//! [`BLOCK_FLOATS`] each, or one image's) and of the taps' gathered A rows. With several threads the blocks
-//! (at least one per thread) run side by side, each product on one thread: the nine products
-//! of one block forked over two threads scaled 1.58-1.64× on 512@7²'s backward-data, the
-//! blocks side by side 1.88-1.92× (criterion, quiet 01:56 UTC).
+//! multiply-adds, plus copies: of w once per call (transposed or de-interleaved by tap, a
+//! block of columns at a time), of each block's input and output (at most [`BLOCK_FLOATS`]
+//! each, or one image's) and of the taps' gathered A rows. With several threads the blocks
+//! of images (at least one per thread) are copied side by side, then each thread runs an
+//! even share of the columns on every block of images, each product on one thread
+//! ([`side_by_side`]): the nine products of one block forked over two threads scaled
+//! 1.58-1.64× on 512@7²'s backward-data, whole blocks of images side by side (each thread
+//! making all of w's copy) 1.88-1.92× (criterion, quiet 01:56 UTC).
 
 use std::cell::RefCell;
 
@@ -158,6 +160,12 @@ pub(crate) fn release_thread() -> usize {
     use crate::{take_thread_buffer, vec_bytes};
     take_thread_buffer(&BUFFERS, |b| {
         vec_bytes(b.src) + vec_bytes(b.dst) + vec_bytes(b.a) + vec_bytes(b.w)
+    }) + take_thread_buffer(&SIDE, |side| {
+        crate::bytes_of(&side)
+            + side
+                .into_iter()
+                .map(|b| vec_bytes(b.src) + vec_bytes(b.a) + crate::bytes_of(&b.starts))
+                .sum::<usize>()
     })
 }
 
@@ -548,22 +556,33 @@ fn products(
     (abuf, wbuf): (&mut Vec<f32>, &mut Vec<f32>),
 ) -> Result<()> {
     out.resize(rows * n_out, 0.0);
-    // A tap that joins every output row writes first; without one, zeros first.
-    let full = pairs.iter().position(|(to, _)| to.len() == rows);
-    if full.is_none() {
+    let mut starts = Vec::with_capacity(pairs.len() + 1);
+    pack_taps(gemm, src, n_in, pairs, abuf, &mut starts);
+    let taps = TapsA::new(gemm, src, n_in, abuf, &starts, pairs, rows);
+    if taps.full.is_none() {
         out.fill(0.0);
     }
     let deep = crate::ops::one_pass(gemm, n_in, ONE_PASS_MAX).map_err(gemm_err)?;
+    for j0 in (0..n_out).step_by(BLOCK_COLS) {
+        let nb = BLOCK_COLS.min(n_out - j0);
+        weights.block(gemm, j0, nb, wbuf)?;
+        taps.products(&deep, weights, wbuf, nb, &mut out[j0..], n_out, serial)?;
+    }
+    Ok(())
+}
+
+/// Packs every tap's A (the rows `from` of `src`, `n_in` wide, of each of `pairs`) into
+/// `abuf`, panel by panel over the whole depth, tap `t` at `starts[t]..starts[t + 1]`.
+fn pack_taps(
+    gemm: &Gemm,
+    src: &[f32],
+    n_in: usize,
+    pairs: &[(&[u32], &[u32])],
+    abuf: &mut Vec<f32>,
+    starts: &mut Vec<usize>,
+) {
     let mr = gemm.tile().0;
-    let rows_a = |from| RowsA {
-        gemm,
-        data: src,
-        ld: n_in,
-        cols: n_in,
-        rows: from,
-    };
-    // Every tap's A, panel by panel over the whole depth.
-    let mut starts = Vec::with_capacity(pairs.len() + 1);
+    starts.clear();
     starts.push(0);
     for (_, from) in pairs {
         starts.push(starts.last().copied().unwrap_or(0) + from.len().div_ceil(mr) * mr * n_in);
@@ -571,7 +590,14 @@ fn products(
     abuf.resize(*starts.last().unwrap_or(&0), 0.0);
     for (t, (_, from)) in pairs.iter().enumerate() {
         if !from.is_empty() {
-            rows_a(from).pack_a(
+            let rows = RowsA {
+                gemm,
+                data: src,
+                ld: n_in,
+                cols: n_in,
+                rows: from,
+            };
+            rows.pack_a(
                 0,
                 from.len(),
                 0,
@@ -581,36 +607,93 @@ fn products(
             );
         }
     }
-    for j0 in (0..n_out).step_by(BLOCK_COLS) {
-        let nb = BLOCK_COLS.min(n_out - j0);
-        weights.block(gemm, j0, nb, wbuf)?;
-        let order = full
+}
+
+/// One block of images' side of the tap products: its position-major input copy `src`
+/// (`n_in` wide), every tap's A packed by [`pack_taps`] and the taps' pairs.
+struct TapsA<'a> {
+    gemm: &'a Gemm,
+    src: &'a [f32],
+    n_in: usize,
+    a: &'a [f32],
+    starts: &'a [usize],
+    pairs: &'a [(&'a [u32], &'a [u32])],
+    /// A tap that joins every one of the block's output rows: it writes first, the others
+    /// add (without one, the caller zeroes the output first).
+    full: Option<usize>,
+}
+
+impl<'a> TapsA<'a> {
+    /// The block's taps (`rows` output rows).
+    fn new(
+        gemm: &'a Gemm,
+        src: &'a [f32],
+        n_in: usize,
+        a: &'a [f32],
+        starts: &'a [usize],
+        pairs: &'a [(&'a [u32], &'a [u32])],
+        rows: usize,
+    ) -> Self {
+        TapsA {
+            gemm,
+            src,
+            n_in,
+            a,
+            starts,
+            pairs,
+            full: pairs.iter().position(|(to, _)| to.len() == rows),
+        }
+    }
+
+    /// The taps' products on one block of `nb` columns, whose B of every tap
+    /// [`Weights::block`] made in `wbuf`: output row `o` (`out[o · ld ..][.. nb]`) gets the
+    /// sum over the taps joining it.
+    #[allow(clippy::too_many_arguments)]
+    fn products(
+        &self,
+        deep: &Gemm,
+        weights: &Weights<'_>,
+        wbuf: &[f32],
+        nb: usize,
+        out: &mut [f32],
+        ld: usize,
+        serial: bool,
+    ) -> Result<()> {
+        let mr = self.gemm.tile().0;
+        let order = self
+            .full
             .into_iter()
-            .chain((0..pairs.len()).filter(|&t| Some(t) != full));
+            .chain((0..self.pairs.len()).filter(|&t| Some(t) != self.full));
         for t in order {
-            let (to, from) = pairs[t];
+            let (to, from) = self.pairs[t];
             if to.is_empty() {
                 continue;
             }
             let a = CachedA {
-                rows: rows_a(from),
+                rows: RowsA {
+                    gemm: self.gemm,
+                    data: self.src,
+                    ld: self.n_in,
+                    cols: self.n_in,
+                    rows: from,
+                },
                 mr,
-                data: &abuf[starts[t]..starts[t + 1]],
+                data: &self.a[self.starts[t]..self.starts[t + 1]],
             };
             let mut store = RowStore {
-                ptr: out[j0..].as_mut_ptr(),
-                len: out.len() - j0,
-                ld: n_out,
+                ptr: out.as_mut_ptr(),
+                len: out.len(),
+                ld,
                 cols: nb,
                 rows: to,
-                beta: if Some(t) == full { 0.0 } else { 1.0 },
+                beta: if Some(t) == self.full { 0.0 } else { 1.0 },
                 serial,
             };
             deep.gemm_with(&a, &weights.tap(wbuf, t, nb)?, &mut store)
                 .map_err(gemm_err)?;
         }
+        Ok(())
     }
-    Ok(())
 }
 
 /// Images per block: the larger position-major copy at most [`BLOCK_FLOATS`] (at least one).
@@ -681,9 +764,9 @@ fn backward_data_in_blocks(
 }
 
 /// The products of every block of (at most) `nb` images of `input` (`ch` channels of
-/// `plane` values per image) into `output`, then bias and ReLU. With several threads the
-/// blocks (at least one per thread) run side by side, each product on one thread; with one
-/// block, the products use every thread.
+/// `plane` values per image) into `output`, then bias and ReLU. With several threads and
+/// several blocks (at least one per thread), [`side_by_side`], each product on one thread;
+/// with one block, the products use every thread.
 #[allow(clippy::too_many_arguments)]
 fn blocks(
     g: &ConvGeometry,
@@ -736,16 +819,192 @@ fn blocks(
     };
     let (ib, ob) = (nb * n_in * in_plane, nb * n_out * out_plane);
     if parallel {
-        input
-            .par_chunks(ib)
-            .zip(output.par_chunks_mut(ob))
-            .try_for_each(one)
+        side_by_side(
+            gemm,
+            &full,
+            input,
+            (n_in, in_plane),
+            output,
+            (n_out, out_plane),
+            weights,
+            (bias, relu),
+            nb,
+        )
     } else {
         input
             .chunks(ib)
             .zip(output.chunks_mut(ob))
             .try_for_each(one)
     }
+}
+
+/// One block of images' copies for [`side_by_side`]: its position-major input, its taps' A
+/// ([`pack_taps`]) and where each tap's starts.
+#[derive(Default)]
+struct SideBlock {
+    src: Vec<f32>,
+    a: Vec<f32>,
+    starts: Vec<usize>,
+}
+
+thread_local! {
+    /// The blocks of images of the [`side_by_side`] call this thread makes.
+    static SIDE: RefCell<Vec<SideBlock>> = const { RefCell::new(Vec::new()) };
+}
+
+/// [`blocks`] on several threads, one block of `nb` images each (the last maybe shorter), the
+/// blocks' pairs those of `full` (a full block's): first each block's input copy and taps' A are
+/// made side by side; then each thread takes an even share of the output's full
+/// [`BLOCK_COLS`]-wide column blocks, makes each such block of B from w once and runs the taps'
+/// products of every block of images on it, and runs the columns left over (a partial block,
+/// or full ones that do not share out evenly) on its own block of images only; then it writes
+/// its columns of the output (channels, bias and ReLU). So w is read and de-interleaved (or
+/// transposed) about once per call instead of once per thread: each thread making all of it
+/// took 9.3% of 512@7²'s backward-data samples at 2 threads against 6.3% at 1 (perf, session
+/// 35).
+#[allow(clippy::too_many_arguments)]
+fn side_by_side(
+    gemm: &Gemm,
+    full: &[(Vec<u32>, Vec<u32>)],
+    input: &[f32],
+    (n_in, in_plane): (usize, usize),
+    output: &mut [f32],
+    (n_out, out_plane): (usize, usize),
+    weights: &Weights<'_>,
+    (bias, relu): (Option<&[f32]>, bool),
+    nb: usize,
+) -> Result<()> {
+    let batch = input.len() / (n_in * in_plane).max(1);
+    let parts = batch.div_ceil(nb.max(1));
+    let count = |b: usize| nb.min(batch - b * nb);
+    // Each block's pairs: a full block's, cut at its images (pairs are image-major within a
+    // tap).
+    let prs: Vec<Vec<(&[u32], &[u32])>> = (0..parts)
+        .map(|b| {
+            let end = (count(b) * out_plane) as u32;
+            full.iter()
+                .map(|(to, from)| {
+                    let m = to.partition_point(|&v| v < end);
+                    (&to[..m], &from[..m])
+                })
+                .collect()
+        })
+        .collect();
+    let mut side = SIDE.with_borrow_mut(std::mem::take);
+    side.resize_with(parts.max(side.len()), SideBlock::default);
+    let result = (|| {
+        side[..parts]
+            .par_iter_mut()
+            .zip(input.par_chunks(nb * n_in * in_plane))
+            .zip(&prs)
+            .try_for_each(|((sb, inp), pr)| -> Result<()> {
+                to_rows(
+                    gemm,
+                    inp,
+                    inp.len() / (n_in * in_plane),
+                    n_in,
+                    in_plane,
+                    &mut sb.src,
+                )?;
+                pack_taps(gemm, &sb.src, n_in, pr, &mut sb.a, &mut sb.starts);
+                Ok(())
+            })?;
+        let side = &side[..parts];
+        let per = n_out / BLOCK_COLS / parts;
+        let (wc, shared) = (per * BLOCK_COLS, per * BLOCK_COLS * parts);
+        let rest = n_out - shared;
+        // Each thread's pieces of the output: (image, first channel, its planes).
+        let mut outs: Vec<Vec<(usize, usize, &mut [f32])>> =
+            (0..parts).map(|_| Vec::new()).collect();
+        for (n, img) in output.chunks_exact_mut(n_out * out_plane).enumerate() {
+            let (mut left, tail) = img.split_at_mut(shared * out_plane);
+            for (t, pieces) in outs.iter_mut().enumerate() {
+                let (mine, more) = left.split_at_mut(wc * out_plane);
+                if !mine.is_empty() {
+                    pieces.push((n, t * wc, mine));
+                }
+                left = more;
+            }
+            if !tail.is_empty() {
+                outs[n / nb].push((n, shared, tail));
+            }
+        }
+        let deep = crate::ops::one_pass(gemm, n_in, ONE_PASS_MAX).map_err(gemm_err)?;
+        outs.into_par_iter()
+            .enumerate()
+            .try_for_each(|(own, pieces)| -> Result<()> {
+                let taps: Vec<TapsA<'_>> = side
+                    .iter()
+                    .zip(&prs)
+                    .enumerate()
+                    .map(|(b, (sb, pr))| {
+                        TapsA::new(
+                            gemm,
+                            &sb.src,
+                            n_in,
+                            &sb.a,
+                            &sb.starts,
+                            pr,
+                            count(b) * out_plane,
+                        )
+                    })
+                    .collect();
+                let mut bufs = BUFFERS.with_borrow_mut(std::mem::take);
+                let result = (|| {
+                    // This thread's columns of every image's rows, then the columns left over
+                    // of its own images' rows.
+                    let all_rows = batch * out_plane;
+                    let own_rows = count(own) * out_plane;
+                    bufs.dst.resize(all_rows * wc + own_rows * rest, 0.0);
+                    let (sh, rm) = bufs.dst.split_at_mut(all_rows * wc);
+                    for (b, t) in taps.iter().enumerate() {
+                        if t.full.is_none() {
+                            sh[b * nb * out_plane * wc..][..count(b) * out_plane * wc].fill(0.0);
+                        }
+                    }
+                    if taps[own].full.is_none() {
+                        rm.fill(0.0);
+                    }
+                    for q in 0..per {
+                        weights.block(gemm, own * wc + q * BLOCK_COLS, BLOCK_COLS, &mut bufs.w)?;
+                        for (b, t) in taps.iter().enumerate() {
+                            let out = &mut sh[b * nb * out_plane * wc + q * BLOCK_COLS..];
+                            t.products(&deep, weights, &bufs.w, BLOCK_COLS, out, wc, true)?;
+                        }
+                    }
+                    for j0 in (shared..n_out).step_by(BLOCK_COLS) {
+                        let cols = BLOCK_COLS.min(n_out - j0);
+                        weights.block(gemm, j0, cols, &mut bufs.w)?;
+                        let out = &mut rm[j0 - shared..];
+                        taps[own].products(&deep, weights, &bufs.w, cols, out, rest, true)?;
+                    }
+                    for (n, c0, planes) in pieces {
+                        let (rows, ch) = if c0 < shared {
+                            (&sh[n * out_plane * wc..][..out_plane * wc], wc)
+                        } else {
+                            (
+                                &rm[(n - own * nb) * out_plane * rest..][..out_plane * rest],
+                                rest,
+                            )
+                        };
+                        from_rows(
+                            gemm,
+                            rows,
+                            ch,
+                            out_plane,
+                            planes,
+                            bias.map(|b| &b[c0..]),
+                            relu,
+                        )?;
+                    }
+                    Ok(())
+                })();
+                BUFFERS.with_borrow_mut(|kept| *kept = bufs);
+                result
+            })
+    })();
+    SIDE.with_borrow_mut(|kept| *kept = side);
+    result
 }
 
 #[cfg(test)]
@@ -755,8 +1014,9 @@ mod tests {
     use crate::{BackwardDataAlgo, ForwardAlgo, Workspace, reference};
 
     /// Odd sizes, strides, padding per side, dilation, 1-D / 2-D / 3-D, depths run in one pass,
-    /// blocks of 1, 2 and 4 images (a short last block); forward (without and with bias + ReLU) and backward-data
-    /// against the reference, run directly (also on layers [`applies`] would not take).
+    /// blocks of 1, 2 and 4 images (a short last block), on 1, 2 and 3 threads; forward
+    /// (without and with bias + ReLU) and backward-data against the reference, run directly
+    /// (also on layers [`applies`] would not take).
     #[test]
     fn tap_products_match_the_reference() {
         let geoms = [
@@ -799,8 +1059,33 @@ mod tests {
                 .unwrap()
                 .with_dilation(&[2])
                 .unwrap(),
+            // Output columns past two and three threads' `BLOCK_COLS`: on several threads
+            // [`side_by_side`] shares full column blocks over every block of images and runs
+            // the rest (full and partial blocks) on each thread's own images; 150 and 100
+            // channels.
+            ConvGeometry::new(5, 100, 150, &[4, 5], &[3, 3])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+            ConvGeometry::new(3, 40, 100, &[3, 3], &[3, 3])
+                .unwrap()
+                .with_padding(&[2])
+                .unwrap()
+                .with_dilation(&[2])
+                .unwrap(),
         ];
-        for g in &geoms {
+        for threads in 1..=3 {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| check_tap_products(&geoms));
+        }
+    }
+
+    fn check_tap_products(geoms: &[ConvGeometry]) {
+        let threads = rayon::current_num_threads();
+        for g in geoms {
             let x = uniform(1, g.x_len());
             let w = uniform(2, g.w_len());
             let dy = uniform(3, g.y_len());
@@ -816,7 +1101,7 @@ mod tests {
                     forward_in_blocks(g, &x, &w, b, relu, &mut y, nb).unwrap();
                     Tolerance::for_f32_sum(g.in_channels() * g.kernel_len())
                         .check("y", &y, &want)
-                        .unwrap_or_else(|e| panic!("{g:?} nb {nb}: {e}"));
+                        .unwrap_or_else(|e| panic!("{g:?} nb {nb} {threads} threads: {e}"));
                 }
                 let mut want = vec![0.0; g.x_len()];
                 reference::backward_data(g, &dy, &w, &mut want).unwrap();
@@ -824,7 +1109,7 @@ mod tests {
                 backward_data_in_blocks(g, &dy, &w, &mut dx, nb).unwrap();
                 Tolerance::for_f32_sum(g.out_channels() * g.kernel_len())
                     .check("dx", &dx, &want)
-                    .unwrap_or_else(|e| panic!("{g:?} nb {nb}: {e}"));
+                    .unwrap_or_else(|e| panic!("{g:?} nb {nb} {threads} threads: {e}"));
             }
         }
     }
