@@ -788,14 +788,7 @@ fn blocks(
     let full = pairs(&g.dims3(), nb, weights.backward);
     let one = |(inp, out): (&[f32], &mut [f32])| -> Result<()> {
         let count = inp.len() / (n_in * in_plane);
-        let end = (count * out_plane) as u32;
-        let pr: Vec<(&[u32], &[u32])> = full
-            .iter()
-            .map(|(to, from)| {
-                let m = to.partition_point(|&v| v < end);
-                (&to[..m], &from[..m])
-            })
-            .collect();
+        let pr = block_pairs(&full, count * out_plane);
         let mut bufs = BUFFERS.with_borrow_mut(std::mem::take);
         let result = (|| {
             to_rows(gemm, inp, count, n_in, in_plane, &mut bufs.src)?;
@@ -809,7 +802,7 @@ fn blocks(
                 &pr,
                 rows,
                 &mut bufs.dst,
-                parallel,
+                false,
                 (&mut bufs.a, &mut bufs.w),
             )?;
             from_rows(gemm, &bufs.dst, n_out, out_plane, out, bias, relu)
@@ -836,6 +829,18 @@ fn blocks(
             .zip(output.chunks_mut(ob))
             .try_for_each(one)
     }
+}
+
+/// The pairs of a block whose output has `rows` rows: a full block's pairs `full` cut at those
+/// rows (pairs are image-major within a tap, so a shorter block's are its first images').
+fn block_pairs(full: &[(Vec<u32>, Vec<u32>)], rows: usize) -> Vec<(&[u32], &[u32])> {
+    let end = rows as u32;
+    full.iter()
+        .map(|(to, from)| {
+            let m = to.partition_point(|&v| v < end);
+            (&to[..m], &from[..m])
+        })
+        .collect()
 }
 
 /// One block of images' copies for [`side_by_side`]: its position-major input, its taps' A
@@ -877,18 +882,8 @@ fn side_by_side(
     let batch = input.len() / (n_in * in_plane).max(1);
     let parts = batch.div_ceil(nb.max(1));
     let count = |b: usize| nb.min(batch - b * nb);
-    // Each block's pairs: a full block's, cut at its images (pairs are image-major within a
-    // tap).
     let prs: Vec<Vec<(&[u32], &[u32])>> = (0..parts)
-        .map(|b| {
-            let end = (count(b) * out_plane) as u32;
-            full.iter()
-                .map(|(to, from)| {
-                    let m = to.partition_point(|&v| v < end);
-                    (&to[..m], &from[..m])
-                })
-                .collect()
-        })
+        .map(|b| block_pairs(full, count(b) * out_plane))
         .collect();
     let mut side = SIDE.with_borrow_mut(std::mem::take);
     side.resize_with(parts.max(side.len()), SideBlock::default);
