@@ -10,11 +10,15 @@
 //! `CONV_LAYERS=small`. Their PyTorch anchor is `benches/anchors/conv_small_layers.py`.
 //! ResNet-50's 1×1 stride-2 downsampling shortcuts ([`SHORTCUT_LAYERS`], batch 8) likewise, or
 //! all three with `CONV_LAYERS=shortcuts`.
+//!
+//! `CONV_BIND=1`: the 1- and 2-thread pools' workers are bound to CPUs
+//! ([`core_blas::bind_workers`], [`benches::thread_pools_bound`]), to compare bound and unbound
+//! pools' records; the default stays unbound.
 
 use std::hint::black_box;
 use std::time::Duration;
 
-use benches::{emit_record, flop_group, thread_pools};
+use benches::{emit_record, env_flag, flop_group, thread_pools_bound};
 use conv_ops::{
     BackwardDataAlgo, BackwardFilterAlgo, ConvGeometry, ForwardAlgo, Pass, Workspace,
     backward_data, backward_filter, forward, im2col, testing::uniform, workspace_bytes,
@@ -136,7 +140,7 @@ fn supported(g: &ConvGeometry, pass: Pass) -> bool {
 
 fn bench_conv(c: &mut Criterion) {
     let wanted = std::env::var("CONV_LAYERS").ok();
-    let pools = thread_pools();
+    let pools = thread_pools_bound(env_flag("CONV_BIND"));
     let small = |name: &str| SMALL_LAYERS.iter().any(|l| l.0 == name);
     let shortcut = |name: &str| SHORTCUT_LAYERS.iter().any(|l| l.0 == name);
     for l in LAYERS.iter().chain(SMALL_LAYERS).chain(SHORTCUT_LAYERS) {

@@ -32,16 +32,31 @@ fn json_string(s: &str) -> String {
 /// Rayon pools of 1 and 2 threads, for benchmarks that measure both (run a case inside
 /// `pool.install`).
 pub fn thread_pools() -> Vec<(usize, rayon::ThreadPool)> {
+    thread_pools_bound(false)
+}
+
+/// [`thread_pools`], with each pool's workers bound to CPUs ([`core_blas::bind_workers`]: worker
+/// i on the i-th CPU of the process's affinity mask) when `bind` is true, for bound rows beside
+/// the default, unbound ones.
+pub fn thread_pools_bound(bind: bool) -> Vec<(usize, rayon::ThreadPool)> {
     [1usize, 2]
         .into_iter()
         .map(|t| {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(t)
-                .build()
-                .expect("thread pool");
-            (t, pool)
+            let builder = rayon::ThreadPoolBuilder::new().num_threads(t);
+            let builder = if bind {
+                core_blas::bind_workers(builder).expect("CPU affinity readable")
+            } else {
+                builder
+            };
+            (t, builder.build().expect("thread pool"))
         })
         .collect()
+}
+
+/// Whether the environment variable `var` is set to `1` (a bench's opt-in switch such as
+/// `CONV_BIND=1`).
+pub fn env_flag(var: &str) -> bool {
+    std::env::var(var).is_ok_and(|v| v == "1")
 }
 
 /// One record as a JSON object on one line. `value` must be finite (JSON has no NaN or infinity;

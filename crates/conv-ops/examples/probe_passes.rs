@@ -2,7 +2,7 @@
 //! passes interleaved round by round), for quick A/B runs between two builds.
 //!
 //! `cargo run --release -p conv-ops --example probe_passes -- [--back-to-back | --paired]
-//! [--threads T] N C K SIZE KERNEL STRIDE PAD [ROUNDS [FILTER]]` with SIZE / KERNEL like `32x32`
+//! [--threads T [--bind]] N C K SIZE KERNEL STRIDE PAD [ROUNDS [FILTER]]` with SIZE / KERNEL like `32x32`
 //! / `1x1`; FILTER (a comma list) keeps the passes whose name contains one of its parts. Prints
 //! ms per pass and GFLOP/s.
 //!
@@ -30,6 +30,10 @@
 //! `--back-to-back` it runs the passes on a pool of T threads (wall clock already): the
 //! deconvgemm 2-thread speedup goal, call by call. Every
 //! `--paired` run prints both sides' means too (a criterion sample is the mean of its calls).
+//!
+//! `--bind` (with `--threads T`) builds the pool through [`core_blas::bind_workers`]: worker i
+//! bound to the i-th CPU of the process's affinity mask, so that the guest scheduler cannot queue
+//! a woken worker on its waker's vCPU (the bound rows beside the default, unbound ones).
 
 use conv_ops::{
     BackwardDataAlgo as D, BackwardFilterAlgo as F, ConvGeometry, ForwardAlgo, Pass, Workspace,
@@ -54,11 +58,19 @@ fn main() -> Result<(), Error> {
         Some(i) => args.get(i + 1).ok_or("--threads T")?.parse()?,
         None => 1,
     };
+    let bind = args.iter().any(|s| s == "--bind");
+    if bind && !args.iter().any(|s| s == "--threads") {
+        return Err("--bind takes --threads T".into());
+    }
     // One worker thread, everything run on it: its CPU time is the whole pass (`--threads`:
-    // T workers, wall clock).
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()?;
+    // T workers, wall clock; `--bind`: worker i bound to the i-th allowed CPU).
+    let builder = rayon::ThreadPoolBuilder::new().num_threads(threads);
+    let builder = if bind {
+        core_blas::bind_workers(builder)?
+    } else {
+        builder
+    };
+    let pool = builder.build()?;
     pool.install(|| run(threads))
 }
 
@@ -110,10 +122,10 @@ fn run(threads: usize) -> Result<(), Error> {
     }
     let back_to_back = a.iter().any(|s| s == "--back-to-back");
     let paired = a.iter().any(|s| s == "--paired");
-    a.retain(|s| s != "--back-to-back" && s != "--paired");
+    a.retain(|s| s != "--back-to-back" && s != "--paired" && s != "--bind");
     if a.len() < 7 {
         return Err(
-            "usage: [--back-to-back | --paired] [--threads T] N C K SIZE KERNEL STRIDE PAD [ROUNDS [FILTER]]"
+            "usage: [--back-to-back | --paired] [--threads T [--bind]] N C K SIZE KERNEL STRIDE PAD [ROUNDS [FILTER]]"
                 .into(),
         );
     }
