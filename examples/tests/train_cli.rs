@@ -54,6 +54,69 @@ fn json_summary_is_the_last_line() {
     assert!((0.0..=1.0).contains(&acc), "{acc}");
 }
 
+/// The JSON line's `worker_cpus`: each pool worker's allowed CPUs.
+fn worker_cpus(v: &serde_json::Value) -> Vec<Vec<u64>> {
+    v["worker_cpus"]
+        .as_array()
+        .expect("worker_cpus")
+        .iter()
+        .map(|w| {
+            w.as_array()
+                .expect("a worker's CPUs")
+                .iter()
+                .map(|c| c.as_u64().expect("a CPU"))
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn bind_gives_each_worker_its_own_cpu_and_trains_the_same() {
+    let run = |bind: bool| {
+        let mut args = vec![
+            "--steps",
+            "3",
+            "--batch-size",
+            "16",
+            "--json",
+            "--threads",
+            "2",
+            "--conv-algo",
+            "convgemm",
+        ];
+        if bind {
+            args.push("--bind");
+        }
+        let out = train(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        assert_eq!(v["bind"], bind);
+        v
+    };
+    let (free, bound) = (run(false), run(true));
+    let (free_cpus, bound_cpus) = (worker_cpus(&free), worker_cpus(&bound));
+    assert_eq!(free_cpus.len(), 2);
+    assert_eq!(bound_cpus.len(), 2);
+    // Unbound workers keep the process's mask; bound ones get one CPU each, taken in order from
+    // it (the same CPU twice only when the process may use a single CPU).
+    let mask = &free_cpus[0];
+    assert!(free_cpus.iter().all(|w| w == mask), "{free_cpus:?}");
+    let mut want: Vec<Vec<u64>> = mask.iter().take(2).map(|&c| vec![c]).collect();
+    if want.len() == 1 {
+        want.push(want[0].clone());
+    }
+    let mut got = bound_cpus.clone();
+    got.sort();
+    assert_eq!(got, want, "bound workers' CPUs");
+    // Binding moves threads, not arithmetic: the same losses.
+    assert_eq!(free["train_loss"], bound["train_loss"]);
+}
+
 #[test]
 fn checkpoint_then_resume_continues_counting() {
     let dir = std::env::temp_dir().join(format!("train-cli-{}", std::process::id()));

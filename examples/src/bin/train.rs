@@ -5,7 +5,8 @@
 //! epoch. With `--json` the last line of stdout is one JSON object: `samples_per_sec` (steady
 //! state, warm-up steps excluded), `median_samples_per_sec` (the median step's rate, robust on a
 //! shared machine), `train_loss`, `test_accuracy`, `peak_rss_bytes`, `steps`,
-//! `epochs`, `world_size`, `threads`.
+//! `epochs`, `world_size`, `threads`, `bind` and `worker_cpus` (each pool worker's allowed CPUs;
+//! `--bind` gives each its own).
 //!
 //! ```text
 //! cargo run --release -p examples --bin train -- --epochs 10 --conv-algo convgemm \
@@ -103,6 +104,12 @@ struct Args {
     /// Threads (rayon pool size); default: all cores.
     #[arg(long)]
     threads: Option<usize>,
+    /// Bind worker i of the pool to the i-th CPU of the process's affinity mask
+    /// (`core_blas::bind_workers`, as `OMP_PROC_BIND=close` does); default: unbound, the
+    /// scheduler places the workers. Give each process its own CPUs (mpirun's `--bind-to core`,
+    /// taskset) before binding, or two processes share the first CPUs.
+    #[arg(long)]
+    bind: bool,
     /// Convolution algorithm: auto, im2col, convgemm or winograd.
     #[arg(long, default_value = "auto")]
     conv_algo: ConvAlgo,
@@ -265,10 +272,14 @@ fn main() -> ExitCode {
     // Everything, MPI included, runs on one thread of the pool: a parallel loop started from a
     // pool thread is not injected from outside and waited for across threads (with one thread
     // that round trip cost LeNet 1-2% of its step time).
-    let result = rayon::ThreadPoolBuilder::new()
-        .num_threads(args.threads.unwrap_or(0))
-        .build()
-        .map_err(|e| e.to_string())
+    let builder = rayon::ThreadPoolBuilder::new().num_threads(args.threads.unwrap_or(0));
+    let builder = if args.bind {
+        core_blas::bind_workers(builder).map_err(|e| format!("--bind: {e}"))
+    } else {
+        Ok(builder)
+    };
+    let result = builder
+        .and_then(|b| b.build().map_err(|e| e.to_string()))
         .and_then(|pool| pool.install(|| run(&args).map_err(|e| e.to_string())));
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -281,6 +292,10 @@ fn main() -> ExitCode {
 
 fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let threads = rayon::current_num_threads();
+    // Each worker's CPUs (its affinity mask), so a run says whether and where its pool was bound.
+    let worker_cpus = rayon::broadcast(|_| core_blas::allowed_cpus())
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
     let runtime = Runtime::init()?;
     let world = runtime.world();
     let (root, ranks) = (world.is_root(), world.size());
@@ -641,6 +656,8 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             "epochs": report.epochs,
             "world_size": ranks,
             "threads": threads,
+            "bind": args.bind,
+            "worker_cpus": worker_cpus,
             "batch_size": args.batch_size,
             "conv_algo": args.conv_algo.to_string(),
         });
