@@ -32,6 +32,7 @@ use crate::error::gemm_err;
 use crate::geometry::{ConvGeometry, Dims3};
 use crate::layout::{ChannelMajor, Columns, OneThread, with_panel};
 use crate::ops::is_pointwise;
+use crate::shares::share_out;
 
 /// The C panel size the blocking aims at: about this many columns (rounded to whole output
 /// lines) and at most this many floats (256 KiB, a quarter of the L2 of the machines we tune
@@ -252,6 +253,27 @@ impl Plan<'_> {
         })
     }
 
+    /// Zeroes the planes of dx that block (`grp`, images `n_lo..n_hi`, channels `c_lo..c_hi`)
+    /// adds into, before its first panel.
+    fn zero(&self, grp: usize, (n_lo, n_hi): (usize, usize), (c_lo, c_hi): (usize, usize)) {
+        let g = self.g;
+        let (c, cg, plane) = (
+            g.in_channels(),
+            g.in_channels_per_group(),
+            g.input_spatial_len(),
+        );
+        let len = (c_hi - c_lo) * plane;
+        for n in n_lo..n_hi {
+            let at = (n * c + grp * cg + c_lo) * plane;
+            assert!(at + len <= self.dx.len, "a block's planes lie inside dx");
+            // SAFETY: `at .. at + len` lies inside dx (asserted) and holds the planes of channels
+            // `c_lo..c_hi` of group `grp` in image `n`: only this block's (image, channel) set,
+            // which no other block running at the same time touches (see `Dx`).
+            let planes = unsafe { std::slice::from_raw_parts_mut(self.dx.ptr.add(at), len) };
+            planes.fill(0.0);
+        }
+    }
+
     /// Adds a panel (rows: channels `c0..c0 + nc` × taps; columns: global output lines
     /// `line0..line0 + nl`) into dx through the col2im map.
     fn scatter(&self, panel: &[f32], grp: usize, c0: usize, nc: usize, line0: usize, nl: usize) {
@@ -351,7 +373,6 @@ pub(crate) fn backward_data_with(
     if is_pointwise(g) {
         return pointwise(g, dy, w, dx);
     }
-    dx.fill(0.0);
     let (cg, batch) = (g.in_channels_per_group(), g.batch());
     let threads = rayon::current_num_threads().max(1);
     // Blocks that never share an element of dx: whole images when they divide evenly among
@@ -368,6 +389,19 @@ pub(crate) fn backward_data_with(
     let coloured = !by_images
         && g.rank() <= 2
         && (d.kernel[1] - 1) * d.dilation[1] < (lines / nb + 1) * d.stride[1];
+    // dx is zeroed before any panel is added. On one thread up front; on several, no serial
+    // step before the blocks (it would let the other worker fall asleep, see `crate::shares`):
+    // each block zeroes its own part of dx, or (line blocks, which share dx's lines across
+    // rounds) a first parallel step zeroes one chunk of dx per thread.
+    if threads == 1 {
+        dx.fill(0.0);
+    } else if coloured {
+        let chunk = dx.len().div_ceil(threads).max(1);
+        share_out(dx.chunks_mut(chunk).collect(), |_, part: &mut [f32]| {
+            part.fill(0.0);
+            Ok(())
+        })?;
+    }
     let plan = Plan {
         g,
         d: g.dims3(),
@@ -382,16 +416,14 @@ pub(crate) fn backward_data_with(
     };
     if coloured {
         for round in 0..2 {
-            (0..g.groups() * threads)
-                .into_par_iter()
-                .try_for_each(|item| -> Result<()> {
-                    let (grp, b) = (item / threads, 2 * (item % threads) + round);
-                    let (l0, l1) = (lines * b / nb, lines * (b + 1) / nb);
-                    if l0 == l1 {
-                        return Ok(());
-                    }
-                    plan.block(grp, (0, batch), (0, cg), Some((l0, l1)))
-                })?;
+            share_out(vec![(); g.groups() * threads], |item, ()| -> Result<()> {
+                let (grp, b) = (item / threads, 2 * (item % threads) + round);
+                let (l0, l1) = (lines * b / nb, lines * (b + 1) / nb);
+                if l0 == l1 {
+                    return Ok(());
+                }
+                plan.block(grp, (0, batch), (0, cg), Some((l0, l1)))
+            })?;
         }
         return Ok(());
     }
@@ -406,13 +438,16 @@ pub(crate) fn backward_data_with(
         if images.0 == images.1 || channels.0 == channels.1 {
             return Ok(());
         }
+        if threads > 1 {
+            plan.zero(grp, images, channels);
+        }
         plan.block(grp, images, channels, None)
     };
     let items = g.groups() * parts;
     if threads == 1 {
         (0..items).try_for_each(run)
     } else {
-        (0..items).into_par_iter().try_for_each(run)
+        share_out(vec![(); items], |item, ()| run(item))
     }
 }
 
@@ -470,7 +505,8 @@ mod tests {
 
     /// Tiny panels: many line blocks (some crossing images, some shorter at the end) and many
     /// channel blocks per call, on strided, dilated, padded, grouped 1-3-D geometries, plus a
-    /// pointwise one; on 1, 2 and 3 threads (blocks by images and by channels).
+    /// pointwise one; on 1, 2 and 3 threads (blocks by images, by channels and by line blocks
+    /// in two rounds; dx starts as NaN, so a part of dx no block zeroes shows).
     #[test]
     fn small_panels_match_the_reference() {
         let geoms = [
@@ -509,6 +545,11 @@ mod tests {
             ConvGeometry::new(3, 6, 4, &[5, 7], &[1, 1])
                 .unwrap()
                 .with_groups(2)
+                .unwrap(),
+            // One image, 3-D: blocks by channels on 2 and 3 threads (each zeroes its planes).
+            ConvGeometry::new(1, 4, 3, &[4, 5, 6], &[3, 3, 3])
+                .unwrap()
+                .with_padding(&[1])
                 .unwrap(),
         ];
         let blockings = [

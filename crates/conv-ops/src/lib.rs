@@ -54,6 +54,7 @@ mod phased;
 mod phasesplit;
 pub mod reference;
 mod reindex;
+mod shares;
 mod source;
 mod subsample;
 mod tapsum;

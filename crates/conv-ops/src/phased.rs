@@ -19,7 +19,6 @@
 //! thread; nothing grows with the batch.
 
 use core_blas::{ConvPack, DenseStore, MatMut, PackA, PackB};
-use rayon::prelude::*;
 
 use crate::Result;
 use crate::convgemm::Im2colB;
@@ -411,7 +410,8 @@ pub(crate) fn backward_data(g: &ConvGeometry, dy: &[f32], w: &[f32], dx: &mut [f
                 if threads == 1 || blocks == 1 {
                     (0..blocks).try_for_each(run)
                 } else {
-                    (0..blocks).into_par_iter().try_for_each(run)
+                    // The threads leave together (see `crate::shares`).
+                    crate::shares::share_out(vec![(); blocks], |blk, ()| run(blk))
                 }
             })?;
         }

@@ -33,6 +33,7 @@ use rayon::prelude::*;
 use crate::error::{Result, gemm_err};
 use crate::geometry::{ConvGeometry, Dims3};
 use crate::im2col::split3;
+use crate::shares::share_out;
 
 /// Channels (input and output, both) from which [`applies`] takes a layer: each tap's product
 /// is C deep, and a shallow product pays the C tile's traffic too often.
@@ -888,22 +889,25 @@ fn side_by_side(
     let mut side = SIDE.with_borrow_mut(std::mem::take);
     side.resize_with(parts.max(side.len()), SideBlock::default);
     let result = (|| {
-        side[..parts]
-            .par_iter_mut()
-            .zip(input.par_chunks(nb * n_in * in_plane))
-            .zip(&prs)
-            .try_for_each(|((sb, inp), pr)| -> Result<()> {
-                to_rows(
-                    gemm,
-                    inp,
-                    inp.len() / (n_in * in_plane),
-                    n_in,
-                    in_plane,
-                    &mut sb.src,
-                )?;
-                pack_taps(gemm, &sb.src, n_in, pr, &mut sb.a, &mut sb.starts);
-                Ok(())
-            })?;
+        // Both steps through `share_out`: the threads leave each step together, so the second
+        // step's fork, and the next call's, find the other worker awake.
+        let jobs: Vec<(&mut SideBlock, &[f32])> = side[..parts]
+            .iter_mut()
+            .zip(input.chunks(nb * n_in * in_plane))
+            .collect();
+        share_out(jobs, |b, (sb, inp)| -> Result<()> {
+            let pr = &prs[b];
+            to_rows(
+                gemm,
+                inp,
+                inp.len() / (n_in * in_plane),
+                n_in,
+                in_plane,
+                &mut sb.src,
+            )?;
+            pack_taps(gemm, &sb.src, n_in, pr, &mut sb.a, &mut sb.starts);
+            Ok(())
+        })?;
         let side = &side[..parts];
         let per = n_out / BLOCK_COLS / parts;
         let (wc, shared) = (per * BLOCK_COLS, per * BLOCK_COLS * parts);
@@ -925,78 +929,76 @@ fn side_by_side(
             }
         }
         let deep = crate::ops::one_pass(gemm, n_in, ONE_PASS_MAX).map_err(gemm_err)?;
-        outs.into_par_iter()
-            .enumerate()
-            .try_for_each(|(own, pieces)| -> Result<()> {
-                let taps: Vec<TapsA<'_>> = side
-                    .iter()
-                    .zip(&prs)
-                    .enumerate()
-                    .map(|(b, (sb, pr))| {
-                        TapsA::new(
-                            gemm,
-                            &sb.src,
-                            n_in,
-                            &sb.a,
-                            &sb.starts,
-                            pr,
-                            count(b) * out_plane,
-                        )
-                    })
-                    .collect();
-                let mut bufs = BUFFERS.with_borrow_mut(std::mem::take);
-                let result = (|| {
-                    // This thread's columns of every image's rows, then the columns left over
-                    // of its own images' rows.
-                    let all_rows = batch * out_plane;
-                    let own_rows = count(own) * out_plane;
-                    bufs.dst.resize(all_rows * wc + own_rows * rest, 0.0);
-                    let (sh, rm) = bufs.dst.split_at_mut(all_rows * wc);
+        share_out(outs, |own, pieces| -> Result<()> {
+            let taps: Vec<TapsA<'_>> = side
+                .iter()
+                .zip(&prs)
+                .enumerate()
+                .map(|(b, (sb, pr))| {
+                    TapsA::new(
+                        gemm,
+                        &sb.src,
+                        n_in,
+                        &sb.a,
+                        &sb.starts,
+                        pr,
+                        count(b) * out_plane,
+                    )
+                })
+                .collect();
+            let mut bufs = BUFFERS.with_borrow_mut(std::mem::take);
+            let result = (|| {
+                // This thread's columns of every image's rows, then the columns left over
+                // of its own images' rows.
+                let all_rows = batch * out_plane;
+                let own_rows = count(own) * out_plane;
+                bufs.dst.resize(all_rows * wc + own_rows * rest, 0.0);
+                let (sh, rm) = bufs.dst.split_at_mut(all_rows * wc);
+                for (b, t) in taps.iter().enumerate() {
+                    if t.full.is_none() {
+                        sh[b * nb * out_plane * wc..][..count(b) * out_plane * wc].fill(0.0);
+                    }
+                }
+                if taps[own].full.is_none() {
+                    rm.fill(0.0);
+                }
+                for q in 0..per {
+                    weights.block(gemm, own * wc + q * BLOCK_COLS, BLOCK_COLS, &mut bufs.w)?;
                     for (b, t) in taps.iter().enumerate() {
-                        if t.full.is_none() {
-                            sh[b * nb * out_plane * wc..][..count(b) * out_plane * wc].fill(0.0);
-                        }
+                        let out = &mut sh[b * nb * out_plane * wc + q * BLOCK_COLS..];
+                        t.products(&deep, weights, &bufs.w, BLOCK_COLS, out, wc, true)?;
                     }
-                    if taps[own].full.is_none() {
-                        rm.fill(0.0);
-                    }
-                    for q in 0..per {
-                        weights.block(gemm, own * wc + q * BLOCK_COLS, BLOCK_COLS, &mut bufs.w)?;
-                        for (b, t) in taps.iter().enumerate() {
-                            let out = &mut sh[b * nb * out_plane * wc + q * BLOCK_COLS..];
-                            t.products(&deep, weights, &bufs.w, BLOCK_COLS, out, wc, true)?;
-                        }
-                    }
-                    for j0 in (shared..n_out).step_by(BLOCK_COLS) {
-                        let cols = BLOCK_COLS.min(n_out - j0);
-                        weights.block(gemm, j0, cols, &mut bufs.w)?;
-                        let out = &mut rm[j0 - shared..];
-                        taps[own].products(&deep, weights, &bufs.w, cols, out, rest, true)?;
-                    }
-                    for (n, c0, planes) in pieces {
-                        let (rows, ch) = if c0 < shared {
-                            (&sh[n * out_plane * wc..][..out_plane * wc], wc)
-                        } else {
-                            (
-                                &rm[(n - own * nb) * out_plane * rest..][..out_plane * rest],
-                                rest,
-                            )
-                        };
-                        from_rows(
-                            gemm,
-                            rows,
-                            ch,
-                            out_plane,
-                            planes,
-                            bias.map(|b| &b[c0..]),
-                            relu,
-                        )?;
-                    }
-                    Ok(())
-                })();
-                BUFFERS.with_borrow_mut(|kept| *kept = bufs);
-                result
-            })
+                }
+                for j0 in (shared..n_out).step_by(BLOCK_COLS) {
+                    let cols = BLOCK_COLS.min(n_out - j0);
+                    weights.block(gemm, j0, cols, &mut bufs.w)?;
+                    let out = &mut rm[j0 - shared..];
+                    taps[own].products(&deep, weights, &bufs.w, cols, out, rest, true)?;
+                }
+                for (n, c0, planes) in pieces {
+                    let (rows, ch) = if c0 < shared {
+                        (&sh[n * out_plane * wc..][..out_plane * wc], wc)
+                    } else {
+                        (
+                            &rm[(n - own * nb) * out_plane * rest..][..out_plane * rest],
+                            rest,
+                        )
+                    };
+                    from_rows(
+                        gemm,
+                        rows,
+                        ch,
+                        out_plane,
+                        planes,
+                        bias.map(|b| &b[c0..]),
+                        relu,
+                    )?;
+                }
+                Ok(())
+            })();
+            BUFFERS.with_borrow_mut(|kept| *kept = bufs);
+            result
+        })
     })();
     SIDE.with_borrow_mut(|kept| *kept = side);
     result
