@@ -25,7 +25,6 @@
 //! and group is the dense product W_gᵀ·dy, stored by the GEMM straight into dx.
 
 use core_blas::{DenseStore, MatMut, MatRef};
-use rayon::prelude::*;
 
 use crate::Result;
 use crate::error::gemm_err;
@@ -485,10 +484,17 @@ fn pointwise(g: &ConvGeometry, dy: &[f32], w: &[f32], dx: &mut [f32]) -> Result<
     let items = g.batch() * groups;
     let threads = rayon::current_num_threads().max(1);
     if threads > 1 && items >= threads {
-        // One (image, group) product per task, each on one thread.
-        dx.par_chunks_mut(cg * plane)
-            .enumerate()
-            .try_for_each(|(idx, dxi)| one(idx, dxi, true))
+        // One contiguous run of (image, group) products per thread, each product on one
+        // thread, the threads leaving together (`share_out`).
+        let per = items.div_ceil(threads);
+        share_out(
+            dx.chunks_mut(per * cg * plane).collect(),
+            |t, run: &mut [f32]| {
+                run.chunks_mut(cg * plane)
+                    .enumerate()
+                    .try_for_each(|(j, dxi)| one(t * per + j, dxi, true))
+            },
+        )
     } else {
         // Few products: each one uses every thread (core-blas splits it).
         dx.chunks_mut(cg * plane)
