@@ -166,7 +166,9 @@ pub(crate) struct ConvRow {
 /// values `maskz_load(m[4q], src + off[2q])` merged with `mask_load(m[4q + 2], src + off[2q +
 /// 1])`, its high 16 the same at + 64 bytes with `m[4q + 1]`, `m[4q + 3]` (`off` in bytes; the
 /// masks select only the window's even lanes that a piece reads, so lanes outside the pieces
-/// are zero and never read).
+/// are zero and never read; except that piece 1's window is read whole when its masks are
+/// all ones, which [`ConvRows::resolve`] sets only when the pieces cover all 16 lanes and
+/// the whole window lies inside the source).
 #[derive(Clone, Copy, Debug, Default)]
 #[repr(C)]
 pub(crate) struct ConvRow2 {
@@ -174,6 +176,9 @@ pub(crate) struct ConvRow2 {
     pub(crate) off: [isize; 6],
     /// Per chunk, the window's load masks: piece 1's low and high half, then piece 2's (the
     /// fused tile tests piece 2's two at once: one 32-bit half of the chunk's 64 bits).
+    /// Piece 1's two are both `0xffff` when no lane of the chunk lies in the padding: the
+    /// tile then reads its window with plain loads, whole (its odd lanes are dropped, piece
+    /// 2's lanes merged over it).
     pub(crate) m: [u16; 12],
     /// Byte offset of the two cache lines the row prefetches (see [`PF2_BACK`]).
     pub(crate) pf: isize,
@@ -225,7 +230,11 @@ impl ConvRowForm for ConvRow2 {
     unsafe fn lane(&self, s: *const f32, q: usize, l: usize) -> f32 {
         // Lane l is window lane 2l: half `l / 8`, bit `2l mod 16` of its masks.
         let (half, bit) = (l / 8, 1u16 << (2 * l % 16));
-        match (0..2).find(|&i| self.m[4 * q + 2 * i + half] & bit != 0) {
+        // Piece 2 first: its loads merge over piece 1's (whose masks may select every lane).
+        match (0..2)
+            .rev()
+            .find(|&i| self.m[4 * q + 2 * i + half] & bit != 0)
+        {
             // SAFETY: the lane is selected in piece i, hence readable (the caller's contract).
             Some(i) => unsafe { at(s, self.off[2 * q + i], 2 * l) },
             None => 0.0,
@@ -356,6 +365,8 @@ impl ConvRows {
             let mut row = ConvRow2::default();
             let mut rel = [cbase; 7];
             let (mut lo, mut hi) = (isize::MAX, isize::MIN);
+            // The last value a whole window reads (beyond the lanes: not a frontier).
+            let mut whole = isize::MIN;
             for (q, c) in p.taps[t * nch..][..nch].iter().enumerate() {
                 let Chunk::Lines {
                     step,
@@ -384,9 +395,20 @@ impl ConvRows {
                     lo = lo.min(o.checked_add(2 * m.trailing_zeros() as isize)?);
                     hi = hi.max(o.checked_add(2 * (15 - m.leading_zeros() as isize))?);
                 }
+                // No lane in the padding (piece 1 from lane 0, piece 2 after it): piece 1's
+                // window is read whole, without masks (the tile's plain loads; piece 2 merges
+                // over it, the odd lanes are dropped), so its 32 values must lie in the source.
+                if m1 | m2 == u16::MAX && m1 & 1 == 1 {
+                    row.m[4 * q] = u16::MAX;
+                    row.m[4 * q + 1] = u16::MAX;
+                    let o = rel[2 * q];
+                    lo = lo.min(o);
+                    whole = whole.max(o.checked_add(31)?);
+                }
             }
             if lo <= hi {
                 frontier = frontier.max(hi - cbase);
+                let hi = hi.max(whole);
                 let cycles = ((kc - 1 - j) / period) as isize;
                 let last = cycles.checked_mul(p.step).and_then(|d| d.checked_add(hi))?;
                 reads = Some(match reads {
@@ -2094,13 +2116,13 @@ mod tests {
             off2,
         };
         // Tap 0: 48 lanes, the second chunk crossing at lane 4 (a second line at +120).
-        // Tap 1: lane 0 in the padding, the last chunk without lanes.
+        // Tap 1: lane 0 and lane 31 in the padding, the last chunk without lanes.
         let taps = vec![
             two(0xffff, 10, 0, 0),
             two(0x000f, 42, 0xfff0, 162),
             two(0xffff, 194, 0, 0),
             two(0xfffe, 11, 0, 0),
-            two(0xffff, 43, 0, 0),
+            two(0x7fff, 43, 0, 0),
             two(0, 0, 0, 0),
         ];
         let mut p = ConvPanel {
@@ -2111,9 +2133,10 @@ mod tests {
             step: 1000,
         };
         let mut r = ConvRows::default();
-        // 3 rows: taps 0, 1 of channel 0, tap 0 of channel 1; the last lane read is
-        // 100 + 1000 + 194 + 30.
-        assert!(r.resolve(&p, 100 + 1000 + 194 + 31, 3, 3));
+        // 3 rows: taps 0, 1 of channel 0, tap 0 of channel 1; the last value read is
+        // 100 + 1000 + 194 + 31 (tap 0's chunks have no lane in the padding: piece 1's windows
+        // are read whole).
+        assert!(r.resolve(&p, 100 + 1000 + 194 + 32, 3, 3));
         assert!(r.strided);
         assert_eq!((r.step, r.rows2.len()), (4000, 2));
         let r0 = r.rows2[0];
@@ -2122,13 +2145,14 @@ mod tests {
         assert_eq!(
             r0.m,
             [
-                0x5555, 0x5555, 0, 0, 0x0055, 0, 0x5500, 0x5555, 0x5555, 0x5555, 0, 0
+                0xffff, 0xffff, 0, 0, 0xffff, 0xffff, 0x5500, 0x5555, 0xffff, 0xffff, 0, 0
             ]
         );
+        // Tap 1: lanes 0 and 31 in the padding, its masks select its lanes only.
         let r1 = r.rows2[1];
-        assert_eq!(r1.m[..4], [0x5554, 0x5555, 0, 0]);
+        assert_eq!(r1.m[..8], [0x5554, 0x5555, 0, 0, 0x5555, 0x1555, 0, 0]);
         assert_eq!(r1.m[8..], [0, 0, 0, 0]);
-        assert!(!r.resolve(&p, 100 + 1000 + 194 + 30, 3, 3));
+        assert!(!r.resolve(&p, 100 + 1000 + 194 + 31, 3, 3));
         // The same taps at another base: the offsets move with it.
         p.base = 7;
         assert!(r.resolve(&p, 10_000, 3, 3));

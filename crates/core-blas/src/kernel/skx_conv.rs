@@ -173,6 +173,26 @@ macro_rules! conv_chunk2 {
             "mov {o}, qword ptr [{t} + 16*",
             $q,
             "]\n",
+            "cmp {p:e}, -1\n",
+            "jne 5",
+            $q,
+            "f\n",
+            "vmovups zmm",
+            $d,
+            ", zmmword ptr [{s} + {o}]\n",
+            "vmovups zmm",
+            $h,
+            ", zmmword ptr [{s} + {o} + 64]\n",
+            "shr {p}, 32\n",
+            "jz 4",
+            $q,
+            "f\n",
+            "jmp 6",
+            $q,
+            "f\n",
+            "5",
+            $q,
+            ":\n",
             "kmovw k1, {p:e}\n",
             "shr {p}, 16\n",
             "kmovw k3, {p:e}\n",
@@ -186,6 +206,9 @@ macro_rules! conv_chunk2 {
             "jz 4",
             $q,
             "f\n",
+            "6",
+            $q,
+            ":\n",
             "kmovw k2, {p:e}\n",
             "shr {p}, 16\n",
             "kmovw k4, {p:e}\n",
@@ -538,7 +561,8 @@ mod tests {
 
     /// The step-2 fused tile and its two-step fallback against a naive product on a panel described row by row (per
     /// chunk two random disjoint pieces reading every other value, their window masks as
-    /// `ConvRows` builds them, random offsets, periods and source steps), and its packed
+    /// `ConvRows` builds them, in some chunks piece 1's window read whole with piece 2 merged
+    /// over it; random offsets, periods and source steps), and its packed
     /// panel against the lanes it describes; depths around the C-prefetch split, alpha / beta
     /// cases, unit and non-unit column strides of C.
     #[test]
@@ -580,7 +604,13 @@ mod tests {
                             (1u16 << cut) - 1
                         };
                         let o1 = 100 + rnd(300) as isize;
-                        (m & lo, m & !lo, o1, o1 + rnd(200) as isize)
+                        // Piece 1's window read whole (all lanes, no masks) in some chunks.
+                        let m1 = if case % 3 == 1 && rnd(2) == 0 {
+                            u16::MAX
+                        } else {
+                            m & lo
+                        };
+                        (m1, m & !lo, o1, o1 + rnd(200) as isize)
                     })
                 })
                 .collect();
@@ -591,9 +621,14 @@ mod tests {
                     for (q, &(m1, m2, o1, o2)) in d.iter().enumerate() {
                         r.off[2 * q] = 4 * o1;
                         r.off[2 * q + 1] = 4 * o2;
+                        let (w1, w2) = if m1 == u16::MAX {
+                            (u16::MAX, u16::MAX)
+                        } else {
+                            (spread(m1), spread(m1 >> 8))
+                        };
                         r.m[4 * q..4 * q + 4].copy_from_slice(&[
-                            spread(m1),
-                            spread(m1 >> 8),
+                            w1,
+                            w2,
                             spread(m2),
                             spread(m2 >> 8),
                         ]);
@@ -607,10 +642,11 @@ mod tests {
                 let shift = (p / period) as isize * step;
                 for (q, &(m1, m2, o1, o2)) in desc[p % period].iter().enumerate() {
                     for l in 0..16 {
-                        let at = if m1 & (1 << l) != 0 {
-                            Some(o1)
-                        } else if m2 & (1 << l) != 0 {
+                        // Piece 2 merges over piece 1.
+                        let at = if m2 & (1 << l) != 0 {
                             Some(o2)
+                        } else if m1 & (1 << l) != 0 {
+                            Some(o1)
                         } else {
                             None
                         };
