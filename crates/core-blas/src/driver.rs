@@ -342,6 +342,10 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
         assert!(
             K::PACK_GROUP >= 1,
             "a packing group holds at least one panel"
+        );
+        assert!(
+            K::PACK_PANELS == 1 || K::PACK_PANELS == K::PACK_GROUP,
+            "the first tile of each panel or of each group packs"
         )
     };
     let fuse = b.row_major().filter(|&(data, ld)| {
@@ -761,25 +765,27 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
             Some((data, stride)) => data[jr / nr * stride..].as_ptr(),
             None => bdst.cast_const(),
         };
-        // This group's rows in a row-major source when the first tile of its first panel packs
-        // it: row p at src[p · ld + jr ..][.. gw] (whole panels inside the matrix, whose rows
-        // `serial` checked to lie inside the source's storage).
+        // The rows this tile packs from a row-major source when it is the first tile of a
+        // group (`PACK_PANELS == PACK_GROUP`) or of any full panel of a group
+        // (`PACK_PANELS == 1`): row p at src[p · ld + jr ..][.. pw] (whole panels inside the
+        // matrix, whose rows `serial` checked to lie inside the source's storage).
+        let pw = K::PACK_PANELS * nr;
         let mut pending = src
-            .filter(|_| jr < grouped && (jr / nr).is_multiple_of(g))
+            .filter(|_| jr < grouped && (jr / nr).is_multiple_of(K::PACK_PANELS))
             .map(|(data, ld)| {
-                debug_assert!(data.len() >= (kc - 1) * ld + jr + gw);
+                debug_assert!(data.len() >= (kc - 1) * ld + jr + pw);
                 (data[jr..].as_ptr(), ld)
             });
         if sink.direct.is_none()
             && let Some((sp, ld)) = pending.take()
         {
-            // Stores that are not the dense one: pack the group's panels before its tiles.
-            for q in 0..g {
+            // Stores that are not the dense one: pack the panels before their tiles.
+            for q in 0..K::PACK_PANELS {
                 for p in 0..kc {
-                    // SAFETY: row p of the group holds gw source values (the debug_assert
-                    // above: the group lies inside the source) and its packed panels
-                    // g · kc · nr values of bc, which the source (a shared borrow) does not
-                    // overlap.
+                    // SAFETY: row p holds pw source values (the debug_assert above: the
+                    // panels lie inside the source) and their packed panels
+                    // PACK_PANELS · kc · nr values of bc, which the source (a shared borrow)
+                    // does not overlap.
                     unsafe {
                         std::ptr::copy_nonoverlapping(
                             sp.add(p * ld + q * nr),
@@ -1068,6 +1074,61 @@ mod tests {
             for beta in [0.0f32, 1.0] {
                 let (fused, up_front) = (run(0, beta), run(4, beta));
                 assert_eq!(fused, up_front, "m {m} n {n} k {k} ldb {ldb} beta {beta}");
+                assert_eq!(run(6, beta), fused, "in place, m {m} n {n} k {k} ldb {ldb}");
+                if beta == 1.0 {
+                    assert_eq!(fused, want, "m {m} n {n} k {k} ldb {ldb}");
+                }
+            }
+        }
+    }
+
+    /// The AVX2 family's fused packing (`Kernel::PACK_PANELS` = 1: each full panel of a 3-panel
+    /// group packed by its own first tile) against B packed up front (mode 4), the groups at
+    /// their place (mode 6) and the naive product: bitwise equal (small integers). Shapes: one
+    /// A block with many groups (the ring), panels past the last group, a partial last panel,
+    /// k % 4 != 0, two passes, several A blocks, beta 0 over NaN and beta 1.
+    #[test]
+    fn avx2_panels_packed_by_their_own_first_tiles() {
+        use std::sync::atomic::Ordering;
+        let Ok(g) = crate::Gemm::new(crate::Isa::Avx2) else {
+            return;
+        };
+        for (m, n, k, ldb) in [
+            (64usize, 50 * 16 + 7, 290usize, 50 * 16 + 7),
+            (6, 48 * 3, 33, 48 * 3 + 16),
+            (13, 16 * 7, 577, 16 * 7),
+            (64, 1000, 576, 1024),
+            (700, 200, 100, 200),
+        ] {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
+            let b: Vec<f32> = (0..k * ldb).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();
+            let c0: Vec<f32> = (0..m * n).map(|i| (i % 9) as f32).collect();
+            let mut want = c0.clone();
+            for i in 0..m {
+                for j in 0..n {
+                    let dot: f32 = (0..k).map(|p| a[i * k + p] * b[p * ldb + j]).sum();
+                    want[i * n + j] += dot;
+                }
+            }
+            let run = |mode: usize, beta: f32| {
+                let mut c = if beta == 0.0 {
+                    vec![f32::NAN; m * n]
+                } else {
+                    c0.clone()
+                };
+                tune::MODE.store(mode, Ordering::Relaxed);
+                g.sgemm(false, false, m, n, k, 1.0, &a, k, &b, ldb, beta, &mut c, n)
+                    .expect("valid sgemm");
+                tune::MODE.store(0, Ordering::Relaxed);
+                c
+            };
+            for beta in [0.0f32, 1.0] {
+                let fused = run(0, beta);
+                assert_eq!(
+                    fused,
+                    run(4, beta),
+                    "m {m} n {n} k {k} ldb {ldb} beta {beta}"
+                );
                 assert_eq!(run(6, beta), fused, "in place, m {m} n {n} k {k} ldb {ldb}");
                 if beta == 1.0 {
                     assert_eq!(fused, want, "m {m} n {n} k {k} ldb {ldb}");

@@ -145,11 +145,16 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
     /// tile of each panel pack a row-major B); `false`: its default copy-then-run, which is
     /// slower than packing the block up front, so the driver keeps the block packing.
     const PACKS_B: bool = false;
-    /// How many consecutive `NR`-wide panels [`Kernel::run_packing_b`] packs (`>= 1`): the first
-    /// tile of the first panel of each group of `PACK_GROUP` full panels packs them all (fewer
-    /// packing tiles and source rows visited per column for a narrow `NR`); the driver packs
-    /// the columns past the last whole group with [`crate::PackB::pack_b`].
+    /// Full panels of a row-major B handled as one group (`>= 1`): the driver prefetches the
+    /// next group's source rows over the group's tiles (every line of a row of `PACK_GROUP · NR`
+    /// values: fewer source rows visited per column for a narrow `NR`), packs one A block's
+    /// groups over one another, and packs the columns past the last whole group with
+    /// [`crate::PackB::pack_b`]. Which tiles pack: [`Kernel::PACK_PANELS`].
     const PACK_GROUP: usize = 1;
+    /// How many consecutive `NR`-wide panels [`Kernel::run_packing_b`] packs: `PACK_GROUP` (the
+    /// first tile of each group packs all its panels) or 1 (the first tile of each full panel
+    /// of a group packs its own panel).
+    const PACK_PANELS: usize = Self::PACK_GROUP;
     /// Whether products with several A blocks and several passes run passes 4/3 deeper than
     /// the table's KC, with A blocks as much shorter (the driver's `serial`). Measured a gain
     /// on the AVX-512 family (2048³ +1-3 points on Zen 4, session 20); the AVX2 family was level
@@ -183,14 +188,14 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
     /// [`Kernel::run`] on a full-width tile (`n == NR`) whose B micro-panel is not packed yet: row
     /// `p` of the panel is the `NR` values at `bsrc + p · ldb` (a row-major B read in place), and
     /// the kernel also writes the packed panel (`k · NR` values) to `bdst` for the tiles after it,
-    /// and likewise the next `PACK_GROUP − 1` panels (panel `g`: row `p` at
+    /// and likewise the next `PACK_PANELS − 1` panels (panel `g`: row `p` at
     /// `bsrc + p · ldb + g · NR`, packed to `bdst + g · k · NR`), whose FMAs it does not do.
     /// The default copies the panel, then runs [`Kernel::run`] on the copy; the AVX-512 and AVX2
     /// families pack inside their k-loops, so the copy's loads and stores overlap the FMAs.
     ///
     /// # Safety
-    /// As [`Kernel::run`] with `n == NR`, and for `b`: `k` rows of `PACK_GROUP · NR` readable
-    /// values at `bsrc + p · ldb`, and `PACK_GROUP · k · NR` writable values at `bdst`
+    /// As [`Kernel::run`] with `n == NR`, and for `b`: `k` rows of `PACK_PANELS · NR` readable
+    /// values at `bsrc + p · ldb`, and `PACK_PANELS · k · NR` writable values at `bdst`
     /// overlapping neither the source, `a` nor the C window.
     #[allow(clippy::too_many_arguments)]
     #[inline]
@@ -751,10 +756,10 @@ pub(crate) unsafe fn copy_then_run<K: Kernel>(
     cs_c: usize,
     m: usize,
 ) {
-    // SAFETY: the caller's contract: k source rows of PACK_GROUP · NR values, PACK_GROUP ·
+    // SAFETY: the caller's contract: k source rows of PACK_PANELS · NR values, PACK_PANELS ·
     // k · NR destination values that overlap nothing read here.
     unsafe {
-        for g in 0..K::PACK_GROUP {
+        for g in 0..K::PACK_PANELS {
             for p in 0..k {
                 std::ptr::copy_nonoverlapping(
                     bsrc.add(p * ldb + g * K::NR),

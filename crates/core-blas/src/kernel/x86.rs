@@ -183,14 +183,30 @@ fn mask16(n: usize) -> __mmask16 {
 const AVX2_MR: usize = 6;
 const AVX2_NV: usize = 2;
 
-/// Panels of `avx2-f32-6x16` packed by one first tile ([`Kernel::PACK_GROUP`]): 3, the 48
-/// columns (3 cache lines per source row) the AVX-512 family's first tiles pack, so the source
-/// rows are visited (TLB, prefetch) a third as often as with one 16-wide panel. gemm_ratio 1
+/// Panels of `avx2-f32-6x16` in a group ([`Kernel::PACK_GROUP`]): 3, the 48 columns (3 cache
+/// lines per source row) of the AVX-512 family's panels, so the source rows are prefetched
+/// (TLB, bursts) a third as often as with one 16-wide panel. Until session 37 the group's first
+/// tile also packed all 3 panels ([`AVX2_PACK_PANELS`]). gemm_ratio 1
 /// thread `CORE_BLAS_ISA=avx2`, quiet 00:59:47 UTC (session 20), B packed up front / one panel
 /// / 2 / 3 per first tile: 64×50176×576 77.5, 77.3, 77.5 / 76.8, 76.4, 76.8 / 78.8, 78.9, 78.4 /
 /// 79.2, 80.6, 80.4% of the peak; 256×3136×2304 83.8, 85.3, 85.6 / 86.8, 86.7, 86.5 / 88.1, 88.9,
 /// 89.1 / 88.8, 88.6, 88.0%.
 const AVX2_PACK_GROUP: usize = 3;
+
+/// Panels of a group that `avx2-f32-6x16`'s first tiles pack ([`Kernel::PACK_PANELS`]): 1,
+/// each full panel's first tile packs its own (2 loads and 2 stores a step), while the group
+/// keeps prefetching the next 48 columns' rows. The 3-panel packing tile moves 6 lines a step
+/// into L1 (3 source lines, 3 packed lines written), ~2 cycles each from L2 on Zen 4, against
+/// the 6 cycles of its FMAs: alone (`pk_probe2`, branch s37-blas-4x24, quiet 04:52:22 UTC) 1 /
+/// 2 / 3 panels a packing tile 1.00-1.09 / 1.40-1.52 / 2.06-2.20 × a normal tile.
+/// `CORE_BLAS_ISA=avx2` in process (`probe_ab`, quiet 05:09 and 05:10 UTC), 64×50176×576 3 /
+/// 1 panels: `Vec` 84.8/85.6, 84.0/84.8, 85.0/85.5, 84.6/84.1, 85.0/85.8%, 2 MiB pages
+/// 86.2/87.2, 86.5/86.6, 86.9/86.7, 86.9/87.6, 87.3/88.1%; 256×3136×2304 89.7/90.2,
+/// 92.1/92.5%; 2048³ 93.4/93.1%. Across binaries (`gemm_ratio`, 3 / 1, quiet 05:30:13 UTC):
+/// 64×50176×576 `Vec` 84.7/85.9, 83.8/85.3, 84.5/86.4, 84.4/84.9%, 2 MiB pages 72.3/85.4,
+/// 86.8/88.9, 87.0/87.9, 86.7/87.4%; 256×3136×2304 `Vec` 89.7/89.8, 88.8/89.6, 87.9/90.0,
+/// 88.9/89.3%, 2 MiB pages 92.5/92.5, 89.3/89.8%; 2048³ 93.2/91.4, 88.5/91.2%.
+const AVX2_PACK_PANELS: usize = 1;
 
 /// `avx2-f32-6x16`: 12 accumulators + 2 B vectors + 1 broadcast of the 16 ymm registers.
 #[derive(Clone, Copy, Debug)]
@@ -600,6 +616,7 @@ impl Kernel for Avx2 {
     const NAME: &'static str = "avx2-f32-6x16";
     const PACKS_B: bool = true;
     const PACK_GROUP: usize = AVX2_PACK_GROUP;
+    const PACK_PANELS: usize = AVX2_PACK_PANELS;
 
     fn new() -> Option<Self> {
         (is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")).then_some(Self(()))
@@ -691,13 +708,13 @@ impl Kernel for Avx2 {
         m: usize,
     ) {
         // SAFETY: holding `Avx2` proves avx2+fma; memory per contract (the full tile reads k
-        // source rows of `PACK_GROUP · 16` values and writes `PACK_GROUP · k · 16` packed
+        // source rows of `PACK_PANELS · 16` values and writes `PACK_PANELS · k · 16` packed
         // values).
         unsafe {
             if m == AVX2_MR
                 && super::skx::UKR_VARIANT.load(std::sync::atomic::Ordering::Relaxed) != 1
             {
-                avx2_ukr_asm_pk::<AVX2_PACK_GROUP>(
+                avx2_ukr_asm_pk::<AVX2_PACK_PANELS>(
                     k, alpha, a, bsrc, ldb, bdst, beta, c, rs_c, cs_c, m, 16,
                 );
             } else {
