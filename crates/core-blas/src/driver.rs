@@ -597,6 +597,26 @@ pub(crate) mod tune {
     #[cfg(test)]
     pub(crate) static MODE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
+    /// Runs `f` with the driver in mode `mode`, then back in mode 0 (also when `f` panics).
+    /// Tests run in parallel threads: the callers hold one lock, so one test's mode never
+    /// switches another's mid-comparison (a test that sets no mode may still run under one;
+    /// every mode computes the same products).
+    #[cfg(test)]
+    pub(crate) fn with_mode<R>(mode: usize, f: impl FnOnce() -> R) -> R {
+        use std::sync::atomic::Ordering;
+        static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                MODE.store(0, Ordering::Relaxed);
+            }
+        }
+        let _lock = LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _reset = Reset;
+        MODE.store(mode, Ordering::Relaxed);
+        f()
+    }
+
     /// Whether the next B block is prefetched.
     #[inline]
     pub(crate) fn prefetch_enabled() -> bool {
@@ -1028,6 +1048,27 @@ mod tests {
         }
     }
 
+    /// Small-integer operands of an m×n×k product (B with row stride `ldb`), a C to add to, and
+    /// the naive C + A·B: exact in any summation order, so every path must match it bitwise.
+    fn int_operands(
+        m: usize,
+        n: usize,
+        k: usize,
+        ldb: usize,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
+        let b: Vec<f32> = (0..k * ldb).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();
+        let c0: Vec<f32> = (0..m * n).map(|i| (i % 9) as f32).collect();
+        let mut want = c0.clone();
+        for i in 0..m {
+            for j in 0..n {
+                let dot: f32 = (0..k).map(|p| a[i * k + p] * b[p * ldb + j]).sum();
+                want[i * n + j] += dot;
+            }
+        }
+        (a, b, c0, want)
+    }
+
     /// A row-major B packed in the first tiles of its panels (the AVX-512 and AVX2 families; the
     /// default copy-then-run elsewhere is not used by the driver) against the same product with B
     /// packed up front (mode 4), with one A block's groups each packed at its place in the B
@@ -1037,7 +1078,6 @@ mod tests {
     /// blocks, a strided B (ldb > n), beta = 0 over NaN and beta = 1.
     #[test]
     fn fused_b_packing_matches_packing_up_front() {
-        use std::sync::atomic::Ordering;
         for (m, n, k, ldb) in [
             (8usize, 96usize, 37usize, 96usize),
             (13, 100, 5, 101),
@@ -1049,26 +1089,17 @@ mod tests {
             (64, 150, 576, 152),
             (30, 180, 300, 181),
         ] {
-            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
-            let b: Vec<f32> = (0..k * ldb).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();
-            let c0: Vec<f32> = (0..m * n).map(|i| (i % 9) as f32).collect();
-            let mut want = c0.clone();
-            for i in 0..m {
-                for j in 0..n {
-                    let dot: f32 = (0..k).map(|p| a[i * k + p] * b[p * ldb + j]).sum();
-                    want[i * n + j] += dot;
-                }
-            }
+            let (a, b, c0, want) = int_operands(m, n, k, ldb);
             let run = |mode: usize, beta: f32| {
                 let mut c = if beta == 0.0 {
                     vec![f32::NAN; m * n]
                 } else {
                     c0.clone()
                 };
-                tune::MODE.store(mode, Ordering::Relaxed);
-                crate::sgemm(false, false, m, n, k, 1.0, &a, k, &b, ldb, beta, &mut c, n)
-                    .expect("valid sgemm");
-                tune::MODE.store(0, Ordering::Relaxed);
+                tune::with_mode(mode, || {
+                    crate::sgemm(false, false, m, n, k, 1.0, &a, k, &b, ldb, beta, &mut c, n)
+                })
+                .expect("valid sgemm");
                 c
             };
             for beta in [0.0f32, 1.0] {
@@ -1089,7 +1120,6 @@ mod tests {
     /// k % 4 != 0, two passes, several A blocks, beta 0 over NaN and beta 1.
     #[test]
     fn avx2_panels_packed_by_their_own_first_tiles() {
-        use std::sync::atomic::Ordering;
         let Ok(g) = crate::Gemm::new(crate::Isa::Avx2) else {
             return;
         };
@@ -1100,26 +1130,17 @@ mod tests {
             (64, 1000, 576, 1024),
             (700, 200, 100, 200),
         ] {
-            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
-            let b: Vec<f32> = (0..k * ldb).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();
-            let c0: Vec<f32> = (0..m * n).map(|i| (i % 9) as f32).collect();
-            let mut want = c0.clone();
-            for i in 0..m {
-                for j in 0..n {
-                    let dot: f32 = (0..k).map(|p| a[i * k + p] * b[p * ldb + j]).sum();
-                    want[i * n + j] += dot;
-                }
-            }
+            let (a, b, c0, want) = int_operands(m, n, k, ldb);
             let run = |mode: usize, beta: f32| {
                 let mut c = if beta == 0.0 {
                     vec![f32::NAN; m * n]
                 } else {
                     c0.clone()
                 };
-                tune::MODE.store(mode, Ordering::Relaxed);
-                g.sgemm(false, false, m, n, k, 1.0, &a, k, &b, ldb, beta, &mut c, n)
-                    .expect("valid sgemm");
-                tune::MODE.store(0, Ordering::Relaxed);
+                tune::with_mode(mode, || {
+                    g.sgemm(false, false, m, n, k, 1.0, &a, k, &b, ldb, beta, &mut c, n)
+                })
+                .expect("valid sgemm");
                 c
             };
             for beta in [0.0f32, 1.0] {
@@ -1142,7 +1163,6 @@ mod tests {
     /// integers). m = 700 > MC, k = 1100 > KC: passes 4/3 deeper, a short last one, edge rows.
     #[test]
     fn deeper_passes_match_the_table_sizes() {
-        use std::sync::atomic::Ordering;
         let (m, n, k) = (700usize, 100usize, 1100usize);
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 5) as f32 - 2.0).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 3) as f32 - 1.0).collect();
@@ -1154,10 +1174,10 @@ mod tests {
         }
         let run = |mode: usize| {
             let mut c = vec![f32::NAN; m * n];
-            tune::MODE.store(mode, Ordering::Relaxed);
-            crate::sgemm(false, false, m, n, k, 1.0, &a, k, &b, n, 0.0, &mut c, n)
-                .expect("valid sgemm");
-            tune::MODE.store(0, Ordering::Relaxed);
+            tune::with_mode(mode, || {
+                crate::sgemm(false, false, m, n, k, 1.0, &a, k, &b, n, 0.0, &mut c, n)
+            })
+            .expect("valid sgemm");
             c
         };
         let (deep, table) = (run(0), run(5));

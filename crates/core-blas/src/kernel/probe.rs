@@ -211,15 +211,15 @@ fn probe_gemm_ab() {
     for r in 0..=reps {
         for (vi, &(v, md)) in variants.iter().enumerate() {
             VARIANT.store(v, Ordering::Relaxed);
-            tune::MODE.store(md, Ordering::Relaxed);
-            let secs = pool.install(|| {
-                let t = cpu_secs();
-                g.sgemm(false, false, m, n, k, 1.0, &a, k, &b, n, 0.0, &mut c, n)
-                    .unwrap();
-                cpu_secs() - t
+            let secs = tune::with_mode(md, || {
+                pool.install(|| {
+                    let t = cpu_secs();
+                    g.sgemm(false, false, m, n, k, 1.0, &a, k, &b, n, 0.0, &mut c, n)
+                        .unwrap();
+                    cpu_secs() - t
+                })
             });
             VARIANT.store(0, Ordering::Relaxed);
-            tune::MODE.store(0, Ordering::Relaxed);
             let p = crate::peak::fma_peak_gflops(crate::Isa::Avx2, 1, Duration::from_millis(30))
                 .unwrap();
             if r > 0 {
@@ -231,14 +231,14 @@ fn probe_gemm_ab() {
     let mut first: Option<Vec<f32>> = None;
     for &(v, md) in &variants {
         VARIANT.store(v, Ordering::Relaxed);
-        tune::MODE.store(md, Ordering::Relaxed);
         c.fill(f32::NAN);
-        pool.install(|| {
-            g.sgemm(false, false, m, n, k, 1.0, &a, k, &b, n, 0.0, &mut c, n)
-                .unwrap()
+        tune::with_mode(md, || {
+            pool.install(|| {
+                g.sgemm(false, false, m, n, k, 1.0, &a, k, &b, n, 0.0, &mut c, n)
+                    .unwrap()
+            })
         });
         VARIANT.store(0, Ordering::Relaxed);
-        tune::MODE.store(0, Ordering::Relaxed);
         match &first {
             None => first = Some(c.clone()),
             Some(f) => {
