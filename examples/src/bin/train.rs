@@ -5,8 +5,8 @@
 //! epoch. With `--json` the last line of stdout is one JSON object: `samples_per_sec` (steady
 //! state, warm-up steps excluded), `median_samples_per_sec` (the median step's rate, robust on a
 //! shared machine), `train_loss`, `test_accuracy`, `peak_rss_bytes`, `steps`,
-//! `epochs`, `world_size`, `threads`, `bind` and `worker_cpus` (each pool worker's allowed CPUs;
-//! `--bind` gives each its own).
+//! `epochs`, `world_size`, `threads`, `bind` and `worker_cpus` (each pool worker's allowed CPUs,
+//! null where unreadable; `--bind` gives each its own).
 //!
 //! ```text
 //! cargo run --release -p examples --bin train -- --epochs 10 --conv-algo convgemm \
@@ -292,10 +292,11 @@ fn main() -> ExitCode {
 
 fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let threads = rayon::current_num_threads();
-    // Each worker's CPUs (its affinity mask), so a run says whether and where its pool was bound.
-    let worker_cpus = rayon::broadcast(|_| core_blas::allowed_cpus())
+    // Each worker's CPUs (its affinity mask), so a run says whether and where its pool was bound
+    // (JSON null where the mask cannot be read; an unbound run does not need it).
+    let worker_cpus = rayon::broadcast(|_| core_blas::allowed_cpus().ok())
         .into_iter()
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Option<Vec<_>>>();
     let runtime = Runtime::init()?;
     let world = runtime.world();
     let (root, ranks) = (world.is_root(), world.size());
