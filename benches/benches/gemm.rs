@@ -22,7 +22,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use benches::{emit_record, flop_group};
+use benches::{emit_record, env_flag, flop_group, thread_pools_bound};
 use core_blas::{DenseStore, MatMut, MatRef, Store, Tile, Window};
 use criterion::{BenchmarkId, Criterion, Throughput};
 
@@ -213,15 +213,7 @@ fn main() {
     let summary_budget = Duration::from_millis(if quick { 300 } else { 1500 });
     let mut summary = Vec::new();
 
-    let bind = std::env::var("GEMM_BIND").is_ok_and(|v| v == "1");
-    for threads in [1usize, 2] {
-        let builder = rayon::ThreadPoolBuilder::new().num_threads(threads);
-        let builder = if bind {
-            core_blas::bind_workers(builder).expect("CPU affinity readable")
-        } else {
-            builder
-        };
-        let pool = builder.build().expect("pool");
+    for (threads, pool) in thread_pools_bound(env_flag("GEMM_BIND")) {
         let peak = core_blas::peak::fma_peak_gflops(isa, threads, peak_time).expect("peak");
         record(&format!("fma-peak-t{threads}"), "gflops", peak, "GFLOP/s");
         let mut group = criterion.benchmark_group(flop_group(&format!("gemm-t{threads}")));

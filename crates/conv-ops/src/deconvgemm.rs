@@ -443,11 +443,7 @@ pub(crate) fn backward_data_with(
         plan.block(grp, images, channels, None)
     };
     let items = g.groups() * parts;
-    if threads == 1 {
-        (0..items).try_for_each(run)
-    } else {
-        share_out(vec![(); items], |item, ()| run(item))
-    }
+    share_out(vec![(); items], |item, ()| run(item))
 }
 
 /// Pointwise layers: dx[n, group] = W_gᵀ · dy[n, group], a dense product per image and group

@@ -407,12 +407,9 @@ pub(crate) fn backward_data(g: &ConvGeometry, dy: &[f32], w: &[f32], dx: &mut [f
                         Ok(())
                     })
                 };
-                if threads == 1 || blocks == 1 {
-                    (0..blocks).try_for_each(run)
-                } else {
-                    // The threads leave together (see `crate::shares`).
-                    crate::shares::share_out(vec![(); blocks], |blk, ()| run(blk))
-                }
+                // The threads leave together (see `crate::shares`; one thread or one block:
+                // in order on this thread).
+                crate::shares::share_out(vec![(); blocks], |blk, ()| run(blk))
             })?;
         }
     }

@@ -1050,23 +1050,52 @@ mod tests {
 
     /// Small-integer operands of an m×n×k product (B with row stride `ldb`), a C to add to, and
     /// the naive C + A·B: exact in any summation order, so every path must match it bitwise.
-    fn int_operands(
-        m: usize,
-        n: usize,
-        k: usize,
-        ldb: usize,
-    ) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
-        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
-        let b: Vec<f32> = (0..k * ldb).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();
-        let c0: Vec<f32> = (0..m * n).map(|i| (i % 9) as f32).collect();
-        let mut want = c0.clone();
-        for i in 0..m {
-            for j in 0..n {
-                let dot: f32 = (0..k).map(|p| a[i * k + p] * b[p * ldb + j]).sum();
-                want[i * n + j] += dot;
+    struct IntProduct {
+        dims: (usize, usize, usize, usize),
+        a: Vec<f32>,
+        b: Vec<f32>,
+        c0: Vec<f32>,
+        want: Vec<f32>,
+    }
+
+    impl IntProduct {
+        fn new(m: usize, n: usize, k: usize, ldb: usize) -> Self {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
+            let b: Vec<f32> = (0..k * ldb).map(|i| ((i * 5) % 11) as f32 - 5.0).collect();
+            let c0: Vec<f32> = (0..m * n).map(|i| (i % 9) as f32).collect();
+            let mut want = c0.clone();
+            for i in 0..m {
+                for j in 0..n {
+                    let dot: f32 = (0..k).map(|p| a[i * k + p] * b[p * ldb + j]).sum();
+                    want[i * n + j] += dot;
+                }
+            }
+            Self {
+                dims: (m, n, k, ldb),
+                a,
+                b,
+                c0,
+                want,
             }
         }
-        (a, b, c0, want)
+
+        /// The product by `g` in driver mode `mode`: C + A·B with beta = 1, A·B over a C full
+        /// of NaN with beta = 0.
+        fn run(&self, g: &crate::Gemm, mode: usize, beta: f32) -> Vec<f32> {
+            let (m, n, k, ldb) = self.dims;
+            let mut c = if beta == 0.0 {
+                vec![f32::NAN; m * n]
+            } else {
+                self.c0.clone()
+            };
+            tune::with_mode(mode, || {
+                g.sgemm(
+                    false, false, m, n, k, 1.0, &self.a, k, &self.b, ldb, beta, &mut c, n,
+                )
+            })
+            .expect("valid sgemm");
+            c
+        }
     }
 
     /// A row-major B packed in the first tiles of its panels (the AVX-512 and AVX2 families; the
@@ -1089,19 +1118,10 @@ mod tests {
             (64, 150, 576, 152),
             (30, 180, 300, 181),
         ] {
-            let (a, b, c0, want) = int_operands(m, n, k, ldb);
-            let run = |mode: usize, beta: f32| {
-                let mut c = if beta == 0.0 {
-                    vec![f32::NAN; m * n]
-                } else {
-                    c0.clone()
-                };
-                tune::with_mode(mode, || {
-                    crate::sgemm(false, false, m, n, k, 1.0, &a, k, &b, ldb, beta, &mut c, n)
-                })
-                .expect("valid sgemm");
-                c
-            };
+            let p = IntProduct::new(m, n, k, ldb);
+            let g = crate::Gemm::global().expect("the process-wide kernel");
+            let run = |mode: usize, beta: f32| p.run(g, mode, beta);
+            let want = p.want.as_slice();
             for beta in [0.0f32, 1.0] {
                 let (fused, up_front) = (run(0, beta), run(4, beta));
                 assert_eq!(fused, up_front, "m {m} n {n} k {k} ldb {ldb} beta {beta}");
@@ -1130,19 +1150,9 @@ mod tests {
             (64, 1000, 576, 1024),
             (700, 200, 100, 200),
         ] {
-            let (a, b, c0, want) = int_operands(m, n, k, ldb);
-            let run = |mode: usize, beta: f32| {
-                let mut c = if beta == 0.0 {
-                    vec![f32::NAN; m * n]
-                } else {
-                    c0.clone()
-                };
-                tune::with_mode(mode, || {
-                    g.sgemm(false, false, m, n, k, 1.0, &a, k, &b, ldb, beta, &mut c, n)
-                })
-                .expect("valid sgemm");
-                c
-            };
+            let p = IntProduct::new(m, n, k, ldb);
+            let run = |mode: usize, beta: f32| p.run(&g, mode, beta);
+            let want = p.want.as_slice();
             for beta in [0.0f32, 1.0] {
                 let fused = run(0, beta);
                 assert_eq!(
