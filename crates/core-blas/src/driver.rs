@@ -298,6 +298,23 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
         .div_ceil(mr)
         .max(1)
         * mr;
+    // A dense row-major B is packed inside the first tile of each panel (or group of `PACK_GROUP` panels): only
+    // when the storage it hands over holds all k rows of n values (`PackB` is a safe trait, so a
+    // source that hands over less is packed by `pack_b`), and never for k = 0.
+    // (Groups are whole panels: `full` below and `macro_kernel` divide by the group.)
+    const {
+        assert!(
+            K::PACK_GROUP >= 1,
+            "a packing group holds at least one panel"
+        );
+        assert!(
+            K::PACK_PANELS == 1 || K::PACK_PANELS == K::PACK_GROUP,
+            "the first tile of each panel or of each group packs"
+        )
+    };
+    let fuse = b.row_major().filter(|&(data, ld)| {
+        K::PACKS_B && tune::fuse() && rows_inside(data.len(), ld, k, b.cols())
+    });
     let mut nc_max = bs.nc.div_ceil(nr) * nr;
     if m_len <= mc_max {
         // One A block only: the B block is not reused across ic, so keep it in L2 (the budget
@@ -305,6 +322,20 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
         // L2 and the micro-kernels read it from L2.
         let l2_cols = (bs.mc * kc_budget / kc_max / nr).max(1) * nr;
         nc_max = nc_max.min(l2_cols);
+        // With fused packing in groups of several panels (AVX2: 3), blocks of whole groups: a
+        // block's full panels past its last whole group are packed up front by `pack_b` (a
+        // copy pass with no FMAs to hide it, from rows prefetched in a burst of their own on
+        // the panel before the last), which the AVX2 family's 496-wide blocks paid once a block
+        // (31 panels, 10 groups). Session 38 (Zen 5), `CORE_BLAS_ISA=avx2 gemm_ratio 64 50176
+        // 576 1 11`, main / 480-wide blocks (with the one-panel ring below), alternating in
+        // both orders, quiet 08:45:31 and 08:49:45 UTC: `Vec` 87.0/89.7, 87.5/89.3, 85.4/88.0,
+        // 86.7/90.1, 86.6/89.6, 86.7/89.1, 86.0/89.3, 87.5/89.8%; 2 MiB pages 88.8/90.6,
+        // 88.3/89.5, 86.0/89.7, 88.9/89.7, 88.5/89.8, 88.1/89.8, 87.1/89.5, 88.4/89.8%
+        // (528-wide blocks, rounded up, level with 480); 256×3136×2304 level.
+        let gw = K::PACK_GROUP * nr;
+        if fuse.is_some() && K::PACK_GROUP > 1 && nc_max >= gw {
+            nc_max = nc_max / gw * gw;
+        }
     }
     // When B is packed up front, the next B block is prefetched (`PackB::prefetch_b`) only when
     // a block fits the L2 budget of the A block (the case just above): a larger one would evict
@@ -334,23 +365,6 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     } else {
         mc_max.min(m_pad) * kc_max
     };
-    // A dense row-major B is packed inside the first tile of each panel (or group of `PACK_GROUP` panels): only
-    // when the storage it hands over holds all k rows of n values (`PackB` is a safe trait, so a
-    // source that hands over less is packed by `pack_b`), and never for k = 0.
-    // (Groups are whole panels: `full` below and `macro_kernel` divide by the group.)
-    const {
-        assert!(
-            K::PACK_GROUP >= 1,
-            "a packing group holds at least one panel"
-        );
-        assert!(
-            K::PACK_PANELS == 1 || K::PACK_PANELS == K::PACK_GROUP,
-            "the first tile of each panel or of each group packs"
-        )
-    };
-    let fuse = b.row_major().filter(|&(data, ld)| {
-        K::PACKS_B && tune::fuse() && rows_inside(data.len(), ld, k, b.cols())
-    });
     // An im2col-like B ([`PackB::conv_panel`]) on a kernel that packs it in its k-loop: the
     // first tile of each full panel packs it (a panel the source does not describe is packed
     // by `pack_b` just before its tiles); only the partial last panel is packed up front.
@@ -772,8 +786,15 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
         // 85.4/86.6% (in process 84.7/86.2, 84.8/86.3%); 15:55:13: 256×3136×2304 avx2 `Vec`
         // 89.6/88.5, 87.0/89.5%, 2 MiB pages 76.8/79.8, 91.4/92.8%, avx512 `Vec` 92.3/92.6,
         // 93.0/94.1%, 2 MiB pages 96.3/96.3, 95.8/96.2%.
+        // A kernel whose first tiles pack one panel each (`PACK_PANELS == 1`, AVX2) packs each
+        // panel over the last one, whose lines its tiles have just read from L1, so the
+        // packing stores hit L1 instead of filling lines of a 3-panel ring from L2. Session 38
+        // (Zen 5), `CORE_BLAS_ISA=avx2 gemm_ratio 64 50176 576 1 11`, 3-panel / one-panel
+        // ring, alternating in both orders, quiet 08:26:03, 08:36:53 and 08:42:49 UTC: `Vec`
+        // 9 of 12 pairs up (e.g. 87.4/87.6, 86.1/86.7, 85.3/86.1%), 2 MiB pages 8 of 12 up,
+        // 1 level (e.g. 88.3/88.8, 87.5/88.3, 88.0/88.7%): median +0.3-0.4 points.
         let at = if ring && src.is_some() && jr < grouped {
-            jr % gw
+            jr % (K::PACK_PANELS * nr)
         } else {
             jr
         };
@@ -1136,8 +1157,10 @@ mod tests {
     /// The AVX2 family's fused packing (`Kernel::PACK_PANELS` = 1: each full panel of a 3-panel
     /// group packed by its own first tile) against B packed up front (mode 4), the groups at
     /// their place (mode 6) and the naive product: bitwise equal (small integers). Shapes: one
-    /// A block with many groups (the ring), panels past the last group, a partial last panel,
-    /// k % 4 != 0, two passes, several A blocks, beta 0 over NaN and beta 1.
+    /// A block with many groups (the one-panel ring), panels past the last group, a partial
+    /// last panel, k % 4 != 0, two passes, several A blocks, blocks of whole groups (480
+    /// columns) and a last block of a group, two panels and 5 columns, beta 0 over NaN and
+    /// beta 1.
     #[test]
     fn avx2_panels_packed_by_their_own_first_tiles() {
         let Ok(g) = crate::Gemm::new(crate::Isa::Avx2) else {
@@ -1149,6 +1172,7 @@ mod tests {
             (13, 16 * 7, 577, 16 * 7),
             (64, 1000, 576, 1024),
             (700, 200, 100, 200),
+            (64, 1045, 290, 1048),
         ] {
             let p = IntProduct::new(m, n, k, ldb);
             let run = |mode: usize, beta: f32| p.run(&g, mode, beta);
