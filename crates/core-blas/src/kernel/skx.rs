@@ -329,8 +329,38 @@ pub(crate) fn prefetch_c(c: *mut f32, rs_c: usize, cs_c: usize, m: usize, n: usi
     }
 }
 
-/// The rounds of 4 steps run after the C tile is prefetched (32 steps, ~400 cycles at peak).
+/// The rounds of 4 steps run after the C tile is prefetched when C is only written (`beta ==
+/// 0`): 32 steps.
 const C_PREFETCH_ROUNDS: usize = 8;
+
+/// The same when C is read (`beta != 0`, every pass of k after the first): 96 steps, ~1150
+/// cycles at Zen 5's full-rate 512-bit FMA (~270 ns at the ~4.2 GHz its peak implies), against
+/// the ~380 of 32 steps, which on Zen 5 is less than a C line's trip from DRAM (2048³'s C, 16
+/// MiB, does not stay in L3 beside the B block); the update's loads of C then stalled the
+/// tile's store (perf: ~5% of the kernel's samples on the store's `vaddps`/`vmovups`). With
+/// `beta == 0` the longer lead was level or worse (64×50176×576, `Vec` / 2 MiB pages, at 24
+/// rounds -0.6 / -0.8 points, at 48 -3.7 / -3.6), so it keeps 32 steps.
+/// Session 38 (PERFORMANCE.md), Zen 5, `ukr_ab` in process (rounds interleaved per repetition,
+/// medians of 11), quiet 08:43:21 (one count for both cases) and 08:46:47 (this split):
+/// 2048³ 8 / 16 / 24 rounds `Vec` 91.8 / 93.1 / 93.4%, 2 MiB pages 92.9 / 94.4 / 95.2%; split
+/// 24 / 8: `Vec` 90.0 → 92.7%, 2 MiB pages 93.5 → 95.4%; 256×3136×2304 (C in L3) 94.1 → 93.7,
+/// 94.9 → 94.5% (within its quartiles); 64×50176×576 (one pass, `beta == 0`) unchanged. Across
+/// binaries, `gemm_ratio M N K 1 9`, main / this in ABBA order twice, quiet 08:53:21: 2048³
+/// `Vec` 90.6/92.8, 92.1/93.5, 92.4/93.7, 92.5/94.0%, 2 MiB pages 92.5/95.7, 93.9/95.2,
+/// 92.7/95.1, 92.8/95.6%; 256×3136×2304 and 64×50176×576 level (`Vec` 93.2/92.8, 90.7/90.1,
+/// 92.0/93.1, 92.4/92.0%; 2 MiB pages 93.2/93.7, 93.9/93.3, 93.4/93.6, 93.4/93.2%).
+const C_PREFETCH_ROUNDS_UPDATE: usize = 24;
+
+/// The rounds of a k-loop run after the C prefetch: [`C_PREFETCH_ROUNDS_UPDATE`] when the tile
+/// reads C (`beta != 0`), else [`C_PREFETCH_ROUNDS`]; at most `rounds`.
+#[inline(always)]
+fn c_prefetch_tail(rounds: usize, beta: f32) -> usize {
+    rounds.min(if beta == 0.0 {
+        C_PREFETCH_ROUNDS
+    } else {
+        C_PREFETCH_ROUNDS_UPDATE
+    })
+}
 
 /// The k-loop's rounds in the row forms of variant `v` (0: rows 2, 5, 7 embedded; 2: rows 1, 3,
 /// 5, 7).
@@ -392,7 +422,7 @@ pub(crate) unsafe fn avx512_ukr_asm(
         let mut c24 = [_mm512_setzero_ps(); 24];
         let (mut ap, mut bp) = (a, b);
         let rounds = k / 4;
-        let tail = rounds.min(C_PREFETCH_ROUNDS);
+        let tail = c_prefetch_tail(rounds, beta);
         let head = rounds - tail;
         if head > 0 {
             kloop_variant!(v, head, ap, bp, c24);
@@ -441,7 +471,7 @@ pub(crate) unsafe fn avx512_ukr_asm_pf(
         let mut c24 = [_mm512_setzero_ps(); 24];
         let (mut ap, mut bp) = (a, b);
         let rounds = k / 4;
-        let tail = rounds.min(C_PREFETCH_ROUNDS);
+        let tail = c_prefetch_tail(rounds, beta);
         let head = rounds - tail;
         let mut done = 0;
         if head > 0 && pf.rows > 0 {
@@ -510,7 +540,7 @@ pub(crate) unsafe fn avx512_ukr_asm_pk(
         // within the caller's rows); wrapping, as a stride with k < 4 may be any value.
         let lb = ldb.wrapping_mul(4);
         let rounds = k / 4;
-        let tail = rounds.min(C_PREFETCH_ROUNDS);
+        let tail = c_prefetch_tail(rounds, beta);
         let head = rounds - tail;
         if head > 0 {
             kloop_pk!(head, ap, bp, sp, lb, c24);
@@ -547,7 +577,8 @@ mod tests {
 
     /// The kernel against a naive product (small integers: exact in any order), each row-form
     /// variant passed per call (the global [`UKR_VARIANT`] stays untouched, so the tests
-    /// running beside this one keep the default kernel): full and narrow tiles (n = 17..32), depths around the 4-step unroll and the C-prefetch split, alpha /
+    /// running beside this one keep the default kernel): full and narrow tiles (n = 17..32),
+    /// depths around the 4-step unroll and both C-prefetch splits (32 and 96 steps), alpha /
     /// beta cases (beta = 0 over NaN), unit and non-unit column strides of C, panels off any
     /// 64-byte boundary.
     #[test]
@@ -556,7 +587,7 @@ mod tests {
             return;
         }
         for k in [
-            0usize, 1, 3, 4, 5, 7, 8, 31, 32, 33, 35, 36, 37, 40, 64, 385,
+            0usize, 1, 3, 4, 5, 7, 8, 31, 32, 33, 35, 36, 37, 40, 64, 95, 96, 97, 99, 100, 385,
         ] {
             for (n, v) in [
                 (1usize, 0u8),
@@ -607,7 +638,7 @@ mod tests {
             return;
         }
         let src = vec![1.0f32; 64 * 1000];
-        for k in [0usize, 1, 4, 5, 33, 36, 37, 64, 385] {
+        for k in [0usize, 1, 4, 5, 33, 36, 37, 64, 96, 97, 100, 385] {
             for (rows, width, n) in [
                 (0usize, 48usize, 48usize),
                 (3, 48, 48),
@@ -652,15 +683,17 @@ mod tests {
 
     /// The packing kernel against the naive product, reading B from a row-major source with
     /// row stride 53 (off any 64-byte boundary), and its packed panel against the source rows:
-    /// depths around the 4-step unroll and the C-prefetch split, alpha / beta cases (beta = 0
-    /// over NaN), unit and non-unit column strides of C.
+    /// depths around the 4-step unroll and both C-prefetch splits (32 and 96 steps), alpha /
+    /// beta cases (beta = 0 over NaN), unit and non-unit column strides of C.
     #[test]
     fn asm_packing_tile_matches_naive() {
         if !is_x86_feature_detected!("avx512f") {
             return;
         }
         let ldb = 53;
-        for k in [0usize, 1, 3, 4, 5, 31, 32, 33, 36, 37, 64, 385] {
+        for k in [
+            0usize, 1, 3, 4, 5, 31, 32, 33, 36, 37, 64, 95, 96, 97, 100, 385,
+        ] {
             super::super::assert_tile_matches_naive(
                 (8, 48),
                 k,
