@@ -165,7 +165,16 @@ pub(crate) fn release_thread() -> usize {
         crate::bytes_of(&side)
             + side
                 .into_iter()
-                .map(|b| vec_bytes(b.src) + vec_bytes(b.a) + crate::bytes_of(&b.starts))
+                .map(|b| {
+                    crate::bytes_of(&b.pairs)
+                        + b.pairs
+                            .iter()
+                            .map(|(to, from)| crate::bytes_of(to) + crate::bytes_of(from))
+                            .sum::<usize>()
+                        + vec_bytes(b.src)
+                        + vec_bytes(b.a)
+                        + crate::bytes_of(&b.starts)
+                })
                 .sum::<usize>()
     })
 }
@@ -784,12 +793,9 @@ fn blocks(
     let threads = rayon::current_num_threads().max(1);
     let nb = nb.min(batch.div_ceil(threads)).max(1);
     let parallel = threads > 1 && batch > nb;
-    // The pairs of a full block; a shorter last block's are their first images' (pairs are
-    // image-major within a tap).
-    let full = pairs(&g.dims3(), nb, weights.backward);
-    let one = |(inp, out): (&[f32], &mut [f32])| -> Result<()> {
+    let one = |full: &[(Vec<u32>, Vec<u32>)], inp: &[f32], out: &mut [f32]| -> Result<()> {
         let count = inp.len() / (n_in * in_plane);
-        let pr = block_pairs(&full, count * out_plane);
+        let pr = block_pairs(full, count * out_plane);
         let mut bufs = BUFFERS.with_borrow_mut(std::mem::take);
         let result = (|| {
             to_rows(gemm, inp, count, n_in, in_plane, &mut bufs.src)?;
@@ -815,7 +821,7 @@ fn blocks(
     if parallel {
         side_by_side(
             gemm,
-            &full,
+            &g.dims3(),
             input,
             (n_in, in_plane),
             output,
@@ -825,10 +831,13 @@ fn blocks(
             nb,
         )
     } else {
+        // The pairs of a full block; a shorter last block's are their first images' (pairs
+        // are image-major within a tap).
+        let full = pairs(&g.dims3(), nb, weights.backward);
         input
             .chunks(ib)
             .zip(output.chunks_mut(ob))
-            .try_for_each(one)
+            .try_for_each(|(inp, out)| one(&full, inp, out))
     }
 }
 
@@ -844,10 +853,11 @@ fn block_pairs(full: &[(Vec<u32>, Vec<u32>)], rows: usize) -> Vec<(&[u32], &[u32
         .collect()
 }
 
-/// One block of images' copies for [`side_by_side`]: its position-major input, its taps' A
-/// ([`pack_taps`]) and where each tap's starts.
+/// One block of images' copies for [`side_by_side`]: its taps' pairs ([`pairs`]), its
+/// position-major input, its taps' A ([`pack_taps`]) and where each tap's starts.
 #[derive(Default)]
 struct SideBlock {
+    pairs: Vec<(Vec<u32>, Vec<u32>)>,
     src: Vec<f32>,
     a: Vec<f32>,
     starts: Vec<usize>,
@@ -858,9 +868,10 @@ thread_local! {
     static SIDE: RefCell<Vec<SideBlock>> = const { RefCell::new(Vec::new()) };
 }
 
-/// [`blocks`] on several threads, one block of `nb` images each (the last maybe shorter), the
-/// blocks' pairs those of `full` (a full block's): first each block's input copy and taps' A are
-/// made side by side; then each thread takes an even share of the output's full
+/// [`blocks`] on several threads, one block of `nb` images each (the last maybe shorter): first
+/// each block's pairs, input copy and taps' A are made side by side (the pairs inside the
+/// parallel step, not before it: a serial step before the fork lets the other worker fall
+/// asleep, see [`crate::shares`]); then each thread takes an even share of the output's full
 /// [`BLOCK_COLS`]-wide column blocks, makes each such block of B from w once and runs the taps'
 /// products of every block of images on it, and runs the columns left over (a partial block,
 /// or full ones that do not share out evenly) on its own block of images only; then it writes
@@ -871,7 +882,7 @@ thread_local! {
 #[allow(clippy::too_many_arguments)]
 fn side_by_side(
     gemm: &Gemm,
-    full: &[(Vec<u32>, Vec<u32>)],
+    d: &Dims3,
     input: &[f32],
     (n_in, in_plane): (usize, usize),
     output: &mut [f32],
@@ -883,9 +894,6 @@ fn side_by_side(
     let batch = input.len() / (n_in * in_plane).max(1);
     let parts = batch.div_ceil(nb.max(1));
     let count = |b: usize| nb.min(batch - b * nb);
-    let prs: Vec<Vec<(&[u32], &[u32])>> = (0..parts)
-        .map(|b| block_pairs(full, count(b) * out_plane))
-        .collect();
     let mut side = SIDE.with_borrow_mut(std::mem::take);
     side.resize_with(parts.max(side.len()), SideBlock::default);
     let result = (|| {
@@ -896,7 +904,8 @@ fn side_by_side(
             .zip(input.chunks(nb * n_in * in_plane))
             .collect();
         share_out(jobs, |b, (sb, inp)| -> Result<()> {
-            let pr = &prs[b];
+            sb.pairs = pairs(d, count(b), weights.backward);
+            let pr = block_pairs(&sb.pairs, count(b) * out_plane);
             to_rows(
                 gemm,
                 inp,
@@ -905,10 +914,15 @@ fn side_by_side(
                 in_plane,
                 &mut sb.src,
             )?;
-            pack_taps(gemm, &sb.src, n_in, pr, &mut sb.a, &mut sb.starts);
+            pack_taps(gemm, &sb.src, n_in, &pr, &mut sb.a, &mut sb.starts);
             Ok(())
         })?;
         let side = &side[..parts];
+        let prs: Vec<Vec<(&[u32], &[u32])>> = side
+            .iter()
+            .enumerate()
+            .map(|(b, sb)| block_pairs(&sb.pairs, count(b) * out_plane))
+            .collect();
         let per = n_out / BLOCK_COLS / parts;
         let (wc, shared) = (per * BLOCK_COLS, per * BLOCK_COLS * parts);
         let rest = n_out - shared;
