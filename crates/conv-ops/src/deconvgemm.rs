@@ -18,8 +18,9 @@
 //! reach past the kernel, in two rounds over 2·threads blocks of output lines (even blocks, then
 //! odd ones: two blocks of a round are one block apart, so their dx lines never meet; every
 //! thread keeps the whole M of the GEMM and no dy column is packed twice); otherwise by blocks
-//! of input channels (rows of C for different channels hit different planes of dx). Each block
-//! runs its own single-threaded GEMMs, all blocks of a round in parallel.
+//! of input channels, a few per thread, claimed in turn (rows of C for different channels hit
+//! different planes of dx). Each block runs its own single-threaded GEMMs, all blocks of a round
+//! in parallel.
 //!
 //! A pointwise layer (1×1 kernel, stride 1, no padding) has col2im = identity: dx of one image
 //! and group is the dense product W_gᵀ·dy, stored by the GEMM straight into dx.
@@ -50,6 +51,16 @@ impl PanelBlocking {
         floats: 64 * 1024,
     };
 }
+
+/// Parts of the input channels per thread when the blocks go by channels: each thread claims
+/// the next part when it ends one ([`share_out`]), so a thread slowed or started late by the
+/// host leaves the others a part's time apart, not half the call's (C3D 64@8×56², 1 image, 2
+/// threads: two halves of 32 channels ended 1-9 ms apart, session 37). Each part packs dy's
+/// columns for its own panels, as each channel block of a half already did: with 8 channels
+/// a part is one channel block (rows 8·27) where a half of 32 ran blocks of 10, 10, 10 and 2
+/// channels. `probe_passes --threads 2`, C3D, 12 rotations of 20-call runs (quiet 08:52:55 UTC):
+/// 2 parts 15.17 ms, 8 parts 15.01 (0.986, 10 of 12 faster), 16 parts 15.73 (1.039).
+const CHANNEL_PARTS: usize = 4;
 
 /// Along the innermost dimension, one kernel tap reaches the output positions `lo..hi` of a
 /// line (the others fall into the padding), starting at input position `first`.
@@ -375,9 +386,14 @@ pub(crate) fn backward_data_with(
     let (cg, batch) = (g.in_channels_per_group(), g.batch());
     let threads = rayon::current_num_threads().max(1);
     // Blocks that never share an element of dx: whole images when they divide evenly among
-    // the threads, otherwise whole channels (balanced by channel count).
+    // the threads, otherwise whole channels ([`CHANNEL_PARTS`] parts per thread, claimed in
+    // turn).
     let by_images = threads == 1 || batch % threads == 0 || (cg % threads != 0 && batch >= cg);
-    let parts = threads.min(if by_images { batch } else { cg });
+    let parts = if by_images {
+        threads.min(batch)
+    } else {
+        (CHANNEL_PARTS * threads).min(cg)
+    };
     // Else, on 1-2-D layers, two rounds over 2·threads blocks of output lines (the even blocks,
     // then the odd ones): blocks of one round are a block apart, so their dx lines never meet
     // when a block's lines reach past the kernel ((k − 1)·dil < (h + 1)·s along the lines'
@@ -550,6 +566,11 @@ mod tests {
                 .unwrap(),
             // One image, 3-D: blocks by channels on 2 and 3 threads (each zeroes its planes).
             ConvGeometry::new(1, 4, 3, &[4, 5, 6], &[3, 3, 3])
+                .unwrap()
+                .with_padding(&[1])
+                .unwrap(),
+            // By channels in uneven parts: 8 parts of 1-2 channels on 2 threads, 10 of 1 on 3.
+            ConvGeometry::new(1, 10, 3, &[3, 4, 5], &[3, 3, 3])
                 .unwrap()
                 .with_padding(&[1])
                 .unwrap(),
