@@ -44,7 +44,7 @@ const PAR_MIN_MNK_PER_THREAD: usize = 1 << 20;
 /// 96.9/96.8, 96.5/97.2, 95.1/94.7%, `Vec` 94.0/94.4, 94.2/94.6, 93.8/93.8, 95.7/95.2,
 /// 94.8/95.3, 95.6/95.4%); 2 threads level. Hence 12; shorter shares (not measured) keep the
 /// burst.
-const SPREAD_MIN_ROWS: usize = 12;
+pub(crate) const SPREAD_MIN_ROWS: usize = 12;
 
 /// Largest register tile (`MR · NR`) of any family: the size of the tile buffer for custom stores.
 const MAX_TILE: usize = 1024;
@@ -928,7 +928,7 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
                 let t = ir / mr;
                 let (r0, r1) = (kc2 * t / tiles, kc2 * (t + 1) / tiles);
                 match rm {
-                    Some((data, ld)) if r1 - r0 >= SPREAD_MIN_ROWS && pending.is_none() => {
+                    Some((data, ld)) if r1 - r0 >= K::SPREAD_MIN_ROWS && pending.is_none() => {
                         in_kernel = Some(RowPrefetch {
                             ptr: data.as_ptr().wrapping_add((pc2 + r0) * ld + j2),
                             ld,

@@ -161,6 +161,12 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
     /// to worse (2048³ 88.1/78.0, 81.4/81.8, 84.6/80.0, 75.6/76.5, 73.8/76.8, 83.6/78.9,
     /// 76.9/76.4%, quiet 02:00-02:01), so it keeps the table.
     const DEEPER_PASSES: bool = false;
+    /// A normal tile's share of the fused panel prefetch (rows of a row-major B) goes to
+    /// [`Kernel::run_prefetching`] from this many rows on; shorter shares are issued in one burst
+    /// right before the tile. The default is the driver's `SPREAD_MIN_ROWS` (12, measured on
+    /// the AVX-512 family); a family whose `run_prefetching` spreads the rows over its k-loop
+    /// may lower it.
+    const SPREAD_MIN_ROWS: usize = crate::driver::SPREAD_MIN_ROWS;
 
     /// The kernel if the running CPU supports it.
     fn new() -> Option<Self>;
@@ -218,9 +224,9 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
     }
 
     /// [`Kernel::run`] that also prefetches `pf` (rows of a row-major B source toward L2). The
-    /// default issues the prefetches up front, then runs; the AVX-512 family spreads them over
-    /// its k-loop (one row every few rounds), so that a long list does not arrive as one burst
-    /// of misses that stalls the tile's own loads.
+    /// default issues the prefetches up front, then runs; the AVX-512 and AVX2 families spread
+    /// them over their k-loops (one row every few rounds), so that a long list does not arrive
+    /// as one burst of misses that stalls the tile's own loads.
     ///
     /// # Safety
     /// As [`Kernel::run`] (prefetches never fault: `pf` may point anywhere).

@@ -208,6 +208,18 @@ const AVX2_PACK_GROUP: usize = 3;
 /// 88.9/89.3%, 2 MiB pages 92.5/92.5, 89.3/89.8%; 2048³ 93.2/91.4, 88.5/91.2%.
 const AVX2_PACK_PANELS: usize = 1;
 
+/// A normal `avx2-f32-6x16` tile hands its share of the fused panel prefetch to
+/// [`avx2_ukr_asm_pf`] from one row on ([`Kernel::SPREAD_MIN_ROWS`]; 8-9 rows a tile on
+/// 64×50176×576, 26 before the next block), which spreads it over its k-loop instead of a burst
+/// before the tile. On the Zen 4 guest of sessions 18-37 this lost 3-5 points on `Vec` operands
+/// (session 32: a prefetch that missed the TLB inside the k-loop stalled it); on session 38's
+/// Zen 5 (family 26 model 2), `CORE_BLAS_ISA=avx2 gemm_ratio M N K 1 11`, bursts / spread,
+/// alternating in both orders, quiet 09:04:43 UTC: 64×50176×576 `Vec` 87.5/90.5, 88.4/91.0,
+/// 88.4/91.6, 88.5/88.2%, 2 MiB pages 88.8/89.9, 89.0/91.8, 88.7/90.5, 88.7/91.4%;
+/// 256×3136×2304 (09:06:59) `Vec` 95.8/95.7, 95.2/95.9%, 2 MiB pages 96.0/96.9, 96.2/96.4%;
+/// 2048³ 95.4/95.4, 95.8/95.9%.
+const AVX2_SPREAD_MIN_ROWS: usize = 1;
+
 /// `avx2-f32-6x16`: 12 accumulators + 2 B vectors + 1 broadcast of the 16 ymm registers.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Avx2(());
@@ -404,6 +416,115 @@ unsafe fn avx2_ukr_asm(
             );
         }
         // Row r of the tile is accumulators 2r, 2r + 1: the layout of `[[__m256; 2]; 6]`.
+        let mut acc: [[__m256; 2]; 6] = core::mem::transmute(c12);
+        for _ in 0..k % 4 {
+            super::step::<V256, 6, 2>(&mut acc, ap, bp);
+            ap = ap.add(6);
+            bp = bp.add(16);
+        }
+        super::store_acc::<V256, 6, 2>(&acc, alpha, beta, c, rs_c, cs_c, m, n);
+    }
+}
+
+/// [`avx2_ukr_asm`] that also prefetches `pf` ([`Kernel::run_prefetching`]): one source row
+/// (`prefetcht2` of its lines `0, 64, 128` bytes and its last byte, as [`super::RowPrefetch::issue`])
+/// at the head of rounds 1, 1 + per, … of the k-loop (`per = ceil(rounds / rows)`), the rows
+/// left over (`rows > rounds`) after it; no k-loop rounds or no rows: the burst, then
+/// [`avx2_ukr_asm`].
+///
+/// # Safety
+/// As [`avx2_ukr_asm`]; `1 <= pf.width <= 48` (a row is at most 4 cache lines).
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn avx2_ukr_asm_pf(
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    b: *const f32,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+    cs_c: usize,
+    m: usize,
+    n: usize,
+    pf: super::RowPrefetch,
+) {
+    debug_assert!(m == AVX2_MR && n <= 16 && (1..=48).contains(&pf.width));
+    let rounds = k / 4;
+    if rounds == 0 || pf.rows == 0 {
+        pf.issue();
+        // SAFETY: the caller's contract is `avx2_ukr_asm`'s.
+        unsafe { avx2_ukr_asm(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) };
+        return;
+    }
+    // SAFETY: avx2+fma per the caller. The asm reads 4 · rounds <= k steps of the panels (6 and
+    // 16 values per step, unaligned loads), writes only the registers it declares, touches no
+    // stack; prefetches never fault (any address); the C window is the caller's.
+    unsafe {
+        super::prefetch_tile::<V256>(c, rs_c, m, n);
+        let mut c12 = [_mm256_setzero_ps(); 12];
+        let (mut ap, mut bp) = (a, b);
+        let per = rounds.div_ceil(pf.rows);
+        // Rounds 1, 1 + per, … <= rounds prefetch one row each.
+        let done = rounds.div_ceil(per);
+        // Byte offsets: the row stride, the row's last byte (wrapping: only an address).
+        let (l, e) = (pf.ld.wrapping_mul(4), pf.width * 4 - 1);
+        core::arch::asm!(
+            "mov {q}, 1",
+            ".p2align 5",
+            "2:",
+            "dec {q}",
+            "jnz 3f",
+            "prefetcht2 byte ptr [{p}]",
+            "prefetcht2 byte ptr [{p} + 64]",
+            "prefetcht2 byte ptr [{p} + 128]",
+            "prefetcht2 byte ptr [{p} + {e}]",
+            "add {p}, {l}",
+            "mov {q}, {per}",
+            "3:",
+            hsw_step!(0),
+            hsw_step!(1),
+            hsw_step!(2),
+            hsw_step!(3),
+            "prefetcht0 byte ptr [{b} + 1024]",
+            "add {a}, 96",
+            "add {b}, 256",
+            "dec {n}",
+            "jnz 2b",
+            n = inout(reg) rounds => _,
+            a = inout(reg) ap,
+            b = inout(reg) bp,
+            p = inout(reg) pf.ptr => _,
+            q = out(reg) _,
+            l = in(reg) l,
+            e = in(reg) e,
+            per = in(reg) per,
+            inout("ymm4") c12[0],
+            inout("ymm5") c12[1],
+            inout("ymm6") c12[2],
+            inout("ymm7") c12[3],
+            inout("ymm8") c12[4],
+            inout("ymm9") c12[5],
+            inout("ymm10") c12[6],
+            inout("ymm11") c12[7],
+            inout("ymm12") c12[8],
+            inout("ymm13") c12[9],
+            inout("ymm14") c12[10],
+            inout("ymm15") c12[11],
+            out("ymm0") _,
+            out("ymm1") _,
+            out("ymm2") _,
+            out("ymm3") _,
+            options(nostack, readonly),
+        );
+        if pf.rows > done {
+            super::RowPrefetch {
+                ptr: pf.ptr.wrapping_add(done * pf.ld),
+                rows: pf.rows - done,
+                ..pf
+            }
+            .issue();
+        }
         let mut acc: [[__m256; 2]; 6] = core::mem::transmute(c12);
         for _ in 0..k % 4 {
             super::step::<V256, 6, 2>(&mut acc, ap, bp);
@@ -617,6 +738,7 @@ impl Kernel for Avx2 {
     const PACKS_B: bool = true;
     const PACK_GROUP: usize = AVX2_PACK_GROUP;
     const PACK_PANELS: usize = AVX2_PACK_PANELS;
+    const SPREAD_MIN_ROWS: usize = AVX2_SPREAD_MIN_ROWS;
 
     fn new() -> Option<Self> {
         (is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")).then_some(Self(()))
@@ -688,6 +810,37 @@ impl Kernel for Avx2 {
                 4 => avx2_edge::<4>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n),
                 5 => avx2_edge::<5>(k, alpha, a, b, beta, c, rs_c, cs_c, m, n),
                 _ => avx2_ukr(k, alpha, a, b, beta, c, rs_c, cs_c, m, n),
+            }
+        }
+    }
+
+    #[inline]
+    unsafe fn run_prefetching(
+        self,
+        k: usize,
+        alpha: f32,
+        a: *const f32,
+        b: *const f32,
+        beta: f32,
+        c: *mut f32,
+        rs_c: usize,
+        cs_c: usize,
+        m: usize,
+        n: usize,
+        pf: super::RowPrefetch,
+    ) {
+        // SAFETY: holding `Avx2` proves avx2+fma; memory per `run`'s contract (the full tile
+        // as in `run`); prefetches never fault.
+        unsafe {
+            if m == AVX2_MR
+                && n > 8
+                && (1..=48).contains(&pf.width)
+                && super::skx::UKR_VARIANT.load(std::sync::atomic::Ordering::Relaxed) != 1
+            {
+                avx2_ukr_asm_pf(k, alpha, a, b, beta, c, rs_c, cs_c, m, n, pf);
+            } else {
+                pf.issue();
+                self.run(k, alpha, a, b, beta, c, rs_c, cs_c, m, n);
             }
         }
     }
@@ -1336,6 +1489,59 @@ super::offset::offset_kernel!(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`avx2_ukr_asm_pf`] against the naive product: the prefetches change nothing (no rows,
+    /// fewer rows than the k-loop's rounds, more, widths 1 and 48), depths around the 4-step
+    /// unroll, alpha / beta cases (beta = 0 over NaN), unit and non-unit column strides of C.
+    #[test]
+    fn avx2_asm_prefetching_tile_matches_naive() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            return;
+        }
+        let src = vec![1.0f32; 64 * 1000];
+        for k in [0usize, 1, 3, 4, 5, 33, 36, 37, 64, 290] {
+            for (rows, width, n) in [
+                (0usize, 48usize, 16usize),
+                (3, 48, 16),
+                (9, 48, 16),
+                (40, 1, 15),
+                (500, 48, 9),
+            ] {
+                let pf = crate::kernel::RowPrefetch {
+                    ptr: src.as_ptr(),
+                    ld: 61,
+                    rows,
+                    width,
+                };
+                super::super::assert_tile_matches_naive(
+                    (6, 16),
+                    k,
+                    n,
+                    20,
+                    &format!("rows {rows} width {width} "),
+                    |ap, bp, alpha, beta, c, rs, cs| {
+                        // SAFETY: avx2+fma checked above; k steps of 6 / 16 values behind ap /
+                        // bp; the 6 × n window with strides (rs, cs) lies inside `c`; width <= 48.
+                        unsafe {
+                            avx2_ukr_asm_pf(
+                                k,
+                                alpha,
+                                ap.as_ptr(),
+                                bp.as_ptr(),
+                                beta,
+                                c.as_mut_ptr(),
+                                rs,
+                                cs,
+                                6,
+                                n,
+                                pf,
+                            )
+                        };
+                    },
+                );
+            }
+        }
+    }
 
     /// [`avx2_ukr_asm_pk`] (groups of 1, 2, 3 panels) against the naive product, reading B from a
     /// row-major source with row stride 53 (off any 32-byte boundary), and its packed panels
