@@ -337,7 +337,7 @@ const C_PREFETCH_ROUNDS: usize = 8;
 /// cycles at Zen 5's full-rate 512-bit FMA (~270 ns at the ~4.2 GHz its peak implies), against
 /// the ~380 of 32 steps, which on Zen 5 is less than a C line's trip from DRAM (2048³'s C, 16
 /// MiB, does not stay in L3 beside the B block); the update's loads of C then stalled the
-/// tile's store (perf: ~5% of the kernel's samples on the store's `vaddps`/`vmovups`). With
+/// tile's store (perf: ~4% of the kernel's samples on the store's `vaddps`/`vmovups`). With
 /// `beta == 0` the longer lead was level or worse (64×50176×576, `Vec` / 2 MiB pages, at 24
 /// rounds -0.6 / -0.8 points, at 48 -3.7 / -3.6), so it keeps 32 steps.
 /// Session 38 (PERFORMANCE.md), Zen 5, `ukr_ab` in process (rounds interleaved per repetition,
