@@ -375,7 +375,11 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
         && (sink.direct.is_some() || sink.store.windows_everywhere())
         && tune::fuse()
         && b.conv_fusable(nr);
-    let mut conv_bufs = ConvBufs::default();
+    // The resolved panels of earlier products on this thread (put back at the end).
+    let mut conv_bufs = ConvBufs {
+        panel: ConvPanel::default(),
+        rows: std::mem::take(&mut ws.conv),
+    };
     let ac = ws.a.get(a_len);
 
     // A single A block packed once over a row-major B and a dense C whose rows start off a
@@ -592,6 +596,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
         a_packed = true;
         current = upcoming.or_else(other);
     }
+    ws.conv = conv_bufs.rows;
 }
 
 /// Scratch of the fused im2col packing: the source's panel description and its rows

@@ -480,11 +480,14 @@ fn pack_lines<const R: usize>(
     }
 }
 
-/// Per-thread packing buffers: `Ac` (A block, L2-sized) and `Bc` (B block, L3-sized).
+/// Per-thread packing buffers: `Ac` (A block, L2-sized) and `Bc` (B block, L3-sized), and the
+/// fused im2col packing's resolved panels (kept across products: the panels of a batch's
+/// images repeat but for their bases).
 #[derive(Default)]
 pub(crate) struct Workspace {
     pub(crate) a: crate::AlignedVec,
     pub(crate) b: crate::AlignedVec,
+    pub(crate) conv: crate::kernel::convpack::ConvRows,
 }
 
 thread_local! {

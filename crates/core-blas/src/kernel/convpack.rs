@@ -265,18 +265,38 @@ pub(crate) struct ConvRows {
     pub(crate) strided: bool,
     /// Bytes from one period of rows to the next.
     pub(crate) step: isize,
-    /// The last panel resolved, without its base, when it resolved.
-    memo: Option<Memo>,
+    /// The panels resolved before, without their bases (at most [`MEMOS`]; kept across
+    /// products when the caller keeps this value, as the driver's per-thread workspace does).
+    memos: Vec<Memo>,
+    /// The memo whose rows `rows` / `rows2` hold (offsets at the last base resolved).
+    last: Option<usize>,
+    /// The memo a new panel replaces once there are [`MEMOS`].
+    next: usize,
 }
 
-/// What [`ConvRows::resolve`] keeps of the last panel it resolved: the panel's description
-/// (all but its base) and block, each row's element offset without the base, and the lowest
-/// and highest offset (without the base) any row of the block reads. A panel that differs
-/// only by its base (every full panel of a block of a 3×3 or 3×3×3 kernel's backward-filter
-/// B, whose panels are the same taps over other input lines) then needs only its base added
-/// and two bounds checked, not every row resolved again.
+/// How many panel descriptions [`ConvRows`] keeps. The stride-2 forward of ResNet-50's
+/// 128@56² layer resolves 16 full panels an image in each of 3 passes: 7 column phases (a
+/// 48-wide panel moves 48 of 28-wide output lines) and the image's first line's panel, a
+/// different first row per pass, so ~24 descriptions repeat over every image.
+const MEMOS: usize = 64;
+
+/// What [`ConvRows::resolve`] keeps of a panel it resolved: the panel's description (all but
+/// its base) and block (with a hash of them, compared first), its rows' masks, each row's
+/// element offset without the base, and the lowest and highest offset (without the base) any
+/// row of the block reads. A panel that differs only by its base (the same taps over other
+/// input lines: every full panel of a block of a 3×3 or 3×3×3 kernel's backward-filter B;
+/// the forward's panels of the same column phase in every image) then needs only its base
+/// added and two bounds checked, not every row resolved again.
 #[derive(Clone, Debug)]
 struct Memo {
+    hash: u64,
+    /// Whether the rows are [`ConvRow2`]s (`rows2`).
+    strided: bool,
+    /// Bytes from one period of rows to the next.
+    bstep: isize,
+    /// One period of rows, their offsets unset (`strided`: `rows2`).
+    rows: Vec<ConvRow>,
+    rows2: Vec<ConvRow2>,
     taps: Vec<Chunk>,
     period: usize,
     first: usize,
@@ -298,25 +318,66 @@ impl ConvRows {
     /// (`off1` of chunk `q` = the row's offset + 16·q: im2col rows of stride-1 layers whose
     /// output lines read consecutive input), and every lane read lies inside `0..len`.
     pub(crate) fn resolve(&mut self, p: &ConvPanel, len: usize, kc: usize, nch: usize) -> bool {
-        let hit = self.memo.as_ref().is_some_and(|m| {
-            m.period == p.period
+        let hash = memo_hash(p, kc, nch);
+        let same = |m: &Memo| {
+            m.hash == hash
+                && m.period == p.period
                 && m.first == p.first
                 && m.step == p.step
                 && m.kc == kc
                 && m.nch == nch
                 && m.taps == p.taps
-        });
-        if !hit {
-            self.memo = self.describe(p, kc, nch);
-            self.strided = false;
-            if self.memo.is_none() && (1..=3).contains(&nch) && period_ok(p, kc, nch) {
-                self.memo = self.describe2(p, kc, nch);
-                self.strided = self.memo.is_some();
-            }
-        }
-        let Some(m) = &self.memo else {
-            return false;
         };
+        let found = match self.last {
+            Some(i) if same(&self.memos[i]) => Some(i),
+            _ => self.memos.iter().position(same),
+        };
+        let i = match found {
+            Some(i) => {
+                if self.last != Some(i) {
+                    let m = &self.memos[i];
+                    self.strided = m.strided;
+                    self.step = m.bstep;
+                    if m.strided {
+                        self.rows2.clone_from(&m.rows2);
+                    } else {
+                        self.rows.clone_from(&m.rows);
+                    }
+                }
+                i
+            }
+            None => {
+                self.last = None;
+                let mut memo = self.describe(p, kc, nch);
+                self.strided = false;
+                if memo.is_none() && (1..=3).contains(&nch) && period_ok(p, kc, nch) {
+                    memo = self.describe2(p, kc, nch);
+                    self.strided = memo.is_some();
+                }
+                let Some(mut m) = memo else {
+                    return false;
+                };
+                m.hash = hash;
+                m.strided = self.strided;
+                m.bstep = self.step;
+                if m.strided {
+                    m.rows2.clone_from(&self.rows2);
+                } else {
+                    m.rows.clone_from(&self.rows);
+                }
+                if self.memos.len() < MEMOS {
+                    self.memos.push(m);
+                    self.memos.len() - 1
+                } else {
+                    let i = self.next;
+                    self.next = (i + 1) % MEMOS;
+                    self.memos[i] = m;
+                    i
+                }
+            }
+        };
+        self.last = Some(i);
+        let m = &self.memos[i];
         let Ok(len) = isize::try_from(len) else {
             return false;
         };
@@ -429,6 +490,11 @@ impl ConvRows {
         }
         self.step = p.step.checked_mul(4)?;
         Some(Memo {
+            hash: 0,
+            strided: false,
+            bstep: 0,
+            rows: Vec::new(),
+            rows2: Vec::new(),
             taps: p.taps.clone(),
             period,
             first,
@@ -511,6 +577,11 @@ impl ConvRows {
         }
         self.step = p.step.checked_mul(4)?;
         Some(Memo {
+            hash: 0,
+            strided: false,
+            bstep: 0,
+            rows: Vec::new(),
+            rows2: Vec::new(),
             taps: p.taps.clone(),
             period,
             first,
@@ -522,6 +593,22 @@ impl ConvRows {
             reads,
         })
     }
+}
+
+/// A hash of `p` without its base, for a block of `kc` rows and panels of `nch` chunks: its
+/// shape and each tap's first chunk (the key of a [`Memo`], compared before the description
+/// itself, so a collision only costs that comparison).
+fn memo_hash(p: &ConvPanel, kc: usize, nch: usize) -> u64 {
+    let mix = |h: u64, v: u64| (h.rotate_left(5) ^ v).wrapping_mul(0x517c_c1b7_2722_0a95);
+    let h = [p.period, p.first, kc, nch, p.taps.len()]
+        .into_iter()
+        .fold(p.step as u64, |h, v| mix(h, v as u64));
+    p.taps.iter().step_by(nch.max(1)).fold(h, |h, c| match *c {
+        Chunk::Lines { m1, m2, off1, .. } => {
+            mix(h, (off1 as u64) << 32 ^ u64::from(m1) << 16 ^ u64::from(m2))
+        }
+        Chunk::Gather { mask, at } => mix(h, 1 << 63 | u64::from(mask) << 32 | u64::from(at)),
+    })
 }
 
 /// The shape checks of [`ConvRows::describe`]: a period of `nch` chunks per tap, the first row
@@ -2175,6 +2262,98 @@ mod tests {
             q.taps[4] = bad;
             assert!(!r.resolve(&q, 10_000, 3, 3));
         }
+    }
+
+    /// [`ConvRows::resolve`] with its memos: random step-1 and step-2 panels (more distinct
+    /// ones than [`MEMOS`], so that memos are replaced), resolved in a random order at random
+    /// bases by one `ConvRows`, give what a fresh one gives (success, form, step, every row's
+    /// offsets and masks); so do two panels with the same hash (their taps differ past each
+    /// tap's first chunk only).
+    #[test]
+    fn conv_rows_memos_resolve_as_fresh() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(38);
+        let nch = 3;
+        let mut panels: Vec<(ConvPanel, usize)> = (0..MEMOS + 9)
+            .map(|i| {
+                let period = rng.random_range(1..=9);
+                let taps = (0..period * nch)
+                    .map(|j| {
+                        let m1: u16 = rng.random();
+                        if i % 2 == 0 {
+                            let m2 = rng.random::<u16>() & !m1;
+                            Chunk::Lines {
+                                step: 2,
+                                m1,
+                                m2,
+                                off1: rng.random_range(-40i64..200) as isize,
+                                off2: rng.random_range(-40i64..200) as isize,
+                            }
+                        } else {
+                            Chunk::Lines {
+                                step: 1,
+                                m1,
+                                m2: 0,
+                                off1: 16 * (j % nch) as isize + (j / nch) as isize * 7 - 5,
+                                off2: 0,
+                            }
+                        }
+                    })
+                    .collect();
+                let p = ConvPanel {
+                    taps,
+                    period,
+                    first: rng.random_range(0..period),
+                    base: 0,
+                    step: rng.random_range(0i64..400) as isize,
+                };
+                (p, rng.random_range(1..30))
+            })
+            .collect();
+        // Same hash as panel 0 (each tap's first chunk unchanged), other taps.
+        let mut twin = panels[0].clone();
+        if let Chunk::Lines { m1, .. } = &mut twin.0.taps[1] {
+            *m1 ^= 0x0ff0;
+        }
+        assert_eq!(
+            memo_hash(&twin.0, twin.1, nch),
+            memo_hash(&panels[0].0, panels[0].1, nch)
+        );
+        panels.push(twin);
+        let mut r = ConvRows::default();
+        for _ in 0..2000 {
+            let i = if rng.random_bool(0.3) {
+                [0, panels.len() - 1][rng.random_range(0..2)]
+            } else {
+                rng.random_range(0..panels.len())
+            };
+            let (p, kc) = &mut panels[i];
+            p.base = rng.random_range(-50i64..2000) as isize;
+            let len = rng.random_range(1000..12_000);
+            let mut fresh = ConvRows::default();
+            let want = fresh.resolve(p, len, *kc, nch);
+            assert_eq!(r.resolve(p, len, *kc, nch), want, "panel {i}");
+            if !want {
+                continue;
+            }
+            assert_eq!(
+                (r.strided, r.step),
+                (fresh.strided, fresh.step),
+                "panel {i}"
+            );
+            if r.strided {
+                assert_eq!(r.rows2.len(), fresh.rows2.len());
+                for (a, b) in r.rows2.iter().zip(&fresh.rows2) {
+                    assert_eq!((a.off, a.m, a.pf), (b.off, b.m, b.pf), "panel {i}");
+                }
+            } else {
+                assert_eq!(r.rows.len(), fresh.rows.len());
+                for (a, b) in r.rows.iter().zip(&fresh.rows) {
+                    assert_eq!((a.off, a.m), (b.off, b.m), "panel {i}");
+                }
+            }
+        }
+        assert_eq!(r.memos.len(), MEMOS);
     }
 
     /// [`ConvRows::resolve`]: one period of rows from the panel's first row, byte offsets,
