@@ -173,6 +173,8 @@ macro_rules! conv_chunk2 {
             "mov {o}, qword ptr [{t} + 16*",
             $q,
             "]\n",
+            "prefetcht0 [{s2} + {o}]\n",
+            "prefetcht0 [{s2} + {o} + 64]\n",
             "cmp {p:e}, -1\n",
             "jne 5",
             $q,
@@ -240,8 +242,15 @@ macro_rules! conv_chunk2 {
 
 /// [`conv_loop`] for step-2 rows ([`ConvRow2`], 80 bytes): the
 /// row's two prefetch lines, its three chunks by [`conv_chunk2`], then the 8 rows of A.
+/// Each chunk also hints its piece-1 window's two lines one period ahead (`{s2}`: the next
+/// channel plane, the row of the same tap 9 rows on) into L1 with `prefetcht0`: on Zen 5
+/// (whose 512-bit FMAs halve the tile's k-loop time) knock-outs put ~2 points of the stride-2
+/// forward's gap to its bound in the window loads missing L1 (session 38). A/B paired
+/// stride-2 probe, 60 pairs, without / with, quiet 09:40:31 UTC: t1 pair medians 0.926/0.928,
+/// 0.923/0.925, 0.916/0.931, 0.917/0.929, 0.916/0.927, 0.908/0.924 (pass 6 of 6 faster); t2
+/// 0.934/0.937, 0.930/0.938; 09:45:06: 0.918/0.921, 0.923/0.925, 0.920/0.924, 0.921/0.921.
 macro_rules! conv_loop2 {
-    ($n:expr, $a:expr, $b:expr, $s:expr, $t:expr, $cnt:expr, $tab:expr, $per:expr, $stp:expr, $idx:expr, $c:expr) => {
+    ($n:expr, $a:expr, $b:expr, $s:expr, $s2:expr, $t:expr, $cnt:expr, $tab:expr, $per:expr, $stp:expr, $idx:expr, $c:expr) => {
         asm!(
             ".p2align 5",
             "2:",
@@ -268,6 +277,7 @@ macro_rules! conv_loop2 {
             "mov {t}, {tab}",
             "mov {cnt}, {per}",
             "add {s}, {stp}",
+            "add {s2}, {stp}",
             "3:",
             "dec {n}",
             "jnz 2b",
@@ -275,6 +285,7 @@ macro_rules! conv_loop2 {
             a = inout(reg) $a,
             b = inout(reg) $b,
             s = inout(reg) $s,
+            s2 = inout(reg) $s2,
             t = inout(reg) $t,
             cnt = inout(reg) $cnt,
             tab = in(reg) $tab,
@@ -433,16 +444,18 @@ pub(crate) unsafe fn avx512_ukr_conv2_asm(
         let idx = _mm512_castsi512_ps(idx);
         let mut c24 = [_mm512_setzero_ps(); 24];
         let (mut ap, mut bp, mut sp, mut tp, mut cnt) = (a, bdst, src, rows, period);
+        // The next period's source (prefetched a period ahead; prefetches never fault).
+        let mut s2 = src.wrapping_byte_offset(step);
         let tail = k.min(C_PREFETCH_ROWS);
         let head = k - tail;
         if head > 0 {
-            conv_loop2!(head, ap, bp, sp, tp, cnt, rows, period, step, idx, c24);
+            conv_loop2!(head, ap, bp, sp, s2, tp, cnt, rows, period, step, idx, c24);
         }
         super::skx::prefetch_c(c, rs_c, cs_c, m, n);
         if tail > 0 {
-            conv_loop2!(tail, ap, bp, sp, tp, cnt, rows, period, step, idx, c24);
+            conv_loop2!(tail, ap, bp, sp, s2, tp, cnt, rows, period, step, idx, c24);
         }
-        let _ = (ap, bp, sp, tp, cnt);
+        let _ = (ap, bp, sp, s2, tp, cnt);
         let acc: [[__m512; 3]; 8] = core::mem::transmute(c24);
         super::store_acc::<V512, 8, 3>(&acc, alpha, beta, c, rs_c, cs_c, m, n);
     }
