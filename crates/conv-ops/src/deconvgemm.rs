@@ -58,8 +58,9 @@ impl PanelBlocking {
 /// threads: two halves of 32 channels ended 1-9 ms apart, session 37). Each part packs dy's
 /// columns for its own panels, as each channel block of a half already did: with 8 channels
 /// a part is one channel block (rows 8·27) where a half of 32 ran blocks of 10, 10, 10 and 2
-/// channels. `probe_passes --threads 2`, C3D, 12 rotations of 20-call runs (quiet 08:52:55 UTC):
-/// 2 parts 15.17 ms, 8 parts 15.01 (0.986, 10 of 12 faster), 16 parts 15.73 (1.039).
+/// channels. `probe_passes --threads 2`, C3D, 12 rotations of 20-call runs (quiet 08:52:55 UTC),
+/// parts in all on 2 threads: 2 (one a thread, as before) 15.17 ms, 8 (this) 15.01 (0.986, 10 of
+/// 12 faster), 16 15.73 (1.039).
 const CHANNEL_PARTS: usize = 4;
 
 /// Along the innermost dimension, one kernel tap reaches the output positions `lo..hi` of a

@@ -31,8 +31,9 @@ pub(crate) const WAIT_MAX: Duration = Duration::from_millis(2);
 /// threads, at most one thread per item: each thread claims the next unclaimed item from a
 /// shared counter, so a late thread's items are run by the others; a thread that finds none left
 /// waits (yielding, at most [`WAIT_MAX`]) until every claimed item is done. On one thread (or
-/// one item) the items run in order on the caller. The first error is returned (items claimed
-/// after it still run).
+/// one item) the items run in order on the caller. The first error is returned: the thread that
+/// met it runs none of the items it claims after it (other threads finish the items they run);
+/// on one thread the items after it do not run.
 pub(crate) fn share_out<T, F>(items: Vec<T>, f: F) -> Result<()>
 where
     T: Send,
