@@ -1,6 +1,7 @@
 //! Level-1 kernels for element-wise layers: reductions (sum, squared deviations, shifted sums,
 //! dot) returning f64, over one slice or over strided [`Planes`] (one channel of a batch in one
-//! call), batch normalisation's forward and backward, ReLU with a bit mask, and an in-place sum.
+//! call), batch normalisation's forward and backward, ReLU with a bit mask, an in-place sum, and
+//! max pooling's two steps (a tap's compare-and-select with its index, a stride-2 row's split).
 //!
 //! A [`Vector`] is a table of function pointers for one kernel family, built once
 //! ([`Vector::global`] follows `CORE_BLAS_ISA` like the GEMM; [`Vector::new`] picks a family).
@@ -81,6 +82,10 @@ pub(crate) struct Fns {
     pub(crate) relu_backward: unsafe fn(&mut [f32], &[u8]),
     /// `a`, `b` of one length.
     pub(crate) add: unsafe fn(&mut [f32], &[f32]),
+    /// `best`, `tap`, `v` of one length.
+    pub(crate) max_update: unsafe fn(&mut [f32], &mut [u32], &[f32], u32),
+    /// `even.len() == x.len().div_ceil(2)`, `odd.len() == x.len() / 2`.
+    pub(crate) deinterleave2: unsafe fn(&[f32], &mut [f32], &mut [f32]),
 }
 
 /// The level-1 kernels of one family. See the [module documentation](self) for the contract
@@ -364,6 +369,47 @@ impl Vector {
         unsafe { (self.f.add)(a, b) };
         Ok(())
     }
+
+    /// One tap of a row of max-pooling windows: where `v[i]` wins over `best[i]` (is larger,
+    /// or is NaN while `best[i]` is not: NaN propagates, as in PyTorch; ties keep the first),
+    /// `best[i] = v[i]` and `tap[i] = t`. Errors if `tap` or `v` is not as long as `best`.
+    #[inline]
+    pub fn max_update(
+        &self,
+        best: &mut [f32],
+        tap: &mut [u32],
+        v: &[f32],
+        t: u32,
+    ) -> Result<(), Error> {
+        same_len("tap", best.len(), tap.len())?;
+        same_len("v", best.len(), v.len())?;
+        // SAFETY: as in `sum`; lengths checked.
+        unsafe { (self.f.max_update)(best, tap, v, t) };
+        Ok(())
+    }
+
+    /// The two phases of `x`: `even[i] = x[2i]`, `odd[i] = x[2i + 1]` (a strided window row
+    /// split once, so that each tap reads a contiguous run). Errors unless `even` holds
+    /// `ceil(x.len() / 2)` values and `odd` `floor(x.len() / 2)`.
+    #[inline]
+    pub fn deinterleave2(&self, x: &[f32], even: &mut [f32], odd: &mut [f32]) -> Result<(), Error> {
+        let half = |arg, want: usize, got: usize| {
+            if want == got {
+                Ok(())
+            } else {
+                Err(Error::ShapeMismatch {
+                    arg,
+                    expected: format!("{want} values (half of x's {})", x.len()),
+                    got: format!("{got} values"),
+                })
+            }
+        };
+        half("even", x.len().div_ceil(2), even.len())?;
+        half("odd", x.len() / 2, odd.len())?;
+        // SAFETY: as in `sum`; lengths checked.
+        unsafe { (self.f.deinterleave2)(x, even, odd) };
+        Ok(())
+    }
 }
 
 /// [`Vector::sum`] with the process-wide family.
@@ -443,6 +489,16 @@ pub fn relu_backward(d: &mut [f32], mask: &[u8]) -> Result<(), Error> {
 /// [`Vector::add`] with the process-wide family.
 pub fn add(a: &mut [f32], b: &[f32]) -> Result<(), Error> {
     Vector::global()?.add(a, b)
+}
+
+/// [`Vector::max_update`] with the process-wide family.
+pub fn max_update(best: &mut [f32], tap: &mut [u32], v: &[f32], t: u32) -> Result<(), Error> {
+    Vector::global()?.max_update(best, tap, v, t)
+}
+
+/// [`Vector::deinterleave2`] with the process-wide family.
+pub fn deinterleave2(x: &[f32], even: &mut [f32], odd: &mut [f32]) -> Result<(), Error> {
+    Vector::global()?.deinterleave2(x, even, odd)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -542,6 +598,8 @@ const PORTABLE: Fns = Fns {
     relu: p_relu,
     relu_backward: p_relu_backward,
     add: p_add,
+    max_update: p_max_update,
+    deinterleave2: p_deinterleave2,
 };
 
 fn p_sum(x: &[f32]) -> f64 {
@@ -711,4 +769,28 @@ pub(crate) fn p_relu_backward(d: &mut [f32], mask: &[u8]) {
 
 pub(crate) fn p_add(a: &mut [f32], b: &[f32]) {
     a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+}
+
+/// The portable [`Vector::max_update`], written with bit masks instead of branches so that it
+/// compiles to vector compares and blends (maxima of activations are unpredictable: branches
+/// mispredict).
+pub(crate) fn p_max_update(best: &mut [f32], tap: &mut [u32], v: &[f32], t: u32) {
+    for ((b, a), &v) in best.iter_mut().zip(tap.iter_mut()).zip(v) {
+        #[allow(clippy::eq_op)]
+        let w = (v > *b) | ((v != v) & (*b == *b));
+        let m = (w as u32).wrapping_neg();
+        *b = f32::from_bits((b.to_bits() & !m) | (v.to_bits() & m));
+        *a = (*a & !m) | (t & m);
+    }
+}
+
+/// The portable [`Vector::deinterleave2`]: whole pairs by slices of known length, then the odd
+/// value left.
+pub(crate) fn p_deinterleave2(x: &[f32], even: &mut [f32], odd: &mut [f32]) {
+    for ((e, o), pair) in even.iter_mut().zip(odd.iter_mut()).zip(x.chunks_exact(2)) {
+        (*e, *o) = (pair[0], pair[1]);
+    }
+    if x.len() % 2 == 1 {
+        even[x.len() / 2] = x[x.len() - 1];
+    }
 }

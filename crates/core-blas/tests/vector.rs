@@ -3,7 +3,8 @@
 //! 64-byte boundary with sentinels after them, NaN / ±inf / −0.0 inputs, the bit mask's layout,
 //! and every argument error. Reductions are checked against an f64 sum within the documented
 //! bound and for bit equality with the portable family (one summation order in every family);
-//! element-wise kernels bit for bit against the scalar loops written with the same operations.
+//! element-wise kernels (max pooling's tap update and stride-2 split included) bit for bit
+//! against the scalar loops written with the same operations.
 
 mod common;
 
@@ -400,6 +401,62 @@ fn elementwise_kernels_match_the_scalar_loops_bit_for_bit() {
                 for i in 0..len {
                     assert!(same(pa[off + i], x[i] + y[i]), "{} at {i}", what("add"));
                 }
+
+                // max_update: `best` x against `v` y (NaNs, infinities, −0.0 on both sides),
+                // taps from an earlier update; then ties (v = best) keep the first.
+                let (mut pb, pv) = (padded(&x, off), padded(&y, off));
+                let taps: Vec<u32> = (0..len).map(|i| (i * 7 % 5) as u32).collect();
+                let mut pt = vec![u32::MAX; off + len + 9];
+                pt[off..off + len].copy_from_slice(&taps);
+                v.max_update(
+                    &mut pb[off..off + len],
+                    &mut pt[off..off + len],
+                    &pv[off..off + len],
+                    9,
+                )
+                .unwrap();
+                untouched(&pb, off, len, &what("max_update best"));
+                assert!(
+                    pt[..off]
+                        .iter()
+                        .chain(&pt[off + len..])
+                        .all(|&t| t == u32::MAX)
+                );
+                for i in 0..len {
+                    let wins = y[i] > x[i] || y[i].is_nan() && !x[i].is_nan();
+                    let (b, t) = if wins { (y[i], 9) } else { (x[i], taps[i]) };
+                    assert!(same(pb[off + i], b), "{} at {i}", what("max_update"));
+                    assert_eq!(pt[off + i], t, "{} tap at {i}", what("max_update"));
+                }
+                let mut tie = pb.clone();
+                v.max_update(
+                    &mut tie[off..off + len],
+                    &mut pt[off..off + len],
+                    &pb[off..off + len],
+                    10,
+                )
+                .unwrap();
+                assert!(
+                    pt[off..off + len].iter().all(|&t| t != 10),
+                    "{}",
+                    what("max_update tie")
+                );
+
+                // deinterleave2
+                let (ne, no) = (len.div_ceil(2), len / 2);
+                let (mut pe, mut po) = (padded(&vec![0.0; ne], off), padded(&vec![0.0; no], off));
+                v.deinterleave2(&x, &mut pe[off..off + ne], &mut po[off..off + no])
+                    .unwrap();
+                untouched(&pe, off, ne, &what("deinterleave2 even"));
+                untouched(&po, off, no, &what("deinterleave2 odd"));
+                for i in 0..len {
+                    let got = if i % 2 == 0 {
+                        pe[off + i / 2]
+                    } else {
+                        po[off + i / 2]
+                    };
+                    assert!(same(got, x[i]), "{} at {i}", what("deinterleave2"));
+                }
             }
         }
     }
@@ -444,6 +501,15 @@ fn argument_errors_name_the_argument() {
         shape(v.bn_backward(&mut x, &short, 1.0, 0.0, 0.0), "h");
         shape(v.add(&mut x, &short), "b");
         shape(v.add(&mut short, &x), "b");
+        let mut taps = vec![0u32; 10];
+        let ten = x.clone();
+        shape(v.max_update(&mut x, &mut taps[..9], &ten, 1), "tap");
+        shape(v.max_update(&mut x, &mut taps, &short, 1), "v");
+        let mut e = vec![0.0f32; 5];
+        let mut o = vec![0.0f32; 5];
+        shape(v.deinterleave2(&x[..9], &mut e[..4], &mut o[..4]), "even");
+        shape(v.deinterleave2(&x[..9], &mut e, &mut o), "odd");
+        shape(v.deinterleave2(&x, &mut e[..5], &mut o[..4]), "odd");
         let mut m = vec![0u8; 1];
         assert_eq!(
             v.relu_train(&mut x, &mut m),

@@ -446,12 +446,15 @@ fn naive_max_pool_dx(x: &Tensor, dy: &Tensor, k: &[usize], s: &[usize], p: &[usi
 
 /// Ties and NaNs route the gradient to the first winner in row-major order (PyTorch's choice),
 /// on every path of the forward: the 2×2 fast path, strides 1-3 (one or several phases of a
-/// strided row), clipped windows at both ends, 1-3 dimensions.
+/// strided row), clipped windows at both ends, 1-3 dimensions, rows long enough for core-blas's
+/// vector bodies.
 #[test]
 fn max_pool_ties_and_nans_route_the_gradient_to_the_first_winner() {
     let rng = &mut SmallRng::seed_from_u64(21);
     type Case<'a> = (&'a [usize], &'a [usize], &'a [usize], &'a [usize]);
-    let cases: [Case; 8] = [
+    let cases: [Case; 10] = [
+        (&[3, 3], &[2, 2], &[1, 1], &[1, 2, 7, 53]),
+        (&[3], &[1], &[1], &[2, 2, 37]),
         (&[3, 3], &[2, 2], &[1, 1], &[2, 3, 11, 13]),
         (&[2, 2], &[2, 2], &[0, 0], &[1, 2, 6, 8]),
         (&[3, 3], &[1, 1], &[1, 1], &[1, 2, 7, 9]),
@@ -490,8 +493,11 @@ fn padded_and_anisotropic_max_pool_against_the_definition() {
     // ResNet's stem pool, C3D's first pool and last pool, 1D, odd sizes.
     // (kernel, stride, padding, input shape)
     type Case<'a> = (&'a [usize], &'a [usize], &'a [usize], &'a [usize]);
-    // The last two have windows clipped at both ends of a row.
-    let cases: [Case; 7] = [
+    // The last two have windows clipped at both ends of a row; the first two have rows long
+    // enough for core-blas's vector bodies (at least 8 inner outputs and pairs of a row).
+    let cases: [Case; 9] = [
+        (&[3, 3], &[2, 2], &[1, 1], &[1, 2, 5, 67]),
+        (&[3], &[1], &[1], &[2, 2, 45]),
         (&[3, 3], &[2, 2], &[1, 1], &[2, 3, 9, 8]),
         (&[1, 2, 2], &[1, 2, 2], &[0, 0, 0], &[1, 2, 5, 6, 7]),
         (&[2, 2, 2], &[2, 2, 2], &[0, 1, 1], &[1, 3, 4, 5, 3]),

@@ -22,6 +22,8 @@ pub(crate) const AVX2: Fns = Fns {
     relu,
     relu_backward,
     add,
+    max_update,
+    deinterleave2,
 };
 
 /// `MASKS[8 − r..][..8]` as i32 lanes: the first `r` all-ones, the rest zero.
@@ -662,5 +664,79 @@ unsafe fn add(a: &mut [f32], b: &[f32]) {
             |i| _mm256_add_ps(ld(ap.add(i)), ld(bp.add(i))),
             |i, y| st(ap.add(i), y),
         )
+    }
+}
+
+/// # Safety
+/// As [`sum`]; `tap` and `v` hold at least `best.len()` values.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn max_update(best: &mut [f32], tap: &mut [u32], v: &[f32], t: u32) {
+    debug_assert!(tap.len() >= best.len() && v.len() >= best.len());
+    if best.len() < 8 {
+        return crate::vector::p_max_update(best, tap, v, t);
+    }
+    let (bp, ap, vp) = (best.as_mut_ptr(), tap.as_mut_ptr(), v.as_ptr());
+    let tv = _mm256_castsi256_ps(_mm256_set1_epi32(t as i32));
+    // SAFETY: `each8` visits vectors inside `0..len` of the three slices; each result depends
+    // only on its own index's inputs, as `each8` requires.
+    unsafe {
+        each8(
+            best.len(),
+            lead(bp),
+            |i| {
+                let (b, x) = (ld(bp.add(i)), ld(vp.add(i)));
+                let a = ld(ap.add(i).cast());
+                // v > b, or v NaN where b is not: the scalar loop's `wins`.
+                let gt = _mm256_cmp_ps::<_CMP_GT_OQ>(x, b);
+                let nan = _mm256_and_ps(
+                    _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x),
+                    _mm256_cmp_ps::<_CMP_ORD_Q>(b, b),
+                );
+                let w = _mm256_or_ps(gt, nan);
+                (_mm256_blendv_ps(b, x, w), _mm256_blendv_ps(a, tv, w))
+            },
+            |i, (b, a)| {
+                st(bp.add(i), b);
+                st(ap.add(i).cast(), a);
+            },
+        )
+    }
+}
+
+/// # Safety
+/// As [`sum`]; `even` holds `x.len().div_ceil(2)` values and `odd` `x.len() / 2`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn deinterleave2(x: &[f32], even: &mut [f32], odd: &mut [f32]) {
+    let pairs = x.len() / 2;
+    debug_assert!(even.len() >= x.len().div_ceil(2) && odd.len() >= pairs);
+    if pairs < 8 {
+        return crate::vector::p_deinterleave2(x, even, odd);
+    }
+    let (xp, ep, op) = (x.as_ptr(), even.as_mut_ptr(), odd.as_mut_ptr());
+    // SAFETY: `each8` visits pair vectors `i..i + 8` inside `0..pairs`: they read `x[2i..2i +
+    // 16]`, inside the `2 · pairs` values of whole pairs, and write `i..i + 8` of both halves.
+    unsafe {
+        each8(
+            pairs,
+            lead(ep),
+            |i| {
+                let (lo, hi) = (ld(xp.add(2 * i)), ld(xp.add(2 * i + 8)));
+                // Per 128-bit half: [lo0 lo2 hi0 hi2 | lo4 lo6 hi4 hi6], then the 64-bit
+                // pieces in the order 0 2 1 3.
+                let e = _mm256_shuffle_ps::<0b10_00_10_00>(lo, hi);
+                let o = _mm256_shuffle_ps::<0b11_01_11_01>(lo, hi);
+                let fix = |v: __m256| {
+                    _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(v)))
+                };
+                (fix(e), fix(o))
+            },
+            |i, (e, o)| {
+                st(ep.add(i), e);
+                st(op.add(i), o);
+            },
+        );
+        if x.len() % 2 == 1 {
+            *ep.add(pairs) = *xp.add(x.len() - 1);
+        }
     }
 }

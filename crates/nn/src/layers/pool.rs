@@ -1,5 +1,6 @@
 //! [`MaxPool`]: max pooling in 1, 2 or 3 spatial dimensions.
 
+use core_blas::vector::Vector;
 use rayon::prelude::*;
 
 use crate::error::{NnError, Result};
@@ -191,11 +192,12 @@ impl Layer for MaxPool {
             stride: s3,
             padding: p3,
         };
+        let kern = Vector::global()?;
         y.data_mut()
             .par_chunks_mut(olen)
             .zip(arg.par_chunks_mut(olen))
             .enumerate()
-            .for_each(|(p, (yp, ap))| {
+            .try_for_each(|(p, (yp, ap))| -> Result<()> {
                 let xp = &x.data()[p * ilen..][..ilen];
                 if pairs {
                     // The common 2×2 window with stride 2, without the generic index arithmetic,
@@ -206,10 +208,11 @@ impl Layer for MaxPool {
                         let at = &mut ap[d * oslice..][..oslice];
                         pool_2x2(xs, d * islice, i3[2], (o3[1], o3[2]), ys, at);
                     }
+                    Ok(())
                 } else {
-                    windows.pool_plane(xp, yp, ap);
+                    windows.pool_plane(kern, xp, yp, ap)
                 }
-            });
+            })?;
         if train {
             self.saved = Some((shape, arg));
         }
@@ -271,34 +274,14 @@ fn wins(v: f32, best: f32) -> bool {
     v > best || v.is_nan() && !best.is_nan()
 }
 
-/// One tap of a row of windows: `best[q]`, `tap[q]` take `v[q]` and `t` where `v[q]` [`wins`].
-/// Written with bit masks instead of branches, so it compiles to vector compares and blends
-/// (maxima of activations are unpredictable: branches mispredict); the tap number is the same
-/// for the whole row, so no per-output index arithmetic is needed here.
-fn update(best: &mut [f32], tap: &mut [u32], v: &[f32], t: u32) {
-    for ((b, a), &v) in best.iter_mut().zip(tap.iter_mut()).zip(v) {
-        #[allow(clippy::eq_op)]
-        let w = (v > *b) | ((v != v) & (*b == *b));
-        let m = (w as u32).wrapping_neg();
-        *b = f32::from_bits((b.to_bits() & !m) | (v.to_bits() & m));
-        *a = (*a & !m) | (t & m);
-    }
-}
-
 /// `phases[p][u] = x[p + step·u]` for the phases `p < phases.len()` of a run `x` read with a
-/// stride of `step` (2: one pass over pairs, which vectorizes).
-fn deinterleave(x: &[f32], step: usize, phases: &mut [Vec<f32>]) {
+/// stride of `step` (2: core-blas's vectorised split, one pass over pairs).
+fn deinterleave(kern: &Vector, x: &[f32], step: usize, phases: &mut [Vec<f32>]) -> Result<()> {
     for (p, ph) in phases.iter_mut().enumerate() {
         ph.resize(x.len().saturating_sub(p).div_ceil(step), 0.0);
     }
     if let ([even, odd], 2) = (&mut *phases, step) {
-        // Whole pairs by slices of known length (vector shuffles), then the odd value left.
-        for ((e, o), pair) in even.iter_mut().zip(odd.iter_mut()).zip(x.chunks_exact(2)) {
-            (*e, *o) = (pair[0], pair[1]);
-        }
-        if x.len() % 2 == 1 {
-            even[x.len() / 2] = x[x.len() - 1];
-        }
+        kern.deinterleave2(x, even, odd)?;
     } else {
         for (p, ph) in phases.iter_mut().enumerate() {
             for (v, &xv) in ph.iter_mut().zip(x.iter().skip(p).step_by(step)) {
@@ -306,6 +289,7 @@ fn deinterleave(x: &[f32], step: usize, phases: &mut [Vec<f32>]) {
             }
         }
     }
+    Ok(())
 }
 
 /// The windows of a pooling over one plane, dimensions right-aligned into 3.
@@ -332,7 +316,7 @@ impl Windows {
     /// tap across the whole row, so consecutive updates are independent (one output at a time,
     /// each compare-and-select waits for the previous one: 2.7× slower on ResNet's stem pool);
     /// the few outputs at the row's ends, whose windows are clipped, go one at a time.
-    fn pool_plane(&self, x: &[f32], y: &mut [f32], arg: &mut [u32]) {
+    fn pool_plane(&self, kern: &Vector, x: &[f32], y: &mut [f32], arg: &mut [u32]) -> Result<()> {
         let [_, ih, iw] = self.input;
         let [od, oh, ow] = self.output;
         let (k2, s2, p2) = (self.kernel[2], self.stride[2], self.padding[2]);
@@ -383,7 +367,7 @@ impl Windows {
                     for (ri, &r) in rows.iter().enumerate() {
                         let run = &x[r + base..r + base + span];
                         if s2 > 1 {
-                            deinterleave(run, s2, &mut phases);
+                            deinterleave(kern, run, s2, &mut phases)?;
                         }
                         for j in 0..k2 {
                             let taps = if s2 == 1 {
@@ -396,7 +380,9 @@ impl Windows {
                                 yi.copy_from_slice(taps);
                                 ai.fill(0);
                             } else {
-                                update(yi, ai, taps, t as u32);
+                                // Vectorised (core-blas): the tap number is the same for the
+                                // whole row, so no per-output index arithmetic is needed here.
+                                kern.max_update(yi, ai, taps, t as u32)?;
                             }
                         }
                     }
@@ -412,6 +398,7 @@ impl Windows {
                 o += ow;
             }
         }
+        Ok(())
     }
 }
 
