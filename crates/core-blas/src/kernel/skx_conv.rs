@@ -242,13 +242,14 @@ macro_rules! conv_chunk2 {
 
 /// [`conv_loop`] for step-2 rows ([`ConvRow2`], 80 bytes): the
 /// row's two prefetch lines, its three chunks by [`conv_chunk2`], then the 8 rows of A.
-/// Each chunk also hints its piece-1 window's two lines one period ahead (`{s2}`: the next
-/// channel plane, the row of the same tap 9 rows on) into L1 with `prefetcht0`: on Zen 5
+/// Each chunk also hints its piece-1 window's two lines [`PF0_PERIODS`] periods ahead (`{s2}`:
+/// a later channel plane, the row of the same tap) into L1 with `prefetcht0`: on Zen 5
 /// (whose 512-bit FMAs halve the tile's k-loop time) knock-outs put ~2 points of the stride-2
 /// forward's gap to its bound in the window loads missing L1 (session 38). A/B paired
-/// stride-2 probe, 60 pairs, without / with, quiet 09:40:31 UTC: t1 pair medians 0.926/0.928,
-/// 0.923/0.925, 0.916/0.931, 0.917/0.929, 0.916/0.927, 0.908/0.924 (pass 6 of 6 faster); t2
-/// 0.934/0.937, 0.930/0.938; 09:45:06: 0.918/0.921, 0.923/0.925, 0.920/0.924, 0.921/0.921.
+/// stride-2 probe, 60 pairs, without / with (one period ahead), quiet 09:40:31 UTC: t1 pair
+/// medians 0.926/0.928, 0.923/0.925, 0.916/0.931, 0.917/0.929, 0.916/0.927, 0.908/0.924 (pass 6
+/// of 6 faster); t2 0.934/0.937, 0.930/0.938; 09:45:06: 0.918/0.921, 0.923/0.925, 0.920/0.924,
+/// 0.921/0.921.
 macro_rules! conv_loop2 {
     ($n:expr, $a:expr, $b:expr, $s:expr, $s2:expr, $t:expr, $cnt:expr, $tab:expr, $per:expr, $stp:expr, $idx:expr, $c:expr) => {
         asm!(
@@ -353,6 +354,15 @@ pub(crate) type FusedTile<R> = unsafe fn(
     usize,
 );
 
+/// How many periods of rows (channel planes) ahead the step-2 tile hints its windows into L1
+/// ([`conv_loop2`]). Session 39 (Zen 5), paired stride-2 probe, 60 pairs, the distance read
+/// from the environment in one binary, 1 / 4 periods, quiet 11:55:28 UTC: t1 pass medians
+/// 7.795/7.734, 7.785/7.760, 7.825/7.875, 7.843/7.813, 7.852/7.787, 7.782/7.756 ms (5 of 6
+/// faster), pair medians 0.918-0.925 / 0.920-0.929; t2 pair medians 0.939/0.947, 0.937/0.939,
+/// 0.937/0.946, 0.937/0.949; quiet 11:52:55: t1 pass 7.769/7.693, 7.700/7.629, 7.735/7.681.
+/// 2, 3 and 6 periods read level with 1 (quiet 11:51:31, 11:52:47, 11:55:40).
+const PF0_PERIODS: isize = 4;
+
 /// The rows run after the C tile is prefetched (as the plain kernel's 8 rounds of 4 steps).
 const C_PREFETCH_ROWS: usize = 32;
 
@@ -444,8 +454,9 @@ pub(crate) unsafe fn avx512_ukr_conv2_asm(
         let idx = _mm512_castsi512_ps(idx);
         let mut c24 = [_mm512_setzero_ps(); 24];
         let (mut ap, mut bp, mut sp, mut tp, mut cnt) = (a, bdst, src, rows, period);
-        // The next period's source (prefetched a period ahead; prefetches never fault).
-        let mut s2 = src.wrapping_byte_offset(step);
+        // The source `PF0_PERIODS` periods on (its windows prefetched that far ahead;
+        // prefetches never fault).
+        let mut s2 = src.wrapping_byte_offset(step.wrapping_mul(PF0_PERIODS));
         let tail = k.min(C_PREFETCH_ROWS);
         let head = k - tail;
         if head > 0 {
