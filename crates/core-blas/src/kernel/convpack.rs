@@ -156,9 +156,24 @@ pub struct ConvPanel {
 pub(crate) struct ConvRow {
     /// Byte offset of the row's lane 0 from the cycle's source pointer.
     pub(crate) off: isize,
-    /// Per 16-lane chunk, the lanes read (the fourth is unused).
-    pub(crate) m: [u16; 4],
+    /// Per 16-lane chunk, the lanes read.
+    pub(crate) m: [u16; 3],
+    /// Bytes past `off` of the line the fused tile prefetches into L2 for this row: [`PF_AHEAD`]
+    /// and line `t mod 3` of the window (tap `t` of the view's period).
+    pub(crate) pf: u16,
 }
+
+/// How far past a row's offset (bytes) the AVX-512 fused tile prefetches the row's window: two
+/// 48-wide panels, where the same row of the panel after next reads on a stride-1 layer whose
+/// output lines read consecutive input. Row `t` of a period prefetches line `t mod 3` of that
+/// window ([`ConvRow::pf`]): the three taps of a 3-wide kernel row read one window a value
+/// apart, so together they prefetch its three lines (its fourth, when the window is not
+/// aligned, comes with the next panel's first). Only the leading window of each channel (its
+/// last taps) reads lines that no earlier panel read, all three of them; sessions 22-38
+/// prefetched the first line alone (every row at + 384 bytes) and left the others to the
+/// hardware prefetchers, which in the Zen 5 host's slow phases did not keep up
+/// (docs/PERFORMANCE.md, conv-ops, session 39).
+const PF_AHEAD: u16 = 384;
 
 /// One row of a resolved [`ConvPanel`] cycle whose chunks read every other value (step 2,
 /// one or two pieces: im2col rows of a stride-2 layer, a piece per output line), as the fused
@@ -529,7 +544,10 @@ impl ConvRows {
         for j in 0..period.min(kc) {
             let t = (first + j) % period;
             let chan = ((first + j) / period) as isize;
-            let mut row = ConvRow::default();
+            let mut row = ConvRow {
+                pf: PF_AHEAD + 64 * (t % 3) as u16,
+                ..ConvRow::default()
+            };
             let mut at: Option<isize> = None;
             let (mut lo, mut hi) = (isize::MAX, isize::MIN);
             for (q, c) in p.taps[t * nch..][..nch].iter().enumerate() {
@@ -2349,7 +2367,7 @@ mod tests {
             } else {
                 assert_eq!(r.rows.len(), fresh.rows.len());
                 for (a, b) in r.rows.iter().zip(&fresh.rows) {
-                    assert_eq!((a.off, a.m), (b.off, b.m), "panel {i}");
+                    assert_eq!((a.off, a.m, a.pf), (b.off, b.m, b.pf), "panel {i}");
                 }
             }
         }
@@ -2389,13 +2407,14 @@ mod tests {
         assert!(r.resolve(&p, 100 + 2000 + 10 + 48, 5, 3));
         assert_eq!(r.step, 4000);
         assert_eq!(r.rows.len(), 2);
+        // The rows prefetch line `tap mod 3` of their window two panels on.
         assert_eq!(
-            (r.rows[0].off, r.rows[0].m),
-            (4 * 120, [0xff00, 0xffff, 0, 0])
+            (r.rows[0].off, r.rows[0].m, r.rows[0].pf),
+            (4 * 120, [0xff00, 0xffff, 0], 384 + 64)
         );
         assert_eq!(
-            (r.rows[1].off, r.rows[1].m),
-            (4 * 1110, [0xffff, 0xffff, 0xffff, 0])
+            (r.rows[1].off, r.rows[1].m, r.rows[1].pf),
+            (4 * 1110, [0xffff, 0xffff, 0xffff], 384)
         );
         // Row 3 (tap 0 of channel 2) reads up to 100 + 2000 + 10 + 47.
         assert!(!r.resolve(&p, 100 + 2000 + 10 + 47, 5, 3));

@@ -7,12 +7,16 @@
 //! FMAs leave free, instead of a separate packing pass (`convpack::avx512_rows`) over the
 //! block. Rows 2, 5, 7 of A take embedded broadcasts as in the plain kernel's variant 0.
 //!
-//! Each row also prefetches the source line 384 bytes (two 48-wide panels) past its offset:
-//! on a stride-1 layer whose output lines read consecutive input, a line a later panel's tile
-//! reads at the same row. Without it the tile waits on its loads (perf, session 22: half of
-//! its samples on the masked loads on VGG's 224² planes, a quarter on ResNet-50's 56²); with
-//! it VGG 64@224²'s forward ran 38.1-40.1 → 34.3-34.9 ms, 64@56² 17.4-17.6 → 17.1-17.4
-//! (docs/PERFORMANCE.md, conv-ops, session 22: the distances and line counts tried).
+//! Each row also prefetches one line into L2 (`prefetcht1`) at its offset + its
+//! [`ConvRow::pf`]: a line of the window the same row of the panel after next reads, the three
+//! taps of a kernel row one line each ([`super::convpack`]'s `PF_AHEAD`). Without a prefetch
+//! the tile waits on its loads (perf, session 22: half of its samples on the masked loads on
+//! VGG's 224² planes, a quarter on ResNet-50's 56²). Sessions 22-38 prefetched the window's
+//! first line alone (into L1); in the Zen 5 host's slow phases 64@56²'s forward at 1 thread
+//! then ran 9.3 ms against 7.5 with the three lines (session 39: 54% of the tile's samples on
+//! its masked loads). Into L2, not L1: between this tile and the next panel's, the panel's
+//! other tiles stream A and the packed panel, more than L1 holds (docs/PERFORMANCE.md,
+//! conv-ops, sessions 22 and 39: the distances and line counts tried).
 
 use core::arch::asm;
 use core::arch::x86_64::*;
@@ -90,17 +94,29 @@ macro_rules! conv_row {
     };
 }
 
-/// `$n >= 1` rows of the fused loop on the accumulators `$c` (zmm8-zmm31): `$t` the current
-/// [`ConvRow`], `$cnt` the rows left in its period (`>= 1`), `$s` the period's source pointer,
-/// all three carried across calls; `$tab` / `$per` the period's first row and length, `$stp`
-/// its source step in bytes; `$a` and `$b` advance by 8 and 48 values a row.
+/// Where the fused loop finds a [`ConvRow`]'s fields: `off` at byte 0, the masks at 8, 10 and
+/// 12, `pf` at 14, 16 bytes a row.
+const _: () = {
+    assert!(core::mem::offset_of!(ConvRow, off) == 0);
+    assert!(core::mem::offset_of!(ConvRow, m) == 8);
+    assert!(core::mem::offset_of!(ConvRow, pf) == 14);
+    assert!(size_of::<ConvRow>() == 16);
+};
+
+/// `$n >= 1` rows of the fused loop on the accumulators `$c` (zmm8-zmm31), each followed by its
+/// prefetch (`{s}` + its offset + its `pf`, into L2): `$t` the current [`ConvRow`], `$cnt` the
+/// rows left in its period (`>= 1`), `$s` the period's source pointer, all three carried
+/// across calls; `$tab` / `$per` the period's first row and length, `$stp` its source step in
+/// bytes; `$a` and `$b` advance by 8 and 48 values a row.
 macro_rules! conv_loop {
     ($n:expr, $a:expr, $b:expr, $s:expr, $t:expr, $cnt:expr, $tab:expr, $per:expr, $stp:expr, $c:expr) => {
         asm!(
             ".p2align 5",
             "2:",
             conv_row!(),
-            "prefetcht0 [{s} + {o} + 384]",
+            "movzx {q:e}, word ptr [{t} + 14]",
+            "add {q}, {o}",
+            "prefetcht1 [{s} + {q}]",
             "add {t}, 16",
             "add {a}, 32",
             "add {b}, 192",
@@ -122,6 +138,7 @@ macro_rules! conv_loop {
             per = in(reg) $per,
             stp = in(reg) $stp,
             o = out(reg) _,
+            q = out(reg) _,
             inout("zmm8") $c[0],
             inout("zmm9") $c[1],
             inout("zmm10") $c[2],
@@ -712,8 +729,8 @@ mod tests {
             let step = rnd(40) as isize;
             let rows: Vec<ConvRow> = (0..period)
                 .map(|_| {
-                    let mut m = [0u16; 4];
-                    for x in &mut m[..3] {
+                    let mut m = [0u16; 3];
+                    for x in &mut m {
                         *x = if case % 5 == 0 && rnd(2) == 0 {
                             0
                         } else {
@@ -723,6 +740,7 @@ mod tests {
                     ConvRow {
                         off: 4 * (100 + rnd(200) as isize),
                         m,
+                        pf: 64 * rnd(12) as u16,
                     }
                 })
                 .collect();
