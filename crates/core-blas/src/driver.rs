@@ -10,12 +10,14 @@
 //! thread runs the five loops on its blocks with its own thread-local, reused packing buffers (a
 //! single A block packed once per thread, whichever blocks it runs). The grid minimises
 //! redundant packing (`tm − 1` extra packings of B, `tn − 1` of A). Small products and 1-thread
-//! pools run on the calling thread without touching rayon.
+//! pools run on the calling thread without touching rayon. The parts of a large parallel product
+//! each run bound to a CPU of their own for its length (`crew.rs`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rayon::prelude::*;
 
+use crate::crew::{self, Crew, Member};
 use crate::kernel::convpack::ConvRows;
 use crate::kernel::{Kernel, RowPrefetch};
 use crate::pack::{PackA, PackB, Workspace, with_workspace};
@@ -170,7 +172,7 @@ pub(crate) fn gemm<K: Kernel, A: PackA, B: PackB, S: Store>(
             own: 0,
             shares: &[AtomicU64::new(0)],
         };
-        with_workspace(|ws| serial(kern, bs, (0, m), cols, k, a, b, &sink, ws));
+        with_workspace(|ws| serial(kern, bs, (0, m), cols, k, a, b, &sink, ws, None));
         return;
     }
     // The share states of the threads of every row range (`tn` each), or a static split of the
@@ -189,6 +191,17 @@ pub(crate) fn gemm<K: Kernel, A: PackA, B: PackB, S: Store>(
     // ResNet-50 64@56² forward convgemm 8.85/9.27 ms, 128@28² backward-data bound 8.7/17.0 ms).
     let shares: [AtomicU64; MAX_SHARES] = [const { AtomicU64::new(0) }; MAX_SHARES];
     let shared = tn > 1 && tm * tn <= MAX_SHARES;
+    // Each part of a large product runs bound to a CPU of its own, and the running parts yield
+    // while one is late (crew.rs). Session 39, `gemm_ratio M N K 2 15 --scale`, unbound pools,
+    // main / this, alternating in both orders: 64×50176×576 at quiet 11:43:32 UTC (main 50d8ea1)
+    // `Vec` 1.564/1.833, 1.745/1.909, 1.935/1.925, 1.678/1.923× (lower quartiles 1.303/1.794,
+    // 1.396/1.889, 1.662/1.901, 1.529/1.910), 2 MiB pages 1.866/1.910, 1.634/1.848, 1.703/1.904,
+    // 1.592/1.913×; at 12:11:18 (this code) `Vec` 1.920/1.957, 1.704/1.872×, 2 MiB pages
+    // 1.913/1.948, 1.718/1.847×; 2048³ level (`Vec` 1.931/1.898, 1.923/1.929, 1.954/1.945,
+    // 1.931/1.955, 1.909/1.911, 1.939/1.884×; 2 MiB pages 1.922/1.904, 1.858/1.936×); conv-ops
+    // 2-thread forward convgemm level (`probe_passes --back-to-back --threads 2`, medians of 20
+    // calls, 12:11:18: 64@56² 4.050/4.074, 4.059/4.000 ms; 256@14² 3.757/3.817, 3.954/3.834 ms).
+    let crew = (m.saturating_mul(n).saturating_mul(k) >= crew::MIN_MNK).then(|| Crew::new(tm * tn));
     (0..tm * tn).into_par_iter().for_each(|t| {
         let rows = part(m, K::MR, tm, t / tn);
         let single = [AtomicU64::new(0)];
@@ -208,7 +221,10 @@ pub(crate) fn gemm<K: Kernel, A: PackA, B: PackB, S: Store>(
             }
         };
         if rows.0 < rows.1 && cols.range.0 < cols.range.1 {
-            with_workspace(|ws| serial(kern, bs, rows, cols, k, a, b, &sink, ws));
+            let member = crew.as_ref().map(Crew::join);
+            with_workspace(|ws| serial(kern, bs, rows, cols, k, a, b, &sink, ws, member.as_ref()));
+        } else if let Some(c) = &crew {
+            c.skip();
         }
     });
 }
@@ -251,6 +267,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     b: &B,
     sink: &Sink<'_, S>,
     ws: &mut Workspace,
+    member: Option<&Member<'_>>,
 ) {
     let (mr, nr) = (K::MR, K::NR);
     let cols = columns.range;
@@ -585,6 +602,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
                     last,
                     sink,
                     prefetch,
+                    member,
                 );
                 ic += mc;
             }
@@ -760,6 +778,7 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
     last: bool,
     sink: &Sink<'_, S>,
     prefetch: Option<Prefetch<'_, B>>,
+    member: Option<&Member<'_>>,
 ) {
     // Slices of the next B block to prefetch, one per jr iteration.
     let steps = nc.div_ceil(K::NR);
@@ -780,6 +799,9 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
     let grouped = nc / gw * gw;
     let mut jr = 0;
     while jr < nc {
+        if let Some(m) = member {
+            m.checkpoint();
+        }
         let n = nr.min(nc - jr);
         // With one A block, the groups the first tiles pack (from `src`) are read only by this
         // jr step's tiles: each is packed over the last one, at the front of bc, so the packed
@@ -1396,7 +1418,7 @@ mod tests {
                         own,
                         shares,
                     };
-                    with_workspace(|ws| serial(kern, bs, (0, m), cols, k, av, bv, sink, ws));
+                    with_workspace(|ws| serial(kern, bs, (0, m), cols, k, av, bv, sink, ws, None));
                     done.fetch_add(1, Ordering::Release);
                 });
             }

@@ -92,6 +92,7 @@
 mod aligned;
 mod bind;
 mod blocking;
+mod crew;
 mod driver;
 mod error;
 mod gather;
