@@ -452,8 +452,9 @@ fn naive_max_pool_dx(x: &Tensor, dy: &Tensor, k: &[usize], s: &[usize], p: &[usi
 fn max_pool_ties_and_nans_route_the_gradient_to_the_first_winner() {
     let rng = &mut SmallRng::seed_from_u64(21);
     type Case<'a> = (&'a [usize], &'a [usize], &'a [usize], &'a [usize]);
-    let cases: [Case; 10] = [
+    let cases: [Case; 11] = [
         (&[3, 3], &[2, 2], &[1, 1], &[1, 2, 7, 53]),
+        (&[2, 2], &[2, 2], &[0, 0], &[1, 2, 6, 37]),
         (&[3], &[1], &[1], &[2, 2, 37]),
         (&[3, 3], &[2, 2], &[1, 1], &[2, 3, 11, 13]),
         (&[2, 2], &[2, 2], &[0, 0], &[1, 2, 6, 8]),
@@ -493,10 +494,11 @@ fn padded_and_anisotropic_max_pool_against_the_definition() {
     // ResNet's stem pool, C3D's first pool and last pool, 1D, odd sizes.
     // (kernel, stride, padding, input shape)
     type Case<'a> = (&'a [usize], &'a [usize], &'a [usize], &'a [usize]);
-    // The last two have windows clipped at both ends of a row; the first two have rows long
+    // The last two have windows clipped at both ends of a row; the first three have rows long
     // enough for core-blas's vector bodies (at least 8 inner outputs and pairs of a row).
-    let cases: [Case; 9] = [
+    let cases: [Case; 10] = [
         (&[3, 3], &[2, 2], &[1, 1], &[1, 2, 5, 67]),
+        (&[1, 2, 2], &[1, 2, 2], &[0, 0, 0], &[1, 2, 3, 5, 40]),
         (&[3], &[1], &[1], &[2, 2, 45]),
         (&[3, 3], &[2, 2], &[1, 1], &[2, 3, 9, 8]),
         (&[1, 2, 2], &[1, 2, 2], &[0, 0, 0], &[1, 2, 5, 6, 7]),
