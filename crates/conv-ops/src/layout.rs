@@ -487,6 +487,51 @@ pub(crate) struct RowClass<B> {
     pub(crate) k0: usize,
     pub(crate) wlo: usize,
     pub(crate) wlen: usize,
+    /// Rows of one tap group of `b` (channels × taps of a group): `b` packs its panels fused
+    /// only in K blocks inside one group ([`group_aligned`]).
+    pub(crate) group_rows: usize,
+}
+
+/// `gemm` with KC lowered, when needed, so that the driver's passes over a product of depth
+/// `k` (and `rows` rows) each lie inside one tap group of `group_rows` rows: the fused packing
+/// (`Im2colB::conv_panel`) describes only blocks inside one group, and a block across two
+/// groups is packed up front instead. The driver splits k into equal passes of at most KC
+/// (or KC + KC/8 when that saves one of two or three); a pass as deep as a whole group, or
+/// an equal part of it, never crosses one. KC is left as it is when its passes already align,
+/// when a part of a group would be under half of KC, or when the driver would deepen the
+/// passes itself (`rows` above MC). The 2 MiB L2 of Intel's Emerald Rapids derives KC 512:
+/// ResNet-50 128@28²'s middle class (1152 deep, groups of 384) then ran two passes of 576 and
+/// 256@14²'s (2304, groups of 768) five of 461, none fused; KC 384 (the Zen machines') runs
+/// passes of 384 on both.
+pub(crate) fn group_aligned(
+    gemm: &core_blas::Gemm,
+    rows: usize,
+    k: usize,
+    group_rows: usize,
+) -> Result<core_blas::Gemm, core_blas::Error> {
+    let bs = gemm.block_sizes();
+    let pass = |kc: usize| {
+        let kc = kc.max(1);
+        let passes = match k.div_ceil(kc).max(1) {
+            p @ 2..=3 => k.div_ceil(kc + kc / 8).min(p),
+            p => p,
+        };
+        k.div_ceil(passes).max(1)
+    };
+    let aligned = |depth: usize| group_rows.is_multiple_of(depth);
+    if group_rows == 0 || k <= group_rows || rows > bs.mc || aligned(pass(bs.kc)) {
+        return Ok(*gemm);
+    }
+    let fit = (1..=group_rows)
+        .filter(|d| group_rows.is_multiple_of(*d))
+        .map(|d| group_rows / d)
+        .find(|&kc| kc <= bs.kc);
+    match fit {
+        Some(kc) if 2 * kc >= bs.kc && aligned(pass(kc)) => {
+            gemm.with_block_sizes(core_blas::BlockSizes { kc, ..bs })
+        }
+        _ => Ok(*gemm),
+    }
 }
 
 /// Columns `k0..k0 + k` of an A source, as an A source of its own.
@@ -556,6 +601,10 @@ pub(crate) fn forward_classes<A: PackA, B: PackB + Sync>(
         ptr: y.as_mut_ptr(),
         len: y.len(),
     };
+    let gemms = classes
+        .iter()
+        .map(|c| group_aligned(gemm, rows, c.b.rows(), c.group_rows))
+        .collect::<Result<Vec<_>, _>>()?;
     let run = |&(ci, j0, cols): &(usize, usize, usize)| -> Result<(), core_blas::Error> {
         let cl = &classes[ci];
         let ak = KRange {
@@ -576,7 +625,7 @@ pub(crate) fn forward_classes<A: PackA, B: PackB + Sync>(
                 spilled: (0..cols).map(|_| AtomicBool::new(false)).collect(),
                 _panel: std::marker::PhantomData,
             };
-            core_blas::gemm_with(&ak, &Columns { b: &cl.b, j0, cols }, &mut store)?;
+            gemms[ci].gemm_with(&ak, &Columns { b: &cl.b, j0, cols }, &mut store)?;
             store.copy_spilled();
             Ok(())
         })
@@ -1014,6 +1063,46 @@ unsafe impl Sync for YPtr {}
 mod tests {
     use crate::testing::check_forward_bias_relu;
     use crate::{ConvGeometry, ForwardAlgo};
+
+    /// [`super::group_aligned`]: with KC 512 (Emerald Rapids' derived blocks), ResNet-50
+    /// 128@28²'s and 256@14²'s deep classes get KC 384, whose passes each lie in one tap
+    /// group; products whose passes already align, single-group ones and products deeper in
+    /// rows than MC keep KC 512; KC 384 keeps 384.
+    #[test]
+    fn group_aligned_passes_stay_inside_one_tap_group() {
+        let gemm = |kc: usize| {
+            core_blas::Gemm::new(core_blas::Isa::Scalar)
+                .unwrap()
+                .with_block_sizes(core_blas::BlockSizes {
+                    mc: 512,
+                    kc,
+                    nc: 4080,
+                })
+                .unwrap()
+        };
+        // (KC, rows, k, group rows, the KC used)
+        let cases = [
+            (512, 128, 1152, 384, 384),
+            (512, 256, 2304, 768, 384),
+            (512, 256, 1536, 768, 384),
+            (512, 128, 768, 384, 512),
+            (512, 512, 4608, 1536, 512),
+            (512, 512, 3072, 1536, 512),
+            (512, 128, 384, 384, 512),
+            (512, 640, 1152, 384, 512),
+            (512, 128, 1152, 0, 512),
+            (384, 128, 1152, 384, 384),
+            (384, 256, 2304, 768, 384),
+        ];
+        for (kc, rows, k, gr, want) in cases {
+            let got = super::group_aligned(&gemm(kc), rows, k, gr).unwrap();
+            assert_eq!(
+                got.block_sizes().kc,
+                want,
+                "KC {kc}, {rows} × {k}, groups of {gr}"
+            );
+        }
+    }
 
     /// [`super::class_shares`]: every column of every class in exactly one block, blocks of at
     /// most `target` columns (rounded up to `nr`) starting at multiples of `nr`, each share's

@@ -524,6 +524,7 @@ pub(crate) fn forward_group<A: ForwardA>(
                         k0: c.dy.start * cg * kw,
                         wlo: c.rows.start * ow,
                         wlen: c.rows.len() * ow,
+                        group_rows: cg * kw,
                     })
                     .collect();
                 let (taps, dims) = (g.kernel_len(), (g.out_channels(), olen, grp * kg));
