@@ -20,6 +20,25 @@ use crate::kernel::portable::Scalar;
 use crate::kernel::x86::{Avx2, Avx512};
 use crate::{Error, Gemm};
 
+/// Whether the CPU is Intel's (CPUID vendor string "GenuineIntel"), read once; `false` off
+/// x86_64. Kernels key Intel-only choices to it (as BLIS has a sub-configuration per
+/// microarchitecture) where the AMD machines of the earlier sessions cannot be re-measured.
+pub(crate) fn intel() -> bool {
+    static INTEL: OnceLock<bool> = OnceLock::new();
+    *INTEL.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let r = core::arch::x86_64::__cpuid(0);
+            // "Genu" "ineI" "ntel" in ebx, edx, ecx.
+            (r.ebx, r.edx, r.ecx) == (0x756e_6547, 0x4965_6e69, 0x6c65_746e)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
 /// A micro-kernel family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Isa {

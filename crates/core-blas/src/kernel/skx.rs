@@ -271,6 +271,62 @@ macro_rules! kloop_pk {
     };
 }
 
+/// `kloop_pk!` that also prefetches (`prefetcht0`) the source row [`PK_L1_ROWS`] rows ahead of
+/// each row it packs (`{t}`, advanced as `{s}`): its bytes at `+0`, `+64`, `+128` and `+188`
+/// (the 48-value row's 3 or 4 lines).
+macro_rules! kloop_pk_l1 {
+    ($n:expr, $a:expr, $b:expr, $s:expr, $l:expr, $t:expr, $c:expr) => {
+        tile_asm!([
+            ".p2align 5",
+            "2:",
+            "prefetcht0 byte ptr [{t}]",
+            "prefetcht0 byte ptr [{t} + 64]",
+            "prefetcht0 byte ptr [{t} + 128]",
+            "prefetcht0 byte ptr [{t} + 188]",
+            step_pk!(0, "{s}", 0, 1, 3, [row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_eb]),
+            "prefetcht0 byte ptr [{t} + {l}]",
+            "prefetcht0 byte ptr [{t} + {l} + 64]",
+            "prefetcht0 byte ptr [{t} + {l} + 128]",
+            "prefetcht0 byte ptr [{t} + {l} + 188]",
+            step_pk!(1, "{s} + {l}", 4, 5, 6, [row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_eb]),
+            "prefetcht0 byte ptr [{t} + {l}*2]",
+            "prefetcht0 byte ptr [{t} + {l}*2 + 64]",
+            "prefetcht0 byte ptr [{t} + {l}*2 + 128]",
+            "prefetcht0 byte ptr [{t} + {l}*2 + 188]",
+            step_pk!(2, "{s} + {l}*2", 0, 1, 3, [row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_eb]),
+            "prefetcht0 byte ptr [{t} + {l3}]",
+            "prefetcht0 byte ptr [{t} + {l3} + 64]",
+            "prefetcht0 byte ptr [{t} + {l3} + 128]",
+            "prefetcht0 byte ptr [{t} + {l3} + 188]",
+            step_pk!(3, "{s} + {l3}", 4, 5, 6, [row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_eb]),
+            "lea {s}, [{s} + {l}*4]",
+            "lea {t}, [{t} + {l}*4]",
+            "add {a}, 128",
+            "add {b}, 768",
+            "dec {n}",
+            "jnz 2b",
+            n = inout(reg) $n => _,
+            a = inout(reg) $a,
+            b = inout(reg) $b,
+            s = inout(reg) $s,
+            t = inout(reg) $t,
+            l = in(reg) $l,
+            l3 = in(reg) 3 * $l,
+        ],
+        $c,
+        options(nostack))
+    };
+}
+
+/// How many rows ahead of the row it packs [`avx512_ukr_asm_pk`] prefetches its source into L1
+/// when asked to (Intel, [`crate::isa::intel`]). The panel's source rows lie in different
+/// pages (4 KiB apart or more), so no hardware prefetcher brings them into L1 and each row's
+/// loads waited on L2 or beyond. Session 40 (PERFORMANCE.md), Emerald Rapids, `ukr_ab 64 50176
+/// 576` in process, variants interleaved per repetition, medians of 11, without / with: 16 rows
+/// 43.6 / 50.3, 52.3 / 60.2% of the peak (quiet 14:47:52, 14:51:14); 8 rows 42.2 / 48.4, 24
+/// rows 49.6 / 55.0, 32 rows 47.5 / 54.4%; 2048³ 80.9 / 79.5%, 256×3136×2304 74.8 / 75.3%.
+const PK_L1_ROWS: usize = 16;
+
 /// `kloop!` (row forms of variant 0) that also prefetches (`prefetcht2`) the rows of a
 /// row-major source, one row every `{per}` rounds from the first round on: its bytes at `{p}`,
 /// `+64`, `+128` and `+{e}` (its last byte, so a row off a line boundary is covered), then
@@ -508,6 +564,9 @@ pub(crate) unsafe fn avx512_ukr_asm_pf(
 /// source and packed as it goes ([`super::Kernel::run_packing_b`]): row `p` of the panel is the
 /// 48 values at `bsrc + p · ldb`, and is written to `bdst + p · 48`.
 ///
+/// With `l1_ahead`, the k-loop also prefetches each source row [`PK_L1_ROWS`] rows ahead into L1
+/// (`prefetcht0`; the rows past the panel's last one are hints only, never read).
+///
 /// # Safety
 /// As [`avx512_ukr_asm`] with `m = 8`, `n <= 48`, but `b` replaced by: `k` rows of 48 readable
 /// values at `bsrc + p · ldb` and `k · 48` writable values at `bdst` that overlap neither the
@@ -515,6 +574,7 @@ pub(crate) unsafe fn avx512_ukr_asm_pf(
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn avx512_ukr_asm_pk(
+    l1_ahead: bool,
     k: usize,
     alpha: f32,
     a: *const f32,
@@ -542,13 +602,24 @@ pub(crate) unsafe fn avx512_ukr_asm_pk(
         let rounds = k / 4;
         let tail = c_prefetch_tail(rounds, beta);
         let head = rounds - tail;
+        // The prefetch pointer: wrapping, as it runs PK_L1_ROWS rows past the panel's last row.
+        let mut tp = bsrc.wrapping_add(PK_L1_ROWS.wrapping_mul(ldb));
         if head > 0 {
-            kloop_pk!(head, ap, bp, sp, lb, c24);
+            if l1_ahead {
+                kloop_pk_l1!(head, ap, bp, sp, lb, tp, c24);
+            } else {
+                kloop_pk!(head, ap, bp, sp, lb, c24);
+            }
         }
         prefetch_c(c, rs_c, cs_c, m, n);
         if tail > 0 {
-            kloop_pk!(tail, ap, bp, sp, lb, c24);
+            if l1_ahead {
+                kloop_pk_l1!(tail, ap, bp, sp, lb, tp, c24);
+            } else {
+                kloop_pk!(tail, ap, bp, sp, lb, c24);
+            }
         }
+        let _ = tp;
         let mut acc: [[__m512; 3]; 8] = core::mem::transmute(c24);
         for _ in 0..k % 4 {
             let bw = bp.cast_mut();
@@ -691,15 +762,18 @@ mod tests {
             return;
         }
         let ldb = 53;
-        for k in [
+        for (k, l1_ahead) in [
             0usize, 1, 3, 4, 5, 31, 32, 33, 36, 37, 64, 95, 96, 97, 100, 385,
-        ] {
+        ]
+        .into_iter()
+        .flat_map(|k| [(k, false), (k, true)])
+        {
             super::super::assert_tile_matches_naive(
                 (8, 48),
                 k,
                 48,
                 50,
-                "packing ",
+                &format!("packing l1_ahead {l1_ahead} "),
                 |ap, bp, alpha, beta, c, rs, cs| {
                     let mut src = vec![f32::NAN; k * ldb + 1];
                     for p in 0..k {
@@ -712,6 +786,7 @@ mod tests {
                     // `c`.
                     unsafe {
                         avx512_ukr_asm_pk(
+                            l1_ahead,
                             k,
                             alpha,
                             ap.as_ptr(),
@@ -726,7 +801,11 @@ mod tests {
                             48,
                         )
                     };
-                    assert_eq!(dst, bp[..k * 48], "packed panel, k {k}");
+                    assert_eq!(
+                        dst,
+                        bp[..k * 48],
+                        "packed panel, k {k}, l1_ahead {l1_ahead}"
+                    );
                 },
             );
         }

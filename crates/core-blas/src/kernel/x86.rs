@@ -1169,7 +1169,19 @@ impl Kernel for Avx512 {
                 && super::skx::UKR_VARIANT.load(std::sync::atomic::Ordering::Relaxed) != 1
             {
                 super::skx::avx512_ukr_asm_pk(
-                    k, alpha, a, bsrc, ldb, bdst, beta, c, rs_c, cs_c, m, AVX512_NR,
+                    crate::isa::intel(),
+                    k,
+                    alpha,
+                    a,
+                    bsrc,
+                    ldb,
+                    bdst,
+                    beta,
+                    c,
+                    rs_c,
+                    cs_c,
+                    m,
+                    AVX512_NR,
                 );
             } else {
                 super::copy_then_run(self, k, alpha, a, bsrc, ldb, bdst, beta, c, rs_c, cs_c, m);
