@@ -31,6 +31,13 @@
 //! deconvgemm 2-thread speedup goal, call by call. Every
 //! `--paired` run prints both sides' means too (a criterion sample is the mean of its calls).
 //!
+//! `--scale` (with `--threads T`) times each pass on a pool of one thread against a pool of T
+//! threads call by call: a 1-thread call, a T-thread call, the order swapped every round (2
+//! warm-up pairs, then ROUNDS timed pairs, wall clock), and prints both medians and the median
+//! and quartiles of the pairs' speed-ups t1 / tT, so that both sides of the "deconvgemm at 2
+//! threads ≥ 1.8×" goal see the same minutes of a host whose cores' rate moves minute to
+//! minute (separate runs of t1 and t2 read 1.37-2.09× on one layer, session 40).
+//!
 //! `--bind` (with `--threads T`) builds the pool through [`core_blas::bind_workers`]: worker i
 //! bound to the i-th CPU of the process's affinity mask, so that the guest scheduler cannot queue
 //! a woken worker on its waker's vCPU (the bound rows beside the default, unbound ones).
@@ -64,14 +71,19 @@ fn main() -> Result<(), Error> {
     }
     // One worker thread, everything run on it: its CPU time is the whole pass (`--threads`:
     // T workers, wall clock; `--bind`: worker i bound to the i-th allowed CPU).
+    let pool = pool_of(threads, bind)?;
+    pool.install(|| run(threads, bind))
+}
+
+/// A pool of `threads` workers (`bind`: bound through [`core_blas::bind_workers`]).
+fn pool_of(threads: usize, bind: bool) -> Result<rayon::ThreadPool, Error> {
     let builder = rayon::ThreadPoolBuilder::new().num_threads(threads);
     let builder = if bind {
         core_blas::bind_workers(builder)?
     } else {
         builder
     };
-    let pool = builder.build()?;
-    pool.install(|| run(threads))
+    Ok(builder.build()?)
 }
 
 /// The layer's tensors, and the subsampled input of a 1×1 strided layer: `AlignedVec`s (64-byte
@@ -112,20 +124,28 @@ fn call(d: &mut Data, pass: Pass, on_pointwise: bool, ws: &mut Workspace) -> Res
     Ok(())
 }
 
-fn run(threads: usize) -> Result<(), Error> {
+fn run(threads: usize, bind: bool) -> Result<(), Error> {
     let mut a: Vec<String> = std::env::args().skip(1).collect();
     if let Some(i) = a.iter().position(|s| s == "--threads") {
         a.drain(i..(i + 2).min(a.len()));
     }
-    if threads > 1 && !a.iter().any(|s| s == "--paired" || s == "--back-to-back") {
-        return Err("--threads takes --paired or --back-to-back".into());
+    if threads > 1
+        && !a
+            .iter()
+            .any(|s| s == "--paired" || s == "--back-to-back" || s == "--scale")
+    {
+        return Err("--threads takes --paired, --back-to-back or --scale".into());
     }
     let back_to_back = a.iter().any(|s| s == "--back-to-back");
     let paired = a.iter().any(|s| s == "--paired");
-    a.retain(|s| s != "--back-to-back" && s != "--paired" && s != "--bind");
+    let scale = a.iter().any(|s| s == "--scale");
+    if scale && threads < 2 {
+        return Err("--scale takes --threads T with T >= 2".into());
+    }
+    a.retain(|s| s != "--back-to-back" && s != "--paired" && s != "--scale" && s != "--bind");
     if a.len() < 7 {
         return Err(
-            "usage: [--back-to-back | --paired] [--threads T [--bind]] N C K SIZE KERNEL STRIDE PAD [ROUNDS [FILTER]]"
+            "usage: [--back-to-back | --paired | --scale] [--threads T [--bind]] N C K SIZE KERNEL STRIDE PAD [ROUNDS [FILTER]]"
                 .into(),
         );
     }
@@ -254,6 +274,9 @@ fn run(threads: usize) -> Result<(), Error> {
     }
     let mut ws = Workspace::new(true);
     let flops = data.g.flops() as f64;
+    if scale {
+        return run_scale(&mut data, &passes, rounds, threads, bind, &mut ws);
+    }
     if paired {
         let filter = a.get(8).map(String::as_str);
         return run_paired(&mut data, rounds, filter, threads, &mut ws);
@@ -312,6 +335,61 @@ fn median(v: &mut [f64]) -> f64 {
         n if n % 2 == 1 => v[n / 2],
         n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
     }
+}
+
+/// `--scale`: each pass on one thread against `threads` threads, call by call (see the module
+/// docs).
+fn run_scale(
+    d: &mut Data,
+    passes: &[(&str, Pass, bool)],
+    rounds: usize,
+    threads: usize,
+    bind: bool,
+    ws: &mut Workspace,
+) -> Result<(), Error> {
+    let one = pool_of(1, false)?;
+    let many = pool_of(threads, bind)?;
+    for &(name, pass, pw) in passes {
+        let (mut t1, mut tn, mut speedup) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..rounds + 2 {
+            let mut time = |pool: &rayon::ThreadPool| -> Result<f64, Error> {
+                let t = std::time::Instant::now();
+                pool.install(|| call(d, pass, pw, ws))?;
+                Ok(t.elapsed().as_secs_f64())
+            };
+            let (a, b) = if i % 2 == 0 {
+                let a = time(&one)?;
+                (a, time(&many)?)
+            } else {
+                let b = time(&many)?;
+                (time(&one)?, b)
+            };
+            if i >= 2 {
+                t1.push(a);
+                tn.push(b);
+                speedup.push(a / b);
+            }
+        }
+        let (m1, mn) = (median(&mut t1), median(&mut tn));
+        // `median` sorted the speed-ups: their quartiles.
+        let ms = median(&mut speedup);
+        let q = |f: usize| {
+            speedup
+                .get(speedup.len() * f / 4)
+                .copied()
+                .unwrap_or(f64::NAN)
+        };
+        println!(
+            "{name:34} t1 {:8.3} ms  t{threads} {:8.3} ms (medians)  t1/t{threads}: pair median {ms:.3} (quartiles {:.3}-{:.3}), of the medians {:.3}  n {}",
+            m1 * 1e3,
+            mn * 1e3,
+            q(1),
+            q(3),
+            m1 / mn,
+            t1.len()
+        );
+    }
+    Ok(())
 }
 
 /// `--paired`: each pass against its GEMM-only bound, alternated call by call (see the module
