@@ -338,7 +338,17 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
         // MC·KC of the A block, which is mostly free here) instead of L3. Packing then writes to
         // L2 and the micro-kernels read it from L2.
         let l2_cols = (bs.mc * kc_budget / kc_max / nr).max(1) * nr;
-        nc_max = nc_max.min(l2_cols);
+        // Except when the block's panels are packed by their first tiles one over the other
+        // (fused packing into a one-panel ring, `macro_kernel`: a kernel whose groups are one
+        // panel): then the B block takes one panel of L2 whatever its width, and with several
+        // passes over k a wide block keeps each pass's A block (`m × kc`) in L2 for the whole
+        // pass, where L2-wide blocks re-read it from L3 once per block (the whole of A, packed
+        // once for all of k, exceeds L2 on 256×3136×2304: 2.4 MB). Single-pass products keep
+        // the L2 width (nothing to reuse across blocks).
+        let ring_only = fuse.is_some() && K::PACK_GROUP == 1 && tune::ring() && k > kc_max;
+        if !ring_only {
+            nc_max = nc_max.min(l2_cols);
+        }
         // With fused packing in groups of several panels (AVX2: 3), blocks of whole groups: a
         // block's full panels past its last whole group are packed up front by `pack_b` (a
         // copy pass with no FMAs to hide it, from rows prefetched in a burst of their own on
@@ -1258,6 +1268,9 @@ mod tests {
             (64, 700, 1537),
             (40, 3136, 1000),
             (7, 1104, 700),
+            // Several passes and columns past NC: several blocks also where the B block is a
+            // one-panel ring (wide blocks).
+            (16, 4200, 600),
         ] {
             let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 5) as f32 - 2.0).collect();
             let b: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 3) as f32 - 1.0).collect();
