@@ -510,14 +510,7 @@ pub(crate) fn group_aligned(
     group_rows: usize,
 ) -> Result<core_blas::Gemm, core_blas::Error> {
     let bs = gemm.block_sizes();
-    let pass = |kc: usize| {
-        let kc = kc.max(1);
-        let passes = match k.div_ceil(kc).max(1) {
-            p @ 2..=3 => k.div_ceil(kc + kc / 8).min(p),
-            p => p,
-        };
-        k.div_ceil(passes).max(1)
-    };
+    let pass = |kc: usize| core_blas::BlockSizes { kc, ..bs }.pass_depth(k);
     let aligned = |depth: usize| group_rows.is_multiple_of(depth);
     if group_rows == 0 || k <= group_rows || rows > bs.mc || aligned(pass(bs.kc)) {
         return Ok(*gemm);

@@ -25,6 +25,19 @@ pub struct BlockSizes {
 }
 
 impl BlockSizes {
+    /// The depth of each of the equal passes the driver splits a product of depth `k` into
+    /// (see [`kc`](BlockSizes::kc)): at most `kc`, or at most `kc + kc / 8` when that takes two
+    /// or three passes down by one; at least 1. Callers that shape their own K blocks (conv-ops'
+    /// tap groups) read the driver's split here.
+    pub fn pass_depth(&self, k: usize) -> usize {
+        let kc = self.kc.max(1);
+        let passes = match k.div_ceil(kc).max(1) {
+            p @ 2..=3 => k.div_ceil(kc + kc / 8).min(p),
+            p => p,
+        };
+        k.div_ceil(passes).max(1)
+    }
+
     /// Check that every block size is positive and small enough to allocate.
     pub fn validate(self) -> Result<Self, Error> {
         for (arg, value) in [("mc", self.mc), ("kc", self.kc), ("nc", self.nc)] {

@@ -301,11 +301,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     // 128×12544×576 +1.3, 32×8192×288 +0.5, 64×8192×576 −0.2. Longer products keep KC: one pass
     // of nine saved was not a gain on 256×3136×2304 (sessions 7, 9).
     let kc = bs.kc.max(1);
-    let passes = match k.div_ceil(kc).max(1) {
-        p @ 2..=3 => k.div_ceil(kc + kc / 8).min(p),
-        p => p,
-    };
-    let kc_max = k.div_ceil(passes).max(1);
+    let kc_max = bs.pass_depth(k);
     // The depth the L2 budget of one A block is computed for (the slack's deeper passes keep
     // the B block's width, as a KC override to that depth would).
     let kc_budget = kc.max(kc_max);

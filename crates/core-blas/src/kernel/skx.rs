@@ -271,33 +271,41 @@ macro_rules! kloop_pk {
     };
 }
 
+/// `prefetcht0` of the 48-value source row at `$at`: its bytes at `+0`, `+64`, `+128` and
+/// `+188` (the row's 3 or 4 lines).
+macro_rules! pf_row {
+    ($at:literal) => {
+        concat!(
+            "prefetcht0 byte ptr [",
+            $at,
+            "]\n",
+            "prefetcht0 byte ptr [",
+            $at,
+            " + 64]\n",
+            "prefetcht0 byte ptr [",
+            $at,
+            " + 128]\n",
+            "prefetcht0 byte ptr [",
+            $at,
+            " + 188]\n",
+        )
+    };
+}
+
 /// `kloop_pk!` that also prefetches (`prefetcht0`) the source row [`PK_L1_ROWS`] rows ahead of
-/// each row it packs (`{t}`, advanced as `{s}`): its bytes at `+0`, `+64`, `+128` and `+188`
-/// (the 48-value row's 3 or 4 lines).
+/// each row it packs (`{t}`, advanced as `{s}`; `pf_row!`).
 macro_rules! kloop_pk_l1 {
     ($n:expr, $a:expr, $b:expr, $s:expr, $l:expr, $t:expr, $c:expr) => {
         tile_asm!([
             ".p2align 5",
             "2:",
-            "prefetcht0 byte ptr [{t}]",
-            "prefetcht0 byte ptr [{t} + 64]",
-            "prefetcht0 byte ptr [{t} + 128]",
-            "prefetcht0 byte ptr [{t} + 188]",
+            pf_row!("{t}"),
             step_pk!(0, "{s}", 0, 1, 3, [row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_eb]),
-            "prefetcht0 byte ptr [{t} + {l}]",
-            "prefetcht0 byte ptr [{t} + {l} + 64]",
-            "prefetcht0 byte ptr [{t} + {l} + 128]",
-            "prefetcht0 byte ptr [{t} + {l} + 188]",
+            pf_row!("{t} + {l}"),
             step_pk!(1, "{s} + {l}", 4, 5, 6, [row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_eb]),
-            "prefetcht0 byte ptr [{t} + {l}*2]",
-            "prefetcht0 byte ptr [{t} + {l}*2 + 64]",
-            "prefetcht0 byte ptr [{t} + {l}*2 + 128]",
-            "prefetcht0 byte ptr [{t} + {l}*2 + 188]",
+            pf_row!("{t} + {l}*2"),
             step_pk!(2, "{s} + {l}*2", 0, 1, 3, [row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_eb]),
-            "prefetcht0 byte ptr [{t} + {l3}]",
-            "prefetcht0 byte ptr [{t} + {l3} + 64]",
-            "prefetcht0 byte ptr [{t} + {l3} + 128]",
-            "prefetcht0 byte ptr [{t} + {l3} + 188]",
+            pf_row!("{t} + {l3}"),
             step_pk!(3, "{s} + {l3}", 4, 5, 6, [row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_eb]),
             "lea {s}, [{s} + {l}*4]",
             "lea {t}, [{t} + {l}*4]",
