@@ -6,7 +6,9 @@
 //! is reused for every B micro-panel and should stay in L2, so `MC ≈ share_l2 · L2 / (KC · 4)`;
 //! the packed `kc × nc` block of B is reused for every A block and lives in L3:
 //! `NC ≈ share_l3 · L3 / (KC · 4)`. The shares and fallbacks live in [`TABLE`], one row per family;
-//! [`crate::Gemm::with_block_sizes`] and the `CORE_BLAS_MC/KC/NC` variables override.
+//! [`crate::Gemm::with_block_sizes`] replaces them (the driver still adapts them to each product);
+//! [`crate::Gemm::with_exact_block_sizes`] and the `CORE_BLAS_MC/KC/NC` variables override them
+//! exactly ([`Exact`]).
 
 use std::sync::OnceLock;
 
@@ -65,6 +67,32 @@ impl BlockSizes {
         }
         Ok(self)
     }
+}
+
+/// Which block sizes of a [`crate::Gemm`] the driver runs exactly as given (an explicit
+/// override: [`crate::Gemm::with_exact_block_sizes`], the `CORE_BLAS_MC/KC/NC` variables), where
+/// it otherwise adapts them to the product: the deeper passes of kernels with
+/// `DEEPER_PASSES` (KC 4/3 deeper, MC as much shorter, with several A blocks), k and m split
+/// into equal blocks, and for one A block the B block's width capped by the L2 budget (or
+/// rounded to whole packing groups).
+///
+/// Exact KC runs passes of `kc` over k (the last one shorter); exact MC A blocks of `mc` rows
+/// rounded up to the tile's MR (the last one shorter); exact NC B blocks of `nc` columns rounded
+/// up to NR. A store that needs the whole k in one pass still raises KC to k.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Exact {
+    pub(crate) mc: bool,
+    pub(crate) kc: bool,
+    pub(crate) nc: bool,
+}
+
+impl Exact {
+    /// Every size exact.
+    pub(crate) const ALL: Self = Self {
+        mc: true,
+        kc: true,
+        nc: true,
+    };
 }
 
 /// Data cache sizes in bytes, per instance (L3: the instance this core shares).

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rayon::prelude::*;
 
+use crate::blocking::Exact;
 use crate::crew::{self, Crew, Member};
 use crate::kernel::convpack::ConvRows;
 use crate::kernel::{Kernel, RowPrefetch};
@@ -127,6 +128,7 @@ fn part(len: usize, unit: usize, parts: usize, t: usize) -> (usize, usize) {
 pub(crate) fn gemm<K: Kernel, A: PackA, B: PackB, S: Store>(
     kern: K,
     bs: BlockSizes,
+    exact: Exact,
     a: &A,
     b: &B,
     store: &mut S,
@@ -140,12 +142,20 @@ pub(crate) fn gemm<K: Kernel, A: PackA, B: PackB, S: Store>(
     }
     let concurrent = store.concurrent();
     // A store that needs the whole k in one pass raises KC to k; MC and NC shrink so the packed
-    // blocks keep their cache budgets (MC·KC and KC·NC).
+    // blocks keep their cache budgets (MC·KC and KC·NC), unless they are exact.
     let bs = if store.whole_k() && k > bs.kc {
         BlockSizes {
             kc: k,
-            mc: (bs.mc * bs.kc / k).max(1),
-            nc: (bs.nc * bs.kc / k).max(1),
+            mc: if exact.mc {
+                bs.mc
+            } else {
+                (bs.mc * bs.kc / k).max(1)
+            },
+            nc: if exact.nc {
+                bs.nc
+            } else {
+                (bs.nc * bs.kc / k).max(1)
+            },
         }
     } else {
         bs
@@ -172,7 +182,7 @@ pub(crate) fn gemm<K: Kernel, A: PackA, B: PackB, S: Store>(
             own: 0,
             shares: &[AtomicU64::new(0)],
         };
-        with_workspace(|ws| serial(kern, bs, (0, m), cols, k, a, b, &sink, ws, None));
+        with_workspace(|ws| serial(kern, bs, exact, (0, m), cols, k, a, b, &sink, ws, None));
         return;
     }
     // The share states of the threads of every row range (`tn` each), or a static split of the
@@ -222,7 +232,21 @@ pub(crate) fn gemm<K: Kernel, A: PackA, B: PackB, S: Store>(
         };
         if rows.0 < rows.1 && cols.range.0 < cols.range.1 {
             let member = crew.as_ref().map(Crew::join);
-            with_workspace(|ws| serial(kern, bs, rows, cols, k, a, b, &sink, ws, member.as_ref()));
+            with_workspace(|ws| {
+                serial(
+                    kern,
+                    bs,
+                    exact,
+                    rows,
+                    cols,
+                    k,
+                    a,
+                    b,
+                    &sink,
+                    ws,
+                    member.as_ref(),
+                )
+            });
         } else if let Some(c) = &crew {
             c.skip();
         }
@@ -260,6 +284,7 @@ fn rows_inside(len: usize, ld: usize, k: usize, n: usize) -> bool {
 fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     kern: K,
     bs: BlockSizes,
+    exact: Exact,
     rows: (usize, usize),
     columns: Columns<'_>,
     k: usize,
@@ -280,7 +305,15 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     // 92.0/94.7, 91.8/93.7, 91.2/93.8%; 3136×256×2304 80.3/81.2, 79.2/81.9%; 1024³ 85.8/85.9,
     // 88.6/91.1%; this rule against the table, 2048³, quiet 02:00 and 02:01 (noisy host, peaks
     // 110-114): 88.8/89.8, 90.0/90.2, 88.6/89.1, 87.9/90.5, 89.2/89.7, 91.1/91.1, 88.5/90.5%.
-    let bs = if K::DEEPER_PASSES && rows.1 - rows.0 > bs.mc && k > bs.kc && tune::deep() {
+    // Exact block sizes ([`Exact`]) run as given: none of this rule, the balancing below or the
+    // B block's L2 width.
+    let bs = if K::DEEPER_PASSES
+        && !exact.kc
+        && !exact.mc
+        && rows.1 - rows.0 > bs.mc
+        && k > bs.kc
+        && tune::deep()
+    {
         let kc = (bs.kc * 4 / 3 / 16 * 16).max(bs.kc);
         BlockSizes {
             kc,
@@ -301,16 +334,24 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     // 128×12544×576 +1.3, 32×8192×288 +0.5, 64×8192×576 −0.2. Longer products keep KC: one pass
     // of nine saved was not a gain on 256×3136×2304 (sessions 7, 9).
     let kc = bs.kc.max(1);
-    let kc_max = bs.pass_depth(k);
+    let kc_max = if exact.kc {
+        kc.min(k.max(1))
+    } else {
+        bs.pass_depth(k)
+    };
     // The depth the L2 budget of one A block is computed for (the slack's deeper passes keep
     // the B block's width, as a KC override to that depth would).
     let kc_budget = kc.max(kc_max);
     let m_len = rows.1 - rows.0;
-    let mc_max = m_len
-        .div_ceil(m_len.div_ceil(bs.mc.max(1)).max(1))
-        .div_ceil(mr)
-        .max(1)
-        * mr;
+    let mc_max = if exact.mc {
+        bs.mc.div_ceil(mr).max(1) * mr
+    } else {
+        m_len
+            .div_ceil(m_len.div_ceil(bs.mc.max(1)).max(1))
+            .div_ceil(mr)
+            .max(1)
+            * mr
+    };
     // A dense row-major B is packed inside the first tile of each panel (or group of `PACK_GROUP` panels): only
     // when the storage it hands over holds all k rows of n values (`PackB` is a safe trait, so a
     // source that hands over less is packed by `pack_b`), and never for k = 0.
@@ -329,7 +370,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
         K::PACKS_B && tune::fuse() && rows_inside(data.len(), ld, k, b.cols())
     });
     let mut nc_max = bs.nc.div_ceil(nr) * nr;
-    if m_len <= mc_max {
+    if m_len <= mc_max && !exact.nc {
         // One A block only: the B block is not reused across ic, so keep it in L2 (the budget
         // MC·KC of the A block, which is mostly free here) instead of L3. Packing then writes to
         // L2 and the micro-kernels read it from L2.
@@ -1427,7 +1468,21 @@ mod tests {
                         own,
                         shares,
                     };
-                    with_workspace(|ws| serial(kern, bs, (0, m), cols, k, av, bv, sink, ws, None));
+                    with_workspace(|ws| {
+                        serial(
+                            kern,
+                            bs,
+                            Exact::default(),
+                            (0, m),
+                            cols,
+                            k,
+                            av,
+                            bv,
+                            sink,
+                            ws,
+                            None,
+                        )
+                    });
                     done.fetch_add(1, Ordering::Release);
                 });
             }

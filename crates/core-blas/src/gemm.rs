@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use crate::blocking::{BlockSizes, CacheSizes, derive};
+use crate::blocking::{BlockSizes, CacheSizes, Exact, derive};
 use crate::driver;
 use crate::isa::Family;
 use crate::pack::{PackA, PackB};
@@ -18,6 +18,7 @@ pub struct Gemm {
     pub(crate) family: Family,
     isa: Isa,
     blocks: BlockSizes,
+    exact: Exact,
 }
 
 impl Gemm {
@@ -30,6 +31,7 @@ impl Gemm {
             family,
             isa,
             blocks: derive(isa, mr, nr, CacheSizes::detect()),
+            exact: Exact::default(),
         })
     }
 
@@ -38,12 +40,41 @@ impl Gemm {
         crate::isa::global()
     }
 
-    /// The same family with other block sizes (validated).
+    /// The same family with other block sizes (validated), which the driver adapts to each
+    /// product as it does the derived ones: with several A blocks a kernel may run passes 4/3
+    /// deeper and A blocks as much shorter, k and m are split into equal blocks of at most KC and
+    /// MC (passes up to KC/8 deeper when that saves one of two or three), and a single A block
+    /// caps the B block's width by its L2 budget.
     pub fn with_block_sizes(self, blocks: BlockSizes) -> Result<Self, Error> {
         Ok(Self {
             blocks: blocks.validate()?,
+            exact: Exact::default(),
             ..self
         })
+    }
+
+    /// The same family running exactly the block sizes given (validated): passes of `kc` over
+    /// k (the last one shorter), A blocks of `mc` rows and B blocks of `nc` columns (rounded up to
+    /// the tile's MR and NR; the last ones shorter), none of the adaptations of
+    /// [`with_block_sizes`](Gemm::with_block_sizes). What the `CORE_BLAS_MC/KC/NC` variables set
+    /// runs this way. A product whose store needs the whole k in one pass still runs one pass.
+    pub fn with_exact_block_sizes(self, blocks: BlockSizes) -> Result<Self, Error> {
+        Ok(Self {
+            blocks: blocks.validate()?,
+            exact: Exact::ALL,
+            ..self
+        })
+    }
+
+    /// Which of the block sizes run exactly (set by `with_exact_block_sizes` or the variables).
+    pub(crate) fn with_exact(self, exact: Exact) -> Self {
+        Self { exact, ..self }
+    }
+
+    /// Which of the block sizes run exactly.
+    #[cfg(test)]
+    pub(crate) fn exact(&self) -> Exact {
+        self.exact
     }
 
     /// The kernel family.
@@ -69,11 +100,11 @@ impl Gemm {
     /// Monomorphized dispatch to the driver for this family.
     fn run<A: PackA, B: PackB, S: Store>(&self, a: &A, b: &B, store: &mut S, max_threads: usize) {
         match self.family {
-            Family::Scalar(k) => driver::gemm(k, self.blocks, a, b, store, max_threads),
+            Family::Scalar(k) => driver::gemm(k, self.blocks, self.exact, a, b, store, max_threads),
             #[cfg(target_arch = "x86_64")]
-            Family::Avx2(k) => driver::gemm(k, self.blocks, a, b, store, max_threads),
+            Family::Avx2(k) => driver::gemm(k, self.blocks, self.exact, a, b, store, max_threads),
             #[cfg(target_arch = "x86_64")]
-            Family::Avx512(k) => driver::gemm(k, self.blocks, a, b, store, max_threads),
+            Family::Avx512(k) => driver::gemm(k, self.blocks, self.exact, a, b, store, max_threads),
         }
     }
 

@@ -5,7 +5,9 @@
 //! - `CORE_BLAS_ISA` = `scalar` | `avx2` | `avx512` | `neon`: force a family; every entry point
 //!   returns [`Error::IsaUnavailable`] if the CPU lacks it (`neon` always does: no NEON family is
 //!   built, the portable `scalar` family serves aarch64).
-//! - `CORE_BLAS_MC`, `CORE_BLAS_KC`, `CORE_BLAS_NC`: override the derived block sizes.
+//! - `CORE_BLAS_MC`, `CORE_BLAS_KC`, `CORE_BLAS_NC`: override the derived block sizes, each run
+//!   exactly as set ([`crate::Gemm::with_exact_block_sizes`]): passes of KC, A blocks of MC rows,
+//!   B blocks of NC columns (MC and NC rounded up to the tile).
 //! - `CORE_BLAS_HUGEPAGES=0`: [`crate::AlignedVec`]s of 2 MiB and more (the packing buffers,
 //!   conv-ops' and fastconv's workspaces) stay on the heap instead of taking 2 MiB-aligned storage
 //!   advised to transparent huge pages (Linux; read at the first such buffer).
@@ -14,6 +16,7 @@
 
 use std::sync::OnceLock;
 
+use crate::blocking::Exact;
 use crate::kernel::Kernel;
 use crate::kernel::portable::Scalar;
 #[cfg(target_arch = "x86_64")]
@@ -171,9 +174,12 @@ impl Family {
     }
 }
 
-fn env_usize(var: &'static str) -> Result<Option<usize>, Error> {
-    match std::env::var(var) {
-        Ok(v) if !v.trim().is_empty() => {
+fn env_usize(
+    var: &'static str,
+    get: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<usize>, Error> {
+    match get(var) {
+        Some(v) if !v.trim().is_empty() => {
             v.trim().parse::<usize>().map(Some).map_err(|_| Error::Env {
                 var,
                 value: v.clone(),
@@ -182,6 +188,28 @@ fn env_usize(var: &'static str) -> Result<Option<usize>, Error> {
         }
         _ => Ok(None),
     }
+}
+
+/// `gemm` with the block sizes the `CORE_BLAS_MC/KC/NC` variables set (read through `get`),
+/// each run exactly ([`crate::blocking::Exact`]); the others keep the derived sizes and the
+/// driver's adaptations.
+fn with_overrides(gemm: Gemm, get: impl Fn(&str) -> Option<String>) -> Result<Gemm, Error> {
+    let mut bs = gemm.block_sizes();
+    let mut exact = Exact::default();
+    for (var, slot, named) in [
+        ("CORE_BLAS_MC", &mut bs.mc, &mut exact.mc),
+        ("CORE_BLAS_KC", &mut bs.kc, &mut exact.kc),
+        ("CORE_BLAS_NC", &mut bs.nc, &mut exact.nc),
+    ] {
+        if let Some(v) = env_usize(var, &get)? {
+            *slot = v;
+            *named = true;
+        }
+    }
+    if exact == Exact::default() {
+        return Ok(gemm);
+    }
+    Ok(gemm.with_block_sizes(bs)?.with_exact(exact))
 }
 
 /// The process-wide context: family from `CORE_BLAS_ISA` (or the best available), block sizes
@@ -194,23 +222,8 @@ pub(crate) fn global() -> Result<&'static Gemm, Error> {
                 Ok(name) if !name.trim().is_empty() => Isa::from_name(&name)?,
                 _ => *Isa::available().last().unwrap_or(&Isa::Scalar),
             };
-            let mut gemm = Gemm::new(isa)?;
-            let mut bs = gemm.block_sizes();
-            let mut overridden = false;
-            for (var, slot) in [
-                ("CORE_BLAS_MC", &mut bs.mc),
-                ("CORE_BLAS_KC", &mut bs.kc),
-                ("CORE_BLAS_NC", &mut bs.nc),
-            ] {
-                if let Some(v) = env_usize(var)? {
-                    *slot = v;
-                    overridden = true;
-                }
-            }
-            if overridden {
-                gemm = gemm.with_block_sizes(bs)?;
-            }
-            Ok(gemm)
+            let gemm = Gemm::new(isa)?;
+            with_overrides(gemm, |var| std::env::var(var).ok())
         })
         .as_ref()
         .map_err(Clone::clone)
@@ -220,4 +233,48 @@ pub(crate) fn global() -> Result<&'static Gemm, Error> {
 /// the error `CORE_BLAS_ISA` causes.
 pub fn isa() -> Result<&'static str, Error> {
     global().map(|g| g.kernel_name())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::BlockSizes;
+
+    /// The variables set run exactly, each alone; the others keep the derived sizes and the
+    /// driver's adaptations. Values that do not parse or validate are errors.
+    #[test]
+    fn overrides_are_exact_for_the_sizes_they_name() {
+        let g = Gemm::new(Isa::Scalar).unwrap();
+        let only = |name: &'static str, value: &'static str| {
+            move |var: &str| (var == name).then(|| value.to_string())
+        };
+        let kc = with_overrides(g, only("CORE_BLAS_KC", " 384 ")).unwrap();
+        assert_eq!(
+            kc.block_sizes(),
+            BlockSizes {
+                kc: 384,
+                ..g.block_sizes()
+            }
+        );
+        let want = Exact {
+            kc: true,
+            ..Exact::default()
+        };
+        assert_eq!(kc.exact(), want);
+        let mc = with_overrides(g, only("CORE_BLAS_MC", "96")).unwrap();
+        let want = Exact {
+            mc: true,
+            ..Exact::default()
+        };
+        assert_eq!((mc.block_sizes().mc, mc.exact()), (96, want));
+        let all = with_overrides(g, |_| Some("200".to_string())).unwrap();
+        assert_eq!(all.exact(), Exact::ALL);
+        let none = with_overrides(g, |_| None).unwrap();
+        assert_eq!(
+            (none.block_sizes(), none.exact()),
+            (g.block_sizes(), Exact::default())
+        );
+        assert!(with_overrides(g, only("CORE_BLAS_MC", "x")).is_err());
+        assert!(with_overrides(g, only("CORE_BLAS_NC", "0")).is_err());
+    }
 }
