@@ -10,8 +10,10 @@ use crate::error::{Result, gemm_err};
 use crate::geometry::ConvGeometry;
 use crate::im2col::{col2im_add, im2col, im2col_shape};
 use crate::layout::{
-    ChannelMajor, ChannelMajorStore, Columns, Epilogue, RowClass, forward_classes, forward_panels,
+    ChannelMajor, ChannelMajorStore, Columns, Epilogue, OneThread, RowClass, forward_classes,
+    forward_panels,
 };
+use crate::shares::share_out;
 
 /// The weights of group `grp` as a (K/G) × (C/G·R) row-major matrix.
 fn weights<'a>(g: &ConvGeometry, grp: usize, w: &'a [f32]) -> Result<MatRef<'a>> {
@@ -121,6 +123,52 @@ fn forward_batch<A: core_blas::PackA, B: core_blas::PackB>(
     } else {
         forward_panels(a, b, y, (channels, plane, c0), epi, false)
     }
+}
+
+/// The forward convgemm of a pointwise layer with large planes on several threads: the images
+/// shared out ([`share_out`]: each thread claims the next image when it ends one), each image's
+/// product (K/G × O, C/G deep: B = x\[n\] of the group, packed and prefetched as a dense matrix)
+/// on the thread that claimed it, stored straight into y. One fork per call, where a product per
+/// image split over the threads forked once per image (8 times on ResNet-50's batch of 8), each
+/// product too small (64 × 3136 × 256: 51 M multiply-adds) for core-blas's crew, so its second
+/// part, woken unbound, could start late. The callers take it when the images divide evenly
+/// among the threads. ResNet-50 1×1 256→64 @56² (batch 8), Intel Emerald Rapids, 2 threads,
+/// `probe_passes --paired --threads 2 ... 30 fwd` (bound / pass pair medians), A B B A
+/// rounds: quiet 17:29:05 and 17:47 UTC (one binary, the two forms by a switch), split products
+/// 0.984, 0.962, 0.978, 0.924, 1.024, 1.010, 1.009, 0.960, 0.977, 0.996 (median 0.981), images
+/// shared out 1.009, 0.990, 1.022, 0.995, 0.999, 1.021, 1.058, 1.050, 1.060, 1.025 (1.022);
+/// quiet 18:07:02 (main against this build) 1.001, 0.983, 0.968, 0.982, 0.934, 1.007 (0.983)
+/// against 1.017, 0.993, 0.987, 1.014, 0.982, 0.975 (0.990), 5 of 6 rounds higher.
+fn pointwise_images<A: ForwardA>(
+    g: &ConvGeometry,
+    grp: usize,
+    a: &A,
+    x: &[f32],
+    (bias, relu): (Option<&[f32]>, bool),
+    y: &mut [f32],
+) -> Result<()> {
+    let (kg, cg, olen) = (
+        g.out_channels_per_group(),
+        g.in_channels_per_group(),
+        g.output_spatial_len(),
+    );
+    let images = y.chunks_mut(g.out_channels() * olen).collect();
+    share_out(images, |n, yi: &mut [f32]| {
+        let yn = &mut yi[grp * kg * olen..][..kg * olen];
+        let c = MatMut::row_major("y", yn, kg, olen, olen).map_err(gemm_err)?;
+        let mut dense = DenseStore::new(c, 1.0, 0.0);
+        if let Some(b) = bias {
+            dense = dense
+                .with_bias(Bias::PerRow(&b[grp * kg..][..kg]))
+                .map_err(gemm_err)?;
+        }
+        if relu {
+            dense = dense.with_relu();
+        }
+        let xn = &x[(n * g.in_channels() + grp * cg) * olen..][..cg * olen];
+        let b = MatRef::row_major("x", xn, cg, olen, olen).map_err(gemm_err)?;
+        core_blas::gemm_with(a, &b, &mut OneThread(dense)).map_err(gemm_err)
+    })
 }
 
 /// True for a 1×1 kernel with stride 1 and no padding: im2col(x) is x itself.
@@ -432,6 +480,12 @@ pub(crate) fn forward_group<A: ForwardA>(
     let slabs = (algo == ForwardAlgo::Convgemm && olen >= PER_IMAGE_MIN_PLANE && !is_pointwise(g))
         .then(|| outer_slabs(g))
         .flatten();
+    if algo == ForwardAlgo::Convgemm && olen >= PER_IMAGE_MIN_PLANE && is_pointwise(g) {
+        let threads = rayon::current_num_threads().max(1);
+        if threads > 1 && g.batch().is_multiple_of(threads) {
+            return pointwise_images(g, grp, a, x, (bias, relu), y);
+        }
+    }
     // The whole batch's C (K/G × N·O) written into y through the channel-major map.
     let batch_store = |y| ChannelMajorStore::new(y, g.out_channels(), olen, grp * kg, kg, epi);
     match algo {
@@ -832,6 +886,53 @@ mod tests {
                 Tolerance::for_f32_sum(g.out_channels() * g.kernel_len())
                     .check("dx", &dx, &want_dx)
                     .unwrap_or_else(|e| panic!("{g:?}: {e}"));
+            }
+        }
+    }
+
+    /// Pointwise layers with large planes: on 2 and 4 threads (images dividing evenly) each
+    /// image's product on the thread that claims it ([`super::pointwise_images`]), on 1 and 3
+    /// threads a product per image over all threads; groups, bias and ReLU; y starts as NaN,
+    /// so an image or group no product stores shows.
+    #[test]
+    fn pointwise_images_match_the_reference() {
+        let geoms = [
+            ConvGeometry::new(4, 24, 20, &[32, 33], &[1, 1]).unwrap(),
+            ConvGeometry::new(4, 24, 20, &[33, 32], &[1, 1])
+                .unwrap()
+                .with_groups(2)
+                .unwrap(),
+        ];
+        for g in &geoms {
+            assert!(g.output_spatial_len() >= PER_IMAGE_MIN_PLANE);
+            let (x, w) = (uniform(1, g.x_len()), uniform(2, g.w_len()));
+            let bias = uniform(3, g.out_channels());
+            let mut want = vec![0f32; g.y_len()];
+            reference::forward(g, &x, &w, Some(&bias), &mut want).unwrap();
+            want.iter_mut().for_each(|v| *v = v.max(0.0));
+            for threads in 1..=4 {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let mut y = vec![f32::NAN; g.y_len()];
+                pool.install(|| {
+                    let ws = &mut Workspace::new(false);
+                    crate::forward(
+                        g,
+                        &x,
+                        &w,
+                        Some(&bias),
+                        true,
+                        &mut y,
+                        ForwardAlgo::Convgemm,
+                        ws,
+                    )
+                })
+                .unwrap();
+                Tolerance::for_f32_sum(g.in_channels_per_group())
+                    .check(&format!("forward {g:?} {threads} threads"), &y, &want)
+                    .unwrap();
             }
         }
     }
