@@ -497,16 +497,19 @@ fn pointwise(g: &ConvGeometry, dy: &[f32], w: &[f32], dx: &mut [f32]) -> Result<
     let items = g.batch() * groups;
     let threads = rayon::current_num_threads().max(1);
     if threads > 1 && items >= threads {
-        // One contiguous run of (image, group) products per thread, each product on one
-        // thread, the threads leaving together (`share_out`).
-        let per = items.div_ceil(threads);
+        // The (image, group) products claimed in turn, each on one thread, the threads
+        // leaving together (`share_out`): a thread slowed by the host runs fewer of them, where
+        // one contiguous run per thread made the call wait for the slow run. Level on a noisy
+        // host, and simpler: ResNet-50 1×1 256→64 @56² (batch 8), Emerald Rapids, `probe_passes
+        // --scale --threads 2 ... 20 bwd-data/deconvgemm` (t1 / t2 pair medians), A B B A
+        // rounds at quiet 17:29:05, 17:47 and 18:07:02 UTC: runs 1.556, 1.528, 1.604, 1.117,
+        // 1.939, 1.073, 1.175, 1.492, 1.894, 1.989, 1.442, 1.554, 1.991, 1.309, 1.811, 1.925
+        // (median 1.55); products claimed in turn 1.578, 1.836, 1.935, 1.580, 1.613, 1.091,
+        // 1.993, 1.773, 1.911, 1.600, 1.336, 1.715, 1.476, 1.685, 1.547, 1.476 (1.60); 10 of
+        // 16 rounds higher.
         share_out(
-            dx.chunks_mut(per * cg * plane).collect(),
-            |t, run: &mut [f32]| {
-                run.chunks_mut(cg * plane)
-                    .enumerate()
-                    .try_for_each(|(j, dxi)| one(t * per + j, dxi, true))
-            },
+            dx.chunks_mut(cg * plane).collect(),
+            |idx, dxi: &mut [f32]| one(idx, dxi, true),
         )
     } else {
         // Few products: each one uses every thread (core-blas splits it).
