@@ -401,6 +401,33 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
             nc_max = nc_max / gw * gw;
         }
     }
+    // A product that writes C once (one pass over k, beta = 0, no epilogue) into a dense C
+    // larger than L2 streams its full AVX-512 tiles to C with non-temporal stores on Intel: no
+    // line of C is read for ownership (12.8 MB of 64×50176×576's memory traffic besides B's
+    // 115.6 MB) and the tiles issue no C prefetch, whose misses held fill buffers the B
+    // source's prefetches need. C then leaves the product in memory, not in cache: a C of
+    // this size would not stay in L2 anyway. Session 41 (PERFORMANCE.md), Emerald Rapids,
+    // `case_ab 64 50176 576` in process, main / streamed interleaved per repetition.
+    let stream = K::STREAMS_C
+        && crate::isa::intel()
+        && k > 0
+        && k <= kc_max
+        && sink
+            .direct
+            .is_some_and(|d| d.beta == 0.0 && d.cs == 1 && !d.has_epilogue())
+        && (rows.1 - rows.0) * (cols.1 - cols.0) * 4 > crate::CacheSizes::detect().l2;
+    // The fused packing's prefetch one panel ahead, dropped on Intel for a one-pass product
+    // whose source rows lie a multiple of 4 KiB apart (64×50176×576: 196 KiB): every row of a
+    // panel then maps to the same few L1 sets and 1/32 of the L2 sets (18 rows of a 576-deep
+    // panel to each set of a 16-way L2 with 2 MiB pages, as many on average with 4 KiB
+    // pages), so the next panel's rows do not last in L2 until its first tile reads them, and
+    // their misses only hold fill buffers; the packing tile's own L1 prefetch (16 rows ahead)
+    // fetches the source. Rows off 4 KiB keep it (64×50192×576: dropping it lost ~8%), as do
+    // products of several passes (not measured here). Session 41 (PERFORMANCE.md), Emerald
+    // Rapids, `case_ab 64 50176 576` in process, interleaved per repetition.
+    let panel_ahead = !(crate::isa::intel()
+        && k <= kc_max
+        && fuse.is_some_and(|(_, ld)| ld.is_multiple_of(1024)));
     // When B is packed up front, the next B block is prefetched (`PackB::prefetch_b`) only when
     // a block fits the L2 budget of the A block (the case just above): a larger one would evict
     // the A block from L2. (Fused packing prefetches one panel or group ahead instead, for every block.)
@@ -624,7 +651,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
                         within: ic == rows.0,
                         next,
                     };
-                    tune::prefetch_enabled().then_some(Prefetch::Panels(b, ahead))
+                    (tune::prefetch_enabled() && panel_ahead).then_some(Prefetch::Panels(b, ahead))
                 } else if ic + mc >= rows.1 && prefetch_next && tune::prefetch_enabled() {
                     next.map(|n| Prefetch::Block(b, n))
                 } else {
@@ -649,6 +676,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
                     last,
                     sink,
                     prefetch,
+                    stream,
                     member,
                 );
                 ic += mc;
@@ -662,6 +690,13 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
         current = upcoming.or_else(other);
     }
     ws.conv = conv_bufs.rows;
+    #[cfg(target_arch = "x86_64")]
+    if stream {
+        // Non-temporal stores are weakly ordered: fence them before the product returns (or
+        // this part of it signals its end to the others).
+        // SAFETY: `sfence` touches no memory operand; SSE is in the x86_64 baseline.
+        unsafe { std::arch::x86_64::_mm_sfence() };
+    }
 }
 
 /// Scratch of the fused im2col packing: the source's panel description and its rows
@@ -825,6 +860,7 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
     last: bool,
     sink: &Sink<'_, S>,
     prefetch: Option<Prefetch<'_, B>>,
+    stream: bool,
     member: Option<&Member<'_>>,
 ) {
     // Slices of the next B block to prefetch, one per jr iteration.
@@ -1093,9 +1129,24 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
                 } else if let Some((sp, ld)) = pending.take() {
                     // The panel's first tile: the kernel packs it as it goes (the
                     // source rows are inside the matrix, the packed panel is bc's).
-                    kern.run_packing_b(kc, d.alpha, ap, sp, ld, bdst, beta, cp, d.rs, d.cs, m);
+                    kern.run_packing_b(
+                        kc, d.alpha, ap, sp, ld, bdst, beta, cp, d.rs, d.cs, m, stream,
+                    );
                 } else if let Some(pf) = in_kernel {
-                    kern.run_prefetching(kc, d.alpha, ap, bp, beta, cp, d.rs, d.cs, m, nn, pf);
+                    kern.run_prefetching(
+                        kc, d.alpha, ap, bp, beta, cp, d.rs, d.cs, m, nn, pf, stream,
+                    );
+                } else if stream {
+                    // No rows to prefetch: the prefetching tile only for its streamed C.
+                    let none = RowPrefetch {
+                        ptr: bp,
+                        ld: 0,
+                        rows: 0,
+                        width: nn.max(1),
+                    };
+                    kern.run_prefetching(
+                        kc, d.alpha, ap, bp, beta, cp, d.rs, d.cs, m, nn, none, true,
+                    );
                 } else {
                     kern.run(kc, d.alpha, ap, bp, beta, cp, d.rs, d.cs, m, nn);
                 }

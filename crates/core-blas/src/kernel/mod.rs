@@ -167,6 +167,9 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
     /// the AVX-512 family); a family whose `run_prefetching` spreads the rows over its k-loop
     /// may lower it.
     const SPREAD_MIN_ROWS: usize = crate::driver::SPREAD_MIN_ROWS;
+    /// Whether [`Kernel::run_packing_b`] and [`Kernel::run_prefetching`] act on their `stream`
+    /// argument (the driver asks only such families to stream C).
+    const STREAMS_C: bool = false;
 
     /// The kernel if the running CPU supports it.
     fn new() -> Option<Self>;
@@ -199,6 +202,11 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
     /// The default copies the panel, then runs [`Kernel::run`] on the copy; the AVX-512 and AVX2
     /// families pack inside their k-loops, so the copy's loads and stores overlap the FMAs.
     ///
+    /// With `stream` (asked only of a family with [`Kernel::STREAMS_C`]), a full tile written
+    /// with `beta == 0` may go to C by non-temporal stores (its lines are not read for
+    /// ownership and not left in cache); the caller fences (`sfence`) before anyone else reads
+    /// C.
+    ///
     /// # Safety
     /// As [`Kernel::run`] with `n == NR`, and for `b`: `k` rows of `PACK_PANELS · NR` readable
     /// values at `bsrc + p · ldb`, and `PACK_PANELS · k · NR` writable values at `bdst`
@@ -218,6 +226,7 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
         rs_c: usize,
         cs_c: usize,
         m: usize,
+        _stream: bool,
     ) {
         // SAFETY: the caller's contract is `copy_then_run`'s.
         unsafe { copy_then_run(self, k, alpha, a, bsrc, ldb, bdst, beta, c, rs_c, cs_c, m) }
@@ -227,6 +236,8 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
     /// default issues the prefetches up front, then runs; the AVX-512 and AVX2 families spread
     /// them over their k-loops (one row every few rounds), so that a long list does not arrive
     /// as one burst of misses that stalls the tile's own loads.
+    ///
+    /// `stream` as in [`Kernel::run_packing_b`].
     ///
     /// # Safety
     /// As [`Kernel::run`] (prefetches never fault: `pf` may point anywhere).
@@ -245,6 +256,7 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
         m: usize,
         n: usize,
         pf: RowPrefetch,
+        _stream: bool,
     ) {
         pf.issue();
         // SAFETY: the caller's contract is `run`'s.

@@ -393,6 +393,53 @@ pub(crate) fn prefetch_c(c: *mut f32, rs_c: usize, cs_c: usize, m: usize, n: usi
     }
 }
 
+/// Whether a tile asked to stream C ([`super::Kernel::run_prefetching`]'s `stream`) writes it
+/// with non-temporal stores: a full `8 × 48` tile written, not updated (`beta == 0`), whose
+/// rows start on cache lines (`vmovntps` needs 64-byte alignment), so each row is three whole
+/// lines and no line is read for ownership.
+#[inline(always)]
+fn streams(
+    stream: bool,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+    cs_c: usize,
+    m: usize,
+    n: usize,
+) -> bool {
+    stream
+        && beta == 0.0
+        && m == 8
+        && n == 48
+        && cs_c == 1
+        && (c as usize).is_multiple_of(64)
+        && rs_c.is_multiple_of(16)
+}
+
+/// `C[0..8, 0..48] := alpha · acc` with non-temporal stores (`vmovntps`): the lines go to
+/// memory through the write-combining buffers without being read first. The driver fences
+/// (`sfence`) before the product returns.
+///
+/// # Safety
+/// [`streams`] holds for `c`, `rs_c`; the window is the caller's; the CPU has AVX-512F.
+#[inline(always)]
+unsafe fn store_stream(acc: &[[__m512; 3]; 8], alpha: f32, c: *mut f32, rs_c: usize) {
+    // SAFETY: per the caller: 8 rows of 48 values at c + r · rs_c, each 64-byte aligned.
+    unsafe {
+        let va = _mm512_set1_ps(alpha);
+        for (r, row) in acc.iter().enumerate() {
+            for (v, &x) in row.iter().enumerate() {
+                let x = if alpha == 1.0 {
+                    x
+                } else {
+                    _mm512_mul_ps(x, va)
+                };
+                _mm512_stream_ps(c.add(r * rs_c + 16 * v), x);
+            }
+        }
+    }
+}
+
 /// The rounds of 4 steps run after the C tile is prefetched when C is only written (`beta ==
 /// 0`): 32 steps.
 const C_PREFETCH_ROUNDS: usize = 8;
@@ -526,6 +573,7 @@ pub(crate) unsafe fn avx512_ukr_asm_pf(
     m: usize,
     n: usize,
     pf: super::RowPrefetch,
+    stream: bool,
 ) {
     debug_assert!(m == 8 && n <= 48 && (1..=48).contains(&pf.width));
     // SAFETY: avx512f per the caller. The asm reads 4 · rounds <= k steps of the panels (8 and
@@ -554,7 +602,10 @@ pub(crate) unsafe fn avx512_ukr_asm_pf(
             }
             .issue();
         }
-        prefetch_c(c, rs_c, cs_c, m, n);
+        let nt = streams(stream, beta, c, rs_c, cs_c, m, n);
+        if !nt {
+            prefetch_c(c, rs_c, cs_c, m, n);
+        }
         if tail > 0 {
             kloop_variant!(0, tail, ap, bp, c24);
         }
@@ -564,7 +615,11 @@ pub(crate) unsafe fn avx512_ukr_asm_pf(
             ap = ap.add(8);
             bp = bp.add(48);
         }
-        super::store_acc::<V512, 8, 3>(&acc, alpha, beta, c, rs_c, cs_c, m, n);
+        if nt {
+            store_stream(&acc, alpha, c, rs_c);
+        } else {
+            super::store_acc::<V512, 8, 3>(&acc, alpha, beta, c, rs_c, cs_c, m, n);
+        }
     }
 }
 
@@ -595,6 +650,7 @@ pub(crate) unsafe fn avx512_ukr_asm_pk(
     cs_c: usize,
     m: usize,
     n: usize,
+    stream: bool,
 ) {
     debug_assert!(m == 8 && n <= 48);
     // SAFETY: avx512f per the caller. The asm reads 4 · rounds <= k steps of A (8 values) and
@@ -619,7 +675,10 @@ pub(crate) unsafe fn avx512_ukr_asm_pk(
                 kloop_pk!(head, ap, bp, sp, lb, c24);
             }
         }
-        prefetch_c(c, rs_c, cs_c, m, n);
+        let nt = streams(stream, beta, c, rs_c, cs_c, m, n);
+        if !nt {
+            prefetch_c(c, rs_c, cs_c, m, n);
+        }
         if tail > 0 {
             if l1_ahead {
                 kloop_pk_l1!(tail, ap, bp, sp, lb, tp, c24);
@@ -640,7 +699,11 @@ pub(crate) unsafe fn avx512_ukr_asm_pk(
             // Past the last row this leaves the source's storage: wrapping, never dereferenced.
             sp = sp.wrapping_add(ldb);
         }
-        super::store_acc::<V512, 8, 3>(&acc, alpha, beta, c, rs_c, cs_c, m, n);
+        if nt {
+            store_stream(&acc, alpha, c, rs_c);
+        } else {
+            super::store_acc::<V512, 8, 3>(&acc, alpha, beta, c, rs_c, cs_c, m, n);
+        }
     }
 }
 
@@ -752,6 +815,7 @@ mod tests {
                                 8,
                                 n,
                                 pf,
+                                false,
                             )
                         };
                     },
@@ -807,6 +871,7 @@ mod tests {
                             cs,
                             8,
                             48,
+                            false,
                         )
                     };
                     assert_eq!(
@@ -816,6 +881,102 @@ mod tests {
                     );
                 },
             );
+        }
+    }
+
+    /// Streamed C (`stream`): the prefetching and packing tiles write the same values as
+    /// without it, bit for bit, into a 64-byte-aligned C (rows 64 values apart: the
+    /// non-temporal path) and one value past it (the fallback), over NaN (beta = 0) with alpha
+    /// 1 and 2, and leave the values around the window untouched; beta = 1 (never streamed)
+    /// reads C.
+    #[test]
+    fn streamed_tiles_match_stored() {
+        if !is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        let (k, rs, ldb) = (37usize, 64usize, 53usize);
+        let a: Vec<f32> = (0..k * 8).map(|i| ((i * 7) % 19) as f32 - 9.0).collect();
+        let src: Vec<f32> = (0..k * ldb).map(|i| ((i * 5) % 17) as f32 - 8.0).collect();
+        let mut packed = vec![0.0f32; k * 48];
+        for p in 0..k {
+            packed[p * 48..][..48].copy_from_slice(&src[p * ldb..][..48]);
+        }
+        let pf = crate::kernel::RowPrefetch {
+            ptr: src.as_ptr(),
+            ld: ldb,
+            rows: 5,
+            width: 48,
+        };
+        for (alpha, beta) in [(1.0f32, 0.0f32), (2.0, 0.0), (1.0, 1.0)] {
+            for off in [0usize, 1] {
+                for packing in [false, true] {
+                    let mut outs = vec![];
+                    for stream in [false, true] {
+                        let mut c = crate::AlignedVec::zeroed(8 * rs + 16);
+                        c.iter_mut().enumerate().for_each(|(i, x)| {
+                            *x = if beta == 0.0 {
+                                f32::NAN
+                            } else {
+                                (i % 11) as f32
+                            }
+                        });
+                        let cp = c[off..].as_mut_ptr();
+                        let mut dst = vec![0.0f32; k * 48];
+                        // SAFETY: avx512f checked above; k steps of 8 values behind `a`, of 48
+                        // behind `packed`, k source rows of 48 values (row stride ldb) in
+                        // `src`, k · 48 values in `dst`; the 8 × 48 window at `cp` (rows rs
+                        // apart) lies inside `c`.
+                        unsafe {
+                            if packing {
+                                avx512_ukr_asm_pk(
+                                    true,
+                                    k,
+                                    alpha,
+                                    a.as_ptr(),
+                                    src.as_ptr(),
+                                    ldb,
+                                    dst.as_mut_ptr(),
+                                    beta,
+                                    cp,
+                                    rs,
+                                    1,
+                                    8,
+                                    48,
+                                    stream,
+                                );
+                            } else {
+                                avx512_ukr_asm_pf(
+                                    k,
+                                    alpha,
+                                    a.as_ptr(),
+                                    packed.as_ptr(),
+                                    beta,
+                                    cp,
+                                    rs,
+                                    1,
+                                    8,
+                                    48,
+                                    pf,
+                                    stream,
+                                );
+                            }
+                            _mm_sfence();
+                        }
+                        outs.push(c.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+                    }
+                    assert_eq!(
+                        outs[0], outs[1],
+                        "alpha {alpha} beta {beta} off {off} packing {packing}"
+                    );
+                    assert!(
+                        outs[0][off..]
+                            .chunks(rs)
+                            .take(8)
+                            .all(|r| r[..48].iter().all(|&x| !f32::from_bits(x).is_nan())),
+                        "the window is written"
+                    );
+                }
+            }
         }
     }
 }

@@ -828,6 +828,7 @@ impl Kernel for Avx2 {
         m: usize,
         n: usize,
         pf: super::RowPrefetch,
+        _stream: bool,
     ) {
         // SAFETY: holding `Avx2` proves avx2+fma; memory per `run`'s contract (the full tile
         // as in `run`); prefetches never fault.
@@ -859,6 +860,7 @@ impl Kernel for Avx2 {
         rs_c: usize,
         cs_c: usize,
         m: usize,
+        _stream: bool,
     ) {
         // SAFETY: holding `Avx2` proves avx2+fma; memory per contract (the full tile reads k
         // source rows of `PACK_PANELS · 16` values and writes `PACK_PANELS · k · 16` packed
@@ -1065,6 +1067,7 @@ impl Kernel for Avx512 {
     const NAME: &'static str = "avx512-f32-8x48";
     const PACKS_B: bool = true;
     const DEEPER_PASSES: bool = true;
+    const STREAMS_C: bool = true;
 
     fn new() -> Option<Self> {
         (is_x86_feature_detected!("avx512f")
@@ -1130,6 +1133,7 @@ impl Kernel for Avx512 {
         m: usize,
         n: usize,
         pf: super::RowPrefetch,
+        stream: bool,
     ) {
         // SAFETY: holding `Avx512` proves avx512f+avx2+fma; memory per `run`'s contract (the
         // full tile as in `run`); prefetches never fault.
@@ -1139,7 +1143,9 @@ impl Kernel for Avx512 {
                 && (1..=AVX512_NR).contains(&pf.width)
                 && super::skx::UKR_VARIANT.load(std::sync::atomic::Ordering::Relaxed) == 0
             {
-                super::skx::avx512_ukr_asm_pf(k, alpha, a, b, beta, c, rs_c, cs_c, m, n, pf);
+                super::skx::avx512_ukr_asm_pf(
+                    k, alpha, a, b, beta, c, rs_c, cs_c, m, n, pf, stream,
+                );
             } else {
                 pf.issue();
                 self.run(k, alpha, a, b, beta, c, rs_c, cs_c, m, n);
@@ -1161,6 +1167,7 @@ impl Kernel for Avx512 {
         rs_c: usize,
         cs_c: usize,
         m: usize,
+        stream: bool,
     ) {
         // SAFETY: holding `Avx512` proves avx512f+avx2+fma; memory per contract (the full tile
         // reads k source rows of 48 values and writes k · 48 packed values).
@@ -1182,6 +1189,7 @@ impl Kernel for Avx512 {
                     cs_c,
                     m,
                     AVX512_NR,
+                    stream,
                 );
             } else {
                 super::copy_then_run(self, k, alpha, a, bsrc, ldb, bdst, beta, c, rs_c, cs_c, m);
