@@ -215,6 +215,14 @@ impl Preset {
 /// convgemm forward ResNet-20 32@16² 18.8 / 14.2 ms, 64@8² 16.3 / 11.9, 16@32² 12.8 / 12.4,
 /// 16→32 stride 2 8.8 / 9.5, LeNet c2 1.08 / 1.44; ResNet-50 64@56² 56.1 / 36.4, 128@28²
 /// 56.6 / 29.9, VGG 64@224² 131 / 85, C3D 64@8×56² 162 / 120.
+///
+/// Kept for core-blas's wide offset tile (AVX-512 since session 41: 8 channels × runs of 16
+/// pixels, 2 × 16 = 32 lanes of output, the GEMM tile's NR). Measured on the Intel Xeon Emerald
+/// Rapids (probe_passes, thread CPU, 1 thread, min of 10 rounds, batch 64, quiet 17:44:40 UTC
+/// session 41), direct (the better of wide channel tiles and pixel tiles, `direct::tiles_for`)
+/// / convgemm forward: ResNet-20 16@32² 0.87-0.91, 16→32 stride 2 0.81-0.88 (inside the rule);
+/// 32@16² 0.90-0.95 but its flipped backward-data 0.96-1.13 (level; its direct backward-filter
+/// not measured), 32→64 stride 2 1.24-1.26, 64@8² 1.17-1.46 (outside).
 pub fn direct_applies(g: &ConvGeometry) -> bool {
     let (cg, kg) = (g.in_channels_per_group(), g.out_channels_per_group());
     if gemm_wider_than_direct() {

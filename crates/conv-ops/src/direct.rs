@@ -17,8 +17,10 @@
 //! broadcasts of packed weights, one FMA per channel and run into accumulators that hold output
 //! pixels, stored straight into y's planes (bias, ReLU in the epilogue). The tile is
 //! core-blas's [`core_blas::offset_tile`] (the process-wide kernel family: AVX2+FMA here, the
-//! portable body under `CORE_BLAS_ISA=scalar`),
-//! so this module holds no intrinsics.
+//! portable body under `CORE_BLAS_ISA=scalar`); on the AVX-512 family its wide tile
+//! ([`core_blas::Gemm::offset_wide_tile`]: [`WIDE_MR`] (8) channels × up to 4 vectors of 16
+//! pixels, [`channel_lanes`]), the forward plan's runs then 16 lanes wide (flat runs over up to
+//! three output lines where lines are shorter); so this module holds no intrinsics.
 //!
 //! From 128 output channels per group on (images whose padded copy fits half of L2), the
 //! forward uses *pixel tiles* instead ([`Tiles::Pixels`]): 6 output pixels at any bases (x
@@ -41,6 +43,7 @@ use rayon::prelude::*;
 
 use core_blas::{
     AlignedVec, DOT_MR, Gemm, OFFSET_LANES, OFFSET_MR, OffsetAStore, OffsetTile, Offsets,
+    WIDE_LANES, WIDE_MR, WideTile,
 };
 
 use crate::error::{ConvError, Result, gemm_err};
@@ -61,10 +64,11 @@ pub(crate) const fn runs_per_tile(m: usize) -> usize {
     core_blas::offset_tile_vectors(m)
 }
 
-/// The output channels of a group split into blocks of at most [`MR`], as even as possible
-/// (32 → 6, 6, 5, 5, 5, 5 rather than 6 × 5 + 2): `(first channel, channels)` per block.
-fn channel_blocks(kg: usize) -> Vec<(usize, usize)> {
-    let nb = kg.div_ceil(MR);
+/// The output channels of a group split into blocks of at most `mr` (the tile's rows: [`MR`],
+/// or [`WIDE_MR`] on the wide tile), as even as possible (32 at 6 → 6, 6, 5, 5, 5, 5 rather
+/// than 6 × 5 + 2): `(first channel, channels)` per block.
+fn channel_blocks(kg: usize, mr: usize) -> Vec<(usize, usize)> {
+    let nb = kg.div_ceil(mr);
     let (base, extra) = (kg / nb, kg % nb);
     let mut k0 = 0;
     (0..nb)
@@ -78,24 +82,21 @@ fn channel_blocks(kg: usize) -> Vec<(usize, usize)> {
 /// Output pixels per vector (one AVX register of f32).
 pub(crate) const LANES: usize = OFFSET_LANES;
 
-/// One run of [`LANES`] lanes: at most [`LANES`] consecutive outputs along the last dimension
-/// (per-line runs), or, in a *flat* plan, [`LANES`] consecutive positions of the output lines
-/// laid out at the phase plane's line pitch, whose lanes past an output line's end are
-/// computed and dropped (see [`Plan::with_layout`]).
+/// One run of the plan's lanes ([`LANES`], or [`WIDE_LANES`] on the wide tile): at most that
+/// many consecutive outputs along the last dimension (per-line runs), or, in a *flat* plan, as
+/// many consecutive positions of the output lines laid out at the phase plane's line pitch,
+/// whose lanes past an output line's end are computed and dropped (see [`Plan::with_layout`]).
 #[derive(Debug, Clone, Copy)]
 struct PixelRun {
     /// Offset of lane 0's first input (tap 0, channel 0) in the polyphase buffer.
     src: usize,
     /// Offset of its first output in an output plane.
     dst: usize,
-    /// Outputs in the run, 1..=LANES (back to back in the output plane).
+    /// Outputs in the run, 1..=lanes (back to back in the output plane).
     len: usize,
-    /// Lane of the first output (0 except for a flat run that starts past a line's end).
-    lane: usize,
-    /// Outputs before the dropped lanes (`len` when the run's outputs are one piece).
-    split: usize,
-    /// Dropped lanes between the run's two pieces (0 when one piece).
-    gap: usize,
+    /// The lanes holding the outputs (bit l: lane l), `len` of them, in output order; the
+    /// lowest `len` bits for a run of one piece from lane 0.
+    mask: u32,
 }
 
 impl PixelRun {
@@ -105,16 +106,26 @@ impl PixelRun {
             src,
             dst,
             len,
-            lane: 0,
-            split: len,
-            gap: 0,
+            mask: low_lanes(len),
         }
     }
+
+    /// Whether the outputs are the lowest `len` lanes (one piece from lane 0).
+    fn one_piece(&self) -> bool {
+        self.mask == low_lanes(self.len)
+    }
+}
+
+/// The mask of lanes `0..n` (`n` <= 32).
+const fn low_lanes(n: usize) -> u32 {
+    if n >= 32 { u32::MAX } else { (1u32 << n) - 1 }
 }
 
 /// Everything about a geometry the kernel loops need, independent of the image and group.
 #[derive(Debug)]
 struct Plan {
+    /// Lanes per run: [`LANES`], or [`WIDE_LANES`] for the wide tile's forward plans.
+    lanes: usize,
     /// Floats of one channel in the polyphase buffer (all phases).
     chan: usize,
     /// Polyphase buffer length for one group of one image (plus [`LANES`] of slack for the
@@ -138,13 +149,13 @@ struct Plan {
 impl Plan {
     /// The plan of the backward-filter pass: per-line runs.
     fn new(g: &ConvGeometry) -> Result<Plan> {
-        Plan::with_layout(g, false)
+        Plan::with_layout(g, false, LANES)
     }
 
-    /// The plan of the forward pass: flat runs where they need fewer runs than per-line ones
-    /// (see [`flat_line_pitch`]), per-line runs otherwise.
-    fn forward(g: &ConvGeometry) -> Result<Plan> {
-        Plan::with_layout(g, flat_line_pitch(g).is_some())
+    /// The plan of the forward pass on runs of `lanes` values: flat runs where they need
+    /// fewer runs than per-line ones (see [`flat_line_pitch_for`]), per-line runs otherwise.
+    fn forward(g: &ConvGeometry, lanes: usize) -> Result<Plan> {
+        Plan::with_layout(g, flat_line_pitch_for(g, lanes).is_some(), lanes)
     }
 
     /// With `flat`, the phase planes' lines are [`flat_line_pitch`] values apart and the runs
@@ -154,14 +165,14 @@ impl Plan {
     /// pitch, into the next line's zero padding before its first input. Without, lines of
     /// [`ALIGN_FROM`]+ values are padded to a multiple of [`LANES`] and each output line is cut
     /// into its own runs.
-    fn with_layout(g: &ConvGeometry, flat: bool) -> Result<Plan> {
+    fn with_layout(g: &ConvGeometry, flat: bool, lanes: usize) -> Result<Plan> {
         let d = g.dims3();
         let mut q = [0usize; MAX_RANK];
         for i in 0..MAX_RANK {
             let padded = d.input[i] + d.pad[i] + pad_after3(g)[i];
             q[i] = padded.div_ceil(d.stride[i]);
         }
-        let flat = flat.then(|| flat_line_pitch(g)).flatten();
+        let flat = flat.then(|| flat_line_pitch_for(g, lanes)).flatten();
         if let Some(pitch) = flat {
             q[MAX_RANK - 1] = pitch;
         } else if q[MAX_RANK - 1] >= ALIGN_FROM {
@@ -176,9 +187,9 @@ impl Plan {
         // Slack after the last channel: a partial run's lanes (per-line), or a flat run's
         // dropped lanes (up to a line past the last output).
         let slack = if flat.is_some() {
-            LANES + q[MAX_RANK - 1]
+            lanes + q[MAX_RANK - 1]
         } else {
-            LANES
+            lanes
         };
         let xq_len = cg
             .checked_mul(chan)
@@ -208,16 +219,16 @@ impl Plan {
             .collect();
         let o = d.output;
         let runs = match flat {
-            Some(pitch) => flat_runs(o, q, pitch),
+            Some(pitch) => flat_runs(o, q, pitch, lanes),
             None => {
-                let mut runs = Vec::with_capacity(o[0] * o[1] * o[2].div_ceil(LANES));
+                let mut runs = Vec::with_capacity(o[0] * o[1] * o[2].div_ceil(lanes));
                 for od in 0..o[0] {
                     for oh in 0..o[1] {
-                        for ow in (0..o[2]).step_by(LANES) {
+                        for ow in (0..o[2]).step_by(lanes) {
                             runs.push(PixelRun::line(
                                 (od * q[1] + oh) * q[2] + ow,
                                 (od * o[1] + oh) * o[2] + ow,
-                                LANES.min(o[2] - ow),
+                                lanes.min(o[2] - ow),
                             ));
                         }
                     }
@@ -225,9 +236,9 @@ impl Plan {
                 runs
             }
         };
-        let reach = offs.iter().copied().max().unwrap_or(0) + LANES;
+        let reach = offs.iter().copied().max().unwrap_or(0) + lanes;
         // Every load of every run stays inside the buffer: the last valid input of the last
-        // channel is below cg·chan, and a partial run reads at most LANES − 1 values past it.
+        // channel is below cg·chan, and a partial run reads at most lanes − 1 values past it.
         if runs.iter().any(|r| r.src + reach > xq_len) {
             return Err(ConvError::Unsupported {
                 algo: "direct",
@@ -235,6 +246,7 @@ impl Plan {
             });
         }
         Ok(Plan {
+            lanes,
             chan,
             xq_len,
             taps: g.kernel_len(),
@@ -365,11 +377,19 @@ fn step_blocks(plan: &Plan, cg: usize) -> Vec<(usize, usize)> {
 /// flat runs would not need fewer runs than per-line ones. Stride 1 along the lines: the
 /// padding between two lines is shared (pitch = input + max(pad before, pad after), at least
 /// the output line); stride s > 1: the polyphase line as it is (a valid output never reads
-/// past it). At least [`LANES`] values, so that a run's outputs lie on at most two lines.
+/// past it). At least [`LANES`] (8) values whatever the run's lanes (a run's outputs then lie
+/// on at most two lines of the 8-lane tile, three of the wide tile's 16; shorter lines were
+/// never measured flat).
 ///
 /// Measured (probe, thread CPU time, 1 thread, session 8): ResNet-50's 128@28² (28 outputs
 /// per 29-value line: 102 runs per plane against 112) and 256@14² (27 against 28) forward.
 pub(crate) fn flat_line_pitch(g: &ConvGeometry) -> Option<usize> {
+    flat_line_pitch_for(g, LANES)
+}
+
+/// [`flat_line_pitch`] for runs of `lanes` values (the wide tile's 16: ResNet-20's 8² lines
+/// then run flat, 5 runs per plane against 8; its 16² and 32² lines stay per line).
+pub(crate) fn flat_line_pitch_for(g: &ConvGeometry, lanes: usize) -> Option<usize> {
     let d = g.dims3();
     let (l, pa) = (MAX_RANK - 1, pad_after3(g)[MAX_RANK - 1]);
     let (wo, ho) = (d.output[l], d.output[l - 1]);
@@ -381,40 +401,40 @@ pub(crate) fn flat_line_pitch(g: &ConvGeometry) -> Option<usize> {
     if pitch < LANES || wo == 0 || ho == 0 {
         return None;
     }
-    let flat = ((ho - 1) * pitch + wo).div_ceil(LANES);
-    let per_line = ho * wo.div_ceil(LANES);
+    let flat = ((ho - 1) * pitch + wo).div_ceil(lanes);
+    let per_line = ho * wo.div_ceil(lanes);
     (flat < per_line).then_some(pitch)
 }
 
 /// The runs of a flat plan: per output slice (all dimensions but the last two), the output
-/// lines laid out `pitch` apart, cut into runs of [`LANES`] positions; positions at or past
-/// an output line's end (`o[2]`) are dropped, so a run holds one or two pieces of outputs,
-/// back to back in the output plane.
-fn flat_runs(o: [usize; MAX_RANK], q: [usize; MAX_RANK], pitch: usize) -> Vec<PixelRun> {
+/// lines laid out `pitch` apart, cut into runs of `lanes` positions; positions at or past
+/// an output line's end (`o[2]`) are dropped, so a run holds one or more pieces of outputs
+/// (two at most when `pitch >= lanes`), back to back in the output plane.
+fn flat_runs(
+    o: [usize; MAX_RANK],
+    q: [usize; MAX_RANK],
+    pitch: usize,
+    lanes: usize,
+) -> Vec<PixelRun> {
     let (ho, wo) = (o[1], o[2]);
     let last = (ho - 1) * pitch + wo;
-    let mut runs = Vec::with_capacity(o[0] * last.div_ceil(LANES));
+    let mut runs = Vec::with_capacity(o[0] * last.div_ceil(lanes));
     for od in 0..o[0] {
-        for f in (0..last).step_by(LANES) {
+        for f in (0..last).step_by(lanes) {
             // The valid lanes: positions p < last whose column p % pitch is an output.
             let valid = |l: usize| f + l < last && (f + l) % pitch < wo;
-            let Some(lane) = (0..LANES).find(|&l| valid(l)) else {
+            let Some(lane) = (0..lanes).find(|&l| valid(l)) else {
                 continue;
             };
-            let split = (lane..LANES).take_while(|&l| valid(l)).count();
-            let after = lane + split;
-            let (gap, rest) = match (after..LANES).find(|&l| valid(l)) {
-                Some(l2) => (l2 - after, (l2..LANES).take_while(|&l| valid(l)).count()),
-                None => (0, 0),
-            };
+            let mask = (0..lanes)
+                .filter(|&l| valid(l))
+                .fold(0u32, |m, l| m | 1 << l);
             let p = f + lane;
             runs.push(PixelRun {
                 src: od * q[1] * pitch + f,
                 dst: (od * ho + p / pitch) * wo + p % pitch,
-                len: split + rest,
-                lane,
-                split,
-                gap,
+                len: mask.count_ones() as usize,
+                mask,
             });
         }
     }
@@ -442,13 +462,15 @@ pub(crate) enum Weights<'a> {
 }
 
 /// The weights of group `grp` packed for the kernel: block b (`blocks[b] = (k0, m)`) is a panel
-/// of `steps·MR` values holding, per step s = (input channel, tap), the weights
-/// w\[k0 + i\]\[s\] for i < m, then zeros up to [`MR`].
+/// of `steps·mr` values holding, per step s = (input channel, tap), the weights
+/// w\[k0 + i\]\[s\] for i < m, then zeros up to the tile's rows `mr` ([`MR`] or
+/// [`WIDE_MR`]).
 fn pack_weights(
     g: &ConvGeometry,
     grp: usize,
     w: Weights<'_>,
     blocks: &[(usize, usize)],
+    mr: usize,
     wp: &mut Vec<f32>,
 ) {
     let (kg, cg, taps) = (
@@ -458,16 +480,16 @@ fn pack_weights(
     );
     let steps = cg * taps;
     wp.clear();
-    wp.resize(blocks.len() * steps * MR, 0.0);
+    wp.resize(blocks.len() * steps * mr, 0.0);
     for (b, &(k0, m)) in blocks.iter().enumerate() {
-        let panel = &mut wp[b * steps * MR..][..steps * MR];
+        let panel = &mut wp[b * steps * mr..][..steps * mr];
         for i in 0..m {
             let k = k0 + i;
             match w {
                 Plain(w) => {
                     let row = &w[(grp * kg + k) * steps..][..steps];
                     for (s, &v) in row.iter().enumerate() {
-                        panel[s * MR + i] = v;
+                        panel[s * mr + i] = v;
                     }
                 }
                 Flipped(w) => {
@@ -475,7 +497,7 @@ fn pack_weights(
                     for c in 0..cg {
                         let src = &w[((grp * cg + c) * kg + k) * taps..][..taps];
                         for (t, &v) in src.iter().rev().enumerate() {
-                            panel[(c * taps + t) * MR + i] = v;
+                            panel[(c * taps + t) * mr + i] = v;
                         }
                     }
                 }
@@ -534,29 +556,69 @@ impl Call<'_> {
         xq: &[f32],
         yb: &mut [f32],
     ) -> Result<()> {
+        let (s0, s1, _, _) = part;
+        let offs = &self.plan.offs;
+        let gemm = self.gemm;
+        if self.plan.lanes == WIDE_LANES {
+            let mut acc: WideTile = Default::default();
+            self.block_with(
+                grp,
+                kb,
+                part,
+                runs,
+                yb,
+                &mut acc,
+                core_blas::wide_tile_vectors,
+                |rows, wp, src, acc| {
+                    gemm.offset_wide_tile(rows, wp, offs, s0..s1, xq, src, acc, false)
+                },
+            )
+        } else {
+            let mut acc: OffsetTile = Default::default();
+            self.block_with(
+                grp,
+                kb,
+                part,
+                runs,
+                yb,
+                &mut acc,
+                runs_per_tile,
+                |rows, wp, src, acc| gemm.offset_tile(rows, wp, offs, s0..s1, xq, src, acc, false),
+            )
+        }
+    }
+
+    /// [`Call::block`] on a tile of `L` lanes × up to `NV` runs × `MRW` rows (the 8-lane
+    /// [`OffsetTile`] or the [`WideTile`]): `per_tile(rows)` runs per call of `tile(rows, w
+    /// panel, run bases, acc)`.
+    #[allow(clippy::too_many_arguments)]
+    fn block_with<const L: usize, const NV: usize, const MRW: usize>(
+        &self,
+        grp: usize,
+        kb: usize,
+        part: (usize, usize, bool, bool),
+        runs: &[PixelRun],
+        yb: &mut [f32],
+        acc: &mut [[[f32; L]; NV]; MRW],
+        per_tile: fn(usize) -> usize,
+        mut tile: impl FnMut(
+            usize,
+            &[f32],
+            &[usize],
+            &mut [[[f32; L]; NV]; MRW],
+        ) -> std::result::Result<(), core_blas::Error>,
+    ) -> Result<()> {
         let (s0, s1, first, last) = part;
         let steps = self.plan.offs.len();
-        let wp = &self.wp[grp][(kb * steps + s0) * MR..][..(s1 - s0) * MR];
+        let wp = &self.wp[grp][(kb * steps + s0) * MRW..][..(s1 - s0) * MRW];
         let (k0, rows) = self.blocks[kb];
         let k0 = grp * self.kg + k0;
-        let mut acc: OffsetTile = Default::default();
-        let mut src = [0usize; core_blas::OFFSET_NV];
-        for group in runs.chunks(runs_per_tile(rows)) {
+        let mut src = [0usize; NV];
+        for group in runs.chunks(per_tile(rows)) {
             for (s, r) in src.iter_mut().zip(group) {
                 *s = r.src;
             }
-            self.gemm
-                .offset_tile(
-                    rows,
-                    wp,
-                    &self.plan.offs,
-                    s0..s1,
-                    xq,
-                    &src[..group.len()],
-                    &mut acc,
-                    false,
-                )
-                .map_err(gemm_err)?;
+            tile(rows, wp, &src[..group.len()], acc).map_err(gemm_err)?;
             let relu = self.relu && last;
             for (m, accm) in acc.iter().enumerate().take(rows) {
                 // The bias joins the first partial sum; ReLU applies after the last.
@@ -567,34 +629,7 @@ impl Call<'_> {
                 };
                 let plane = &mut yb[m * self.olen..][..self.olen];
                 for (r, vals) in group.iter().zip(accm) {
-                    if r.len == LANES {
-                        // A whole run: fixed-size, vectorised by the compiler.
-                        let out: &mut [f32; LANES] =
-                            (&mut plane[r.dst..][..LANES]).try_into().expect("LANES");
-                        let mut v = [0.0f32; LANES];
-                        for l in 0..LANES {
-                            v[l] = if first { vals[l] + b } else { out[l] + vals[l] };
-                        }
-                        if relu {
-                            for l in 0..LANES {
-                                out[l] = v[l].max(0.0);
-                            }
-                        } else {
-                            *out = v;
-                        }
-                    } else {
-                        // One or two pieces of lanes (a flat run drops the lanes between).
-                        let out = &mut plane[r.dst..][..r.len];
-                        let (o1, o2) = out.split_at_mut(r.split);
-                        let second = r.lane + r.split + r.gap;
-                        let pieces = [(o1, &vals[r.lane..]), (o2, &vals[second.min(LANES)..])];
-                        for (out, vals) in pieces {
-                            for (o, &v) in out.iter_mut().zip(vals) {
-                                let v = if first { v + b } else { *o + v };
-                                *o = if relu { v.max(0.0) } else { v };
-                            }
-                        }
-                    }
+                    store_run(plane, r, vals, (first, b, relu));
                 }
             }
         }
@@ -650,6 +685,48 @@ impl Call<'_> {
     }
 }
 
+/// One run's sums `vals` stored into its output plane `plane`: with `first`, `y = v + b`, else
+/// `y += v`; then `max(0, ·)` if `relu`. Only the run's output lanes ([`PixelRun::mask`]) are
+/// stored, back to back from its `dst`.
+#[inline(always)]
+fn store_run<const L: usize>(
+    plane: &mut [f32],
+    r: &PixelRun,
+    vals: &[f32; L],
+    (first, b, relu): (bool, f32, bool),
+) {
+    let put = |o: &mut f32, v: f32| {
+        let v = if first { v + b } else { *o + v };
+        *o = if relu { v.max(0.0) } else { v };
+    };
+    if r.len == L {
+        // A whole run: fixed-size, vectorised by the compiler.
+        let out: &mut [f32; L] = (&mut plane[r.dst..][..L]).try_into().expect("L lanes");
+        let mut v = [0.0f32; L];
+        for l in 0..L {
+            v[l] = if first { vals[l] + b } else { out[l] + vals[l] };
+        }
+        if relu {
+            for l in 0..L {
+                out[l] = v[l].max(0.0);
+            }
+        } else {
+            *out = v;
+        }
+    } else if r.one_piece() {
+        for (o, &v) in plane[r.dst..][..r.len].iter_mut().zip(vals) {
+            put(o, v);
+        }
+    } else {
+        // Pieces of lanes (a flat run drops the lanes past a line's end).
+        let out = &mut plane[r.dst..][..r.len];
+        let lanes = (0..L).filter(|&l| r.mask >> l & 1 == 1);
+        for (o, l) in out.iter_mut().zip(lanes) {
+            put(o, vals[l]);
+        }
+    }
+}
+
 /// y = conv(x, w) (+ bias) (then ReLU), direct (inputs validated by the caller).
 pub(crate) fn forward(
     g: &ConvGeometry,
@@ -662,19 +739,22 @@ pub(crate) fn forward(
     if tiles_for(g) == Tiles::Pixels {
         return forward_pixels(g, x, w, bias, relu, y);
     }
-    let plan = Plan::forward(g)?;
-    let blocks = channel_blocks(g.out_channels_per_group());
+    let gemm = Gemm::global().map_err(gemm_err)?;
+    let lanes = channel_lanes(gemm);
+    let mr = if lanes == WIDE_LANES { WIDE_MR } else { MR };
+    let plan = Plan::forward(g, lanes)?;
+    let blocks = channel_blocks(g.out_channels_per_group(), mr);
     let chunks = step_blocks(&plan, g.in_channels_per_group());
     let wp = (0..g.groups())
         .map(|grp| {
             let mut v = Vec::new();
-            pack_weights(g, grp, w, &blocks, &mut v);
+            pack_weights(g, grp, w, &blocks, mr, &mut v);
             v
         })
         .collect();
     let call = Call {
         plan,
-        gemm: Gemm::global().map_err(gemm_err)?,
+        gemm,
         wp,
         blocks,
         bias,
@@ -702,6 +782,12 @@ pub(crate) fn forward(
         }
     }
     Ok(())
+}
+
+/// Lanes per run of the channel tiles: core-blas's widest offset tile of the family
+/// ([`core_blas::Gemm::offset_lanes`]: 16 on AVX-512, the wide tile; 8 otherwise).
+pub(crate) fn channel_lanes(gemm: &Gemm) -> usize {
+    gemm.offset_lanes()
 }
 
 /// `(pixels, output channels)` per pixel tile: core-blas's offset-A tile of the process-wide
@@ -732,7 +818,18 @@ pub(crate) enum Tiles {
 /// channels per group on when one image's padded copy fits a block of images
 /// ([`PIXEL_BLOCK_BYTES`]), channel tiles otherwise; with core-blas's 512-bit offset-A tile
 /// (AVX-512: 12 pixels × 32 channels, against the channel tiles' 256-bit vectors), pixel tiles
-/// whenever a group has at least a panel's 32 output channels, whatever the image size.
+/// whenever a group has at least a panel's 32 output channels, whatever the image size. With
+/// core-blas's wide offset tile (AVX-512, [`channel_lanes`] 16: 8 channels × runs of 16
+/// pixels), channel tiles up to [`WIDE_CHANNELS_UP_TO`] (32) output channels per group, pixel
+/// tiles above.
+///
+/// Measured for the wide tile on the Intel Xeon Emerald Rapids (probe_passes, thread CPU, 1
+/// thread, min of 10 rounds, batch 64, the tiles forced in alternating processes with convgemm
+/// timed in each as the reference, quiet 17:44:40 UTC session 41), forward direct / convgemm
+/// with wide channel tiles, 8-lane channel tiles, pixel tiles: 16@32² 0.87-0.91, 1.63, 3.2;
+/// 16→32 stride 2 0.81-0.88, 1.34-1.38, 1.08-1.18; 32@16² 0.90-0.95, 1.63-1.67, 1.23-1.25; but
+/// 32→64 stride 2 1.40-1.72, 1.53-1.63, 1.24-1.26 and 64@8² 1.46-1.63, 1.70-1.77, 1.17-1.46
+/// (8-wide lines: 5 flat runs of 16 per plane, each 8-channel weight panel read for 5 runs).
 ///
 /// Measured on the Intel AVX-512 Xeon (probe, thread CPU, 1 thread, min of 5, quiet
 /// 17:40-17:43 UTC, session 12), pixel / channel tiles, forward: ResNet-50 64@56² 32.2 / 54.9
@@ -749,6 +846,13 @@ pub(crate) enum Tiles {
 /// with channel tiles (convgemm 24.5-26.4).
 pub(crate) fn tiles_for(g: &ConvGeometry) -> Tiles {
     let kg = g.out_channels_per_group();
+    if Gemm::global().is_ok_and(|gemm| channel_lanes(gemm) == WIDE_LANES) {
+        return if kg <= WIDE_CHANNELS_UP_TO {
+            Tiles::Channels
+        } else {
+            Tiles::Pixels
+        };
+    }
     if let Ok((_, nr)) = pixel_tile()
         && nr > 2 * LANES
     {
@@ -764,6 +868,10 @@ pub(crate) fn tiles_for(g: &ConvGeometry) -> Tiles {
         Tiles::Channels
     }
 }
+
+/// The most output channels per group the direct forward runs on channel tiles when they are
+/// core-blas's wide (16-lane) offset tiles; pixel tiles above.
+pub(crate) const WIDE_CHANNELS_UP_TO: usize = 32;
 
 /// Output channels per group from which the direct forward uses pixel tiles.
 pub(crate) const PIXEL_TILES_FROM: usize = 128;
@@ -1478,12 +1586,26 @@ mod tests {
             .unwrap();
         assert_eq!(flat_line_pitch(&c3), Some(13));
         // Run shapes: a run starting past a line's end, one holding two pieces, whole runs.
-        let runs = Plan::forward(&r50(12, 28)).unwrap().runs;
+        let runs = Plan::forward(&r50(12, 28), LANES).unwrap().runs;
         assert_eq!(runs.len(), 102);
-        assert!(runs.iter().any(|r| r.lane > 0));
-        assert!(runs.iter().any(|r| r.gap > 0 && r.split < r.len));
+        assert!(runs.iter().any(|r| r.mask & 1 == 0));
+        assert!(runs.iter().any(|r| !r.one_piece() && r.mask & 1 == 1));
         assert!(runs.iter().any(|r| r.len == LANES));
         assert_eq!(runs.iter().map(|r| r.len).sum::<usize>(), 28 * 28);
+        assert!(runs.iter().all(|r| r.mask.count_ones() as usize == r.len));
+        // The wide tile's 16 lanes: ResNet-20's 8² lines run flat (pitch 9: 5 runs per plane,
+        // some holding pieces of three lines), its 16² and 32² lines per line.
+        let rn20 = |c, hw| r50(c, hw);
+        assert_eq!(flat_line_pitch_for(&rn20(64, 8), WIDE_LANES), Some(9));
+        let runs = Plan::forward(&rn20(64, 8), WIDE_LANES).unwrap().runs;
+        assert_eq!(runs.len(), 5);
+        assert_eq!(runs.iter().map(|r| r.len).sum::<usize>(), 64);
+        // Pieces of a run: its lanes that start a piece (set, with the lane below clear).
+        let pieces = |r: &PixelRun| (r.mask & !(r.mask << 1)).count_ones();
+        assert_eq!(runs.iter().map(pieces).max(), Some(3));
+        for hw in [16, 32] {
+            assert_eq!(flat_line_pitch_for(&rn20(16, hw), WIDE_LANES), None);
+        }
         // The per-line plans of the backward-filter pass stay per line.
         assert_eq!(Plan::new(&r50(12, 28)).unwrap().runs.len(), 112);
         for g in [r50(64, 56), r50(64, 224), r50(512, 7)] {

@@ -119,8 +119,9 @@ pub use isa::{Isa, isa};
 pub use kernel::convpack::{CHUNK_LANES, Chunk, ConvPack, ConvPanel};
 pub use offset::{
     DOT_MR, DOT_NC, DotTile, OFFSET_A_MR, OFFSET_A_NR, OFFSET_LANES, OFFSET_MR, OFFSET_NV,
-    OffsetAStore, OffsetATile, OffsetTile, Offsets, offset_a_shape, offset_a_store, offset_a_tile,
-    offset_dot_rows, offset_dot_tile, offset_tile, offset_tile_vectors,
+    OffsetAStore, OffsetATile, OffsetTile, Offsets, WIDE_LANES, WIDE_MR, WIDE_NV, WideTile,
+    offset_a_shape, offset_a_store, offset_a_tile, offset_dot_rows, offset_dot_tile, offset_tile,
+    offset_tile_vectors, offset_wide_tile, wide_tile_vectors,
 };
 pub use pack::{PackA, PackB};
 pub use packed::{PackedOperand, gemm_packed_batched, gemm_rowa_batched, pack_rows};

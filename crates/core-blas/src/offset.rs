@@ -9,6 +9,10 @@
 //!
 //!   summed in step order. `w` is a panel of `MR` values per step (the first `m` used; the rest
 //!   may hold anything, typically zeros).
+//! - [`Gemm::offset_wide_tile`] (the `avx512` family only, [`Gemm::offset_lanes`] 16): the
+//!   same sums on runs of [`WIDE_LANES`] (16) values, up to [`WIDE_MR`] (8) rows and
+//!   [`wide_tile_vectors`]`(m)` runs (8 × 3 or 6 × 4 zmm accumulators), `w` a panel of
+//!   [`WIDE_MR`] values per step.
 //! - [`Gemm::offset_dot_tile`] (the backward-filter tile): for `m` rows of `dy` (1..=[`DOT_MR`])
 //!   and columns `j` of a range of an [`Offsets`] list (1..=[`DOT_NC`] of them),
 //!
@@ -34,7 +38,8 @@
 //! base. Bounds are checked once per call against the lists' precomputed maxima, so a call costs
 //! O(runs) checks, not O(steps). Families: `scalar` (portable 8-lane arrays, multiply then add),
 //! `avx2` (256-bit FMA), `avx512` (the offset and dot tiles: the same 256-bit bodies compiled
-//! with AVX-512F, their contract is 8 lanes wide; the offset-A tile: 512-bit vectors). Results of different families may differ in the last bits (FMA rounds once).
+//! with AVX-512F, their contract is 8 lanes wide; the wide offset tile and the offset-A tile:
+//! 512-bit vectors). Results of different families may differ in the last bits (FMA rounds once).
 
 use std::ops::Range;
 
@@ -53,6 +58,23 @@ pub const OFFSET_NV: usize = 6;
 pub const DOT_MR: usize = 3;
 /// Columns of an [`Gemm::offset_dot_tile`] (offsets into x).
 pub const DOT_NC: usize = 4;
+
+/// Values per vector of the wide offset tile ([`Gemm::offset_wide_tile`]: one 512-bit vector
+/// of f32, the `avx512` family only).
+pub const WIDE_LANES: usize = 16;
+/// The most rows of a wide offset tile (w values broadcast per step).
+pub const WIDE_MR: usize = 8;
+/// The most runs (vectors of 16 values) a wide offset tile holds (see [`wide_tile_vectors`]).
+pub const WIDE_NV: usize = 4;
+
+/// The accumulators of a wide offset tile: `acc[i][v]` is run `v` of row `i`.
+pub type WideTile = [[[f32; WIDE_LANES]; WIDE_NV]; WIDE_MR];
+
+/// Runs per wide offset tile for `m` rows: the `m · runs` accumulators, the loaded x vectors
+/// and one broadcast fit the 32 vector registers of AVX-512 (0..=6 → 4, otherwise 3).
+pub const fn wide_tile_vectors(m: usize) -> usize {
+    if m <= 6 { 4 } else { 3 }
+}
 
 /// The most pixels of an [`Gemm::offset_a_tile`] on any family (x values broadcast per step;
 /// a family's own count is [`Gemm::offset_a_shape`]`.0`).
@@ -148,10 +170,12 @@ fn check_range(arg: &'static str, r: &Range<usize>, len: usize) -> Result<(), Er
 
 /// `base + max + 8 <= x.len()`, or the error naming `x`.
 fn check_reach(base: usize, max: usize, x: &[f32]) -> Result<(), Error> {
-    match base
-        .checked_add(max)
-        .and_then(|v| v.checked_add(OFFSET_LANES))
-    {
+    check_reach_lanes(base, max, OFFSET_LANES, x)
+}
+
+/// `base + max + lanes <= x.len()`, or the error naming `x`.
+fn check_reach_lanes(base: usize, max: usize, lanes: usize, x: &[f32]) -> Result<(), Error> {
+    match base.checked_add(max).and_then(|v| v.checked_add(lanes)) {
         Some(end) if end <= x.len() => Ok(()),
         end => Err(Error::SliceTooShort {
             arg: "x",
@@ -224,6 +248,95 @@ impl Gemm {
             }
         }
         Ok(())
+    }
+
+    /// Values per vector of the widest offset tile of this family: [`WIDE_LANES`] on `avx512`
+    /// ([`Gemm::offset_wide_tile`]), [`OFFSET_LANES`] on the others (only
+    /// [`Gemm::offset_tile`]).
+    pub fn offset_lanes(&self) -> usize {
+        match self.family {
+            #[cfg(target_arch = "x86_64")]
+            Family::Avx512(_) => WIDE_LANES,
+            _ => OFFSET_LANES,
+        }
+    }
+
+    /// The wide offset tile: [`Gemm::offset_tile`] on runs of [`WIDE_LANES`] values, up to
+    /// [`WIDE_MR`] rows and [`wide_tile_vectors`]`(m)` runs, `w` a panel of [`WIDE_MR`] values
+    /// per step: `acc[i][v][l] (:= or +=, as `accumulate`) Σ_{s ∈ steps} w[(s − steps.start) ·
+    /// WIDE_MR + i] · x[src[v] + offs[s] + l]` for `i < m`, `v < src.len()`, `l < 16`, steps in
+    /// ascending order; other entries of `acc` are left as they are. Only the `avx512` family
+    /// has it ([`Gemm::offset_lanes`] is then 16).
+    ///
+    /// Errors: [`Error::IsaUnavailable`] on another family; [`Error::ShapeMismatch`] on `m`
+    /// (not in 1..=[`WIDE_MR`]), `src` (count not in 1..=[`wide_tile_vectors`]`(m)`) or `steps`
+    /// (not within the list); [`Error::SliceTooShort`] on `w` (fewer than `steps.len() ·
+    /// WIDE_MR` values) or `x` (some `src[v] + offs.max() + 16` past its end).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn offset_wide_tile(
+        &self,
+        m: usize,
+        w: &[f32],
+        offs: &Offsets,
+        steps: Range<usize>,
+        x: &[f32],
+        src: &[usize],
+        acc: &mut WideTile,
+        accumulate: bool,
+    ) -> Result<(), Error> {
+        #[cfg(target_arch = "x86_64")]
+        let Family::Avx512(k) = self.family else {
+            return Err(Error::IsaUnavailable {
+                requested: "avx512 (the wide offset tile)",
+                available: self.isa().name().to_string(),
+            });
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (m, w, offs, steps, x, src, acc, accumulate);
+            return Err(Error::IsaUnavailable {
+                requested: "avx512 (the wide offset tile)",
+                available: self.isa().name().to_string(),
+            });
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let runs = src.len();
+            if !(1..=WIDE_MR).contains(&m) {
+                return Err(shape("m", format!("1..={WIDE_MR}"), m.to_string()));
+            }
+            if !(1..=wide_tile_vectors(m)).contains(&runs) {
+                return Err(shape(
+                    "src",
+                    format!("1..={} runs for {m} rows", wide_tile_vectors(m)),
+                    runs.to_string(),
+                ));
+            }
+            check_range("steps", &steps, offs.len())?;
+            let needed = steps.len() * WIDE_MR;
+            if w.len() < needed {
+                return Err(Error::SliceTooShort {
+                    arg: "w",
+                    len: w.len(),
+                    needed,
+                });
+            }
+            let mut ptrs = [x.as_ptr(); WIDE_NV];
+            for (p, &base) in ptrs.iter_mut().zip(src) {
+                check_reach_lanes(base, offs.max, WIDE_LANES, x)?;
+                // `base < x.len()` (checked above): inside the slice.
+                *p = x.as_ptr().wrapping_add(base);
+            }
+            let (o, wp) = (&offs.offs[steps], w.as_ptr());
+            // SAFETY: m and runs are in range (checked); w holds steps·WIDE_MR values
+            // (checked); every run reads x[base + o .. base + o + 16] with o <= max and
+            // base + max + 16 <= x.len() (checked); holding the Avx512 value proves AVX-512F.
+            unsafe {
+                crate::kernel::skx_offset::wide_any(k, m, runs, o, wp, &ptrs, acc, accumulate)
+            };
+            Ok(())
+        }
     }
 
     /// The offset dot tile (module [`mod@crate::offset`]): `acc[i][j] (:= or +=, as
@@ -711,6 +824,22 @@ pub fn offset_tile(
     accumulate: bool,
 ) -> Result<(), Error> {
     Gemm::global()?.offset_tile(m, w, offs, steps, x, src, acc, accumulate)
+}
+
+/// [`Gemm::offset_wide_tile`] with the process-wide kernel family.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub fn offset_wide_tile(
+    m: usize,
+    w: &[f32],
+    offs: &Offsets,
+    steps: Range<usize>,
+    x: &[f32],
+    src: &[usize],
+    acc: &mut WideTile,
+    accumulate: bool,
+) -> Result<(), Error> {
+    Gemm::global()?.offset_wide_tile(m, w, offs, steps, x, src, acc, accumulate)
 }
 
 /// [`Gemm::offset_dot_tile`] with the process-wide kernel family.

@@ -405,3 +405,138 @@ fn offset_dot_rows_matches_naive_and_checks_arguments() {
         assert!(out2.iter().all(|&v| v == 17.0));
     }
 }
+
+/// The wide offset tile (16 lanes, up to 8 rows: the `avx512` family) against the naive f64
+/// reference: every rows × runs count, step sub-ranges, := and +=, NaN in w's unused rows,
+/// bases at the very end of x, untouched accumulators outside the tile; other families refuse
+/// it with [`Error::IsaUnavailable`].
+#[test]
+fn offset_wide_tile_matches_naive_for_every_rows_and_runs() {
+    use core_blas::{WIDE_LANES as WL, WIDE_MR as WM, WIDE_NV as WV, WideTile, wide_tile_vectors};
+    for isa in common::families() {
+        let g = Gemm::new(isa).unwrap();
+        if g.offset_lanes() != WL {
+            assert_eq!(g.offset_lanes(), LANES, "{isa}");
+            let offs = Offsets::new(vec![0, 3]);
+            let mut acc: WideTile = [[[0.0; WL]; WV]; WM];
+            let r = g.offset_wide_tile(
+                1,
+                &[0.0; 2 * WM],
+                &offs,
+                0..2,
+                &[0.0; 40],
+                &[0],
+                &mut acc,
+                false,
+            );
+            assert!(
+                matches!(r, Err(Error::IsaUnavailable { .. })),
+                "{isa}: {r:?}"
+            );
+            continue;
+        }
+        for n in [0usize, 1, 3, 9, 27, 64] {
+            let all = stencil(n + 3);
+            let offs = Offsets::new(all.clone());
+            let x = random(offs.max() + WL + 97, 31 + n as u64);
+            let steps = 2..n + 2;
+            for m in 1..=WM {
+                let mut w = random(n * WM, 7 + m as u64);
+                for s in 0..n {
+                    for i in m..WM {
+                        w[s * WM + i] = f32::NAN;
+                    }
+                }
+                for runs in 1..=wide_tile_vectors(m) {
+                    let src: Vec<usize> = (0..runs)
+                        .map(|v| {
+                            if v + 1 == runs {
+                                x.len() - offs.max() - WL
+                            } else {
+                                (v * 17 + 3) % 90
+                            }
+                        })
+                        .collect();
+                    for accumulate in [false, true] {
+                        let mut acc: WideTile = [[[-7.25; WL]; WV]; WM];
+                        acc[0][0][11] = 0.5;
+                        let before = acc;
+                        g.offset_wide_tile(
+                            m,
+                            &w,
+                            &offs,
+                            steps.clone(),
+                            &x,
+                            &src,
+                            &mut acc,
+                            accumulate,
+                        )
+                        .unwrap();
+                        let what = format!("{isa} n {n} m {m} runs {runs} acc {accumulate}");
+                        let o = &all[steps.clone()];
+                        for i in 0..WM {
+                            for v in 0..WV {
+                                for l in 0..WL {
+                                    let got = acc[i][v][l];
+                                    if i >= m || v >= runs {
+                                        assert!(
+                                            got.to_bits() == before[i][v][l].to_bits(),
+                                            "{what}: acc[{i}][{v}][{l}] = {got} written"
+                                        );
+                                        continue;
+                                    }
+                                    let init = if accumulate {
+                                        before[i][v][l] as f64
+                                    } else {
+                                        0.0
+                                    };
+                                    let (mut s, mut sabs) = (init, init.abs());
+                                    for (t, &off) in o.iter().enumerate() {
+                                        let p = w[t * WM + i] as f64 * x[src[v] + off + l] as f64;
+                                        s += p;
+                                        sabs += p.abs();
+                                    }
+                                    let b = bound(o.len(), sabs);
+                                    assert!(
+                                        (got as f64 - s).abs() <= b,
+                                        "{what}: acc[{i}][{v}][{l}] = {got}, expected {s} ± {b}"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // The argument errors.
+        let offs = Offsets::new(vec![0, 4, 2]);
+        let w = vec![1.0; 3 * WM];
+        let x = vec![1.0; 40];
+        let mut acc: WideTile = [[[0.0; WL]; WV]; WM];
+        let mut t = |m, w: &[f32], steps, src: &[usize]| {
+            g.offset_wide_tile(m, w, &offs, steps, &x, src, &mut acc, false)
+        };
+        expect_shape(t(0, &w, 0..3, &[0]), "m");
+        expect_shape(t(WM + 1, &w, 0..3, &[0]), "m");
+        expect_shape(t(1, &w, 0..3, &[]), "src");
+        expect_shape(t(6, &w, 0..3, &[0; 5]), "src");
+        expect_shape(t(7, &w, 0..3, &[0; 4]), "src");
+        expect_shape(t(4, &w, 1..4, &[0]), "steps");
+        assert!(matches!(
+            t(2, &w[..3 * WM - 1], 0..3, &[0]),
+            Err(Error::SliceTooShort { arg: "w", .. })
+        ));
+        // base + max + 16 = 41 > 40: one value past the end; 20 is the largest valid base.
+        match t(2, &w, 0..3, &[0, 21]) {
+            Err(Error::SliceTooShort {
+                arg: "x",
+                needed,
+                len,
+            }) => assert_eq!((needed, len), (41, 40)),
+            other => panic!("{isa}: expected a short x, got {other:?}"),
+        }
+        t(8, &w, 0..3, &[0, 20, 7]).unwrap();
+        assert_eq!(acc[7][2], [3.0; WL]);
+        assert_eq!(acc[0][3], [0.0; WL]);
+    }
+}

@@ -21,6 +21,8 @@ mod probe;
 pub(crate) mod skx;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod skx_conv;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod skx_offset;
 pub(crate) mod small;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod vector;

@@ -226,8 +226,39 @@ pub(crate) unsafe fn tile_body<S: Simd, const M: usize, const V: usize>(
     accumulate: bool,
 ) {
     debug_assert!(S::LANES == OFFSET_LANES && M <= OFFSET_MR && V <= OFFSET_NV);
-    // SAFETY: the caller's contract covers every load (the w values of each step, 8 values of x
-    // per run and step) and the target features; acc[m][v] is 8 f32 values.
+    // SAFETY: the caller's contract, for the 8-lane tile's shape.
+    unsafe {
+        lanes_body::<S, OFFSET_LANES, OFFSET_NV, OFFSET_MR, M, V>(offs, w, src, acc, accumulate)
+    }
+}
+
+/// The offset tile's body for any vector width: `acc[m][v] (:= or +=) Σ_s w[s·MRW + m] ·
+/// x[src[v] + offs[s] .. + L]` for `m < M`, `v < V`, steps in order, on a tile of `MRW` rows ×
+/// `NV` runs of `L` lanes (the 8-lane [`tile_body`]; the AVX-512 family's 16-lane wide tile,
+/// `kernel::skx_offset`).
+///
+/// # Safety
+/// `S::LANES == L`, `M <= MRW`, `V <= NV`, and the caller is compiled with `S`'s features; `w`
+/// holds `offs.len() · MRW` readable values; for every `v < V` and every offset `o` of `offs`,
+/// `src[v] + o .. + L` is readable.
+#[inline(always)]
+pub(crate) unsafe fn lanes_body<
+    S: Simd,
+    const L: usize,
+    const NV: usize,
+    const MRW: usize,
+    const M: usize,
+    const V: usize,
+>(
+    offs: &[usize],
+    w: *const f32,
+    src: &[*const f32; NV],
+    acc: &mut [[[f32; L]; NV]; MRW],
+    accumulate: bool,
+) {
+    debug_assert!(S::LANES == L && M <= MRW && V <= NV);
+    // SAFETY: the caller's contract covers every load (the w values of each step, L values of x
+    // per run and step) and the target features; acc[m][v] is L f32 values.
     unsafe {
         let mut c = [[S::zero(); V]; M];
         if accumulate {
@@ -251,7 +282,7 @@ pub(crate) unsafe fn tile_body<S: Simd, const M: usize, const V: usize>(
                 }
             }
             // The last advance points one past the steps' values, never dereferenced.
-            wp = wp.wrapping_add(OFFSET_MR);
+            wp = wp.wrapping_add(MRW);
         }
         for m in 0..M {
             for v in 0..V {
