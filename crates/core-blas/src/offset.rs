@@ -185,6 +185,50 @@ fn check_reach_lanes(base: usize, max: usize, lanes: usize, x: &[f32]) -> Result
     }
 }
 
+/// The argument checks of both offset tiles: `m` in 1..=`mr` rows, 1..=`vectors` runs (`src`),
+/// `steps` within `offs`, `w` holding `steps.len() · mr` values and every run's base reaching
+/// `offs.max() + lanes` values inside `x`. Returns each run's pointer into `x` (unused entries
+/// point at `x`'s start).
+#[allow(clippy::too_many_arguments)]
+fn tile_args<const NV: usize>(
+    m: usize,
+    mr: usize,
+    vectors: usize,
+    lanes: usize,
+    w: &[f32],
+    offs: &Offsets,
+    steps: &Range<usize>,
+    x: &[f32],
+    src: &[usize],
+) -> Result<[*const f32; NV], Error> {
+    if !(1..=mr).contains(&m) {
+        return Err(shape("m", format!("1..={mr}"), m.to_string()));
+    }
+    if !(1..=vectors).contains(&src.len()) {
+        return Err(shape(
+            "src",
+            format!("1..={vectors} runs for {m} rows"),
+            src.len().to_string(),
+        ));
+    }
+    check_range("steps", steps, offs.len())?;
+    let needed = steps.len() * mr;
+    if w.len() < needed {
+        return Err(Error::SliceTooShort {
+            arg: "w",
+            len: w.len(),
+            needed,
+        });
+    }
+    let mut ptrs = [x.as_ptr(); NV];
+    for (p, &base) in ptrs.iter_mut().zip(src) {
+        check_reach_lanes(base, offs.max, lanes, x)?;
+        // `base < x.len()` (checked above): inside the slice.
+        *p = x.as_ptr().wrapping_add(base);
+    }
+    Ok(ptrs)
+}
+
 impl Gemm {
     /// The offset tile (module [`mod@crate::offset`]): `acc[i][v][l] (:= or +=, as
     /// `accumulate`) Σ_{s ∈ steps} w[(s − steps.start) · MR + i] · x[src[v] + offs[s] + l]` for
@@ -209,31 +253,17 @@ impl Gemm {
         accumulate: bool,
     ) -> Result<(), Error> {
         let runs = src.len();
-        if !(1..=OFFSET_MR).contains(&m) {
-            return Err(shape("m", format!("1..={OFFSET_MR}"), m.to_string()));
-        }
-        if !(1..=offset_tile_vectors(m)).contains(&runs) {
-            return Err(shape(
-                "src",
-                format!("1..={} runs for {m} rows", offset_tile_vectors(m)),
-                runs.to_string(),
-            ));
-        }
-        check_range("steps", &steps, offs.len())?;
-        let needed = steps.len() * OFFSET_MR;
-        if w.len() < needed {
-            return Err(Error::SliceTooShort {
-                arg: "w",
-                len: w.len(),
-                needed,
-            });
-        }
-        let mut ptrs = [x.as_ptr(); OFFSET_NV];
-        for (p, &base) in ptrs.iter_mut().zip(src) {
-            check_reach(base, offs.max, x)?;
-            // `base < x.len()` (checked above): inside the slice.
-            *p = x.as_ptr().wrapping_add(base);
-        }
+        let ptrs: [*const f32; OFFSET_NV] = tile_args(
+            m,
+            OFFSET_MR,
+            offset_tile_vectors(m),
+            OFFSET_LANES,
+            w,
+            offs,
+            &steps,
+            x,
+            src,
+        )?;
         let (o, wp) = (&offs.offs[steps], w.as_ptr());
         // SAFETY: m and runs are in range (checked); w holds steps·MR values (checked); every
         // run reads x[base + o .. base + o + 8] with o <= max and base + max + 8 <= x.len()
@@ -303,31 +333,17 @@ impl Gemm {
         #[cfg(target_arch = "x86_64")]
         {
             let runs = src.len();
-            if !(1..=WIDE_MR).contains(&m) {
-                return Err(shape("m", format!("1..={WIDE_MR}"), m.to_string()));
-            }
-            if !(1..=wide_tile_vectors(m)).contains(&runs) {
-                return Err(shape(
-                    "src",
-                    format!("1..={} runs for {m} rows", wide_tile_vectors(m)),
-                    runs.to_string(),
-                ));
-            }
-            check_range("steps", &steps, offs.len())?;
-            let needed = steps.len() * WIDE_MR;
-            if w.len() < needed {
-                return Err(Error::SliceTooShort {
-                    arg: "w",
-                    len: w.len(),
-                    needed,
-                });
-            }
-            let mut ptrs = [x.as_ptr(); WIDE_NV];
-            for (p, &base) in ptrs.iter_mut().zip(src) {
-                check_reach_lanes(base, offs.max, WIDE_LANES, x)?;
-                // `base < x.len()` (checked above): inside the slice.
-                *p = x.as_ptr().wrapping_add(base);
-            }
+            let ptrs: [*const f32; WIDE_NV] = tile_args(
+                m,
+                WIDE_MR,
+                wide_tile_vectors(m),
+                WIDE_LANES,
+                w,
+                offs,
+                &steps,
+                x,
+                src,
+            )?;
             let (o, wp) = (&offs.offs[steps], w.as_ptr());
             // SAFETY: m and runs are in range (checked); w holds steps·WIDE_MR values
             // (checked); every run reads x[base + o .. base + o + 16] with o <= max and
