@@ -91,7 +91,97 @@ pub fn host_isas() -> Vec<&'static str> {
 /// direct tiles follow core-blas's choice; fastconv's error table is asserted per family, and
 /// the portable family, without FMA, rounds differently). Their tests took 27 s (avx2) and 49 s
 /// (scalar) on top of core-blas's here (session 22, built).
+///
+/// The matrix runs the test executables of the workspace build (the unit tests and every
+/// `[[test]]` of these packages; not their doc tests, which the workspace step runs once) rather
+/// than `cargo test -p ...`: cargo resolves features over the packages it is given, so `-p` on
+/// three packages rebuilt them and their dependencies with another feature set, 4m43s of the
+/// scalar step's 6m26s in session 41's CI.
 const ISA_PACKAGES: [&str; 3] = ["core-blas", "conv-ops", "fastconv"];
+
+/// A test executable of the workspace build, and the directory cargo runs it in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TestExe {
+    /// Package name.
+    pub package: String,
+    /// Target name (the library's unit tests carry the package's library name).
+    pub target: String,
+    /// The executable.
+    pub exe: PathBuf,
+    /// The package's root, where `cargo test` runs its tests.
+    pub dir: PathBuf,
+}
+
+/// The test executables of `packages` in cargo's `--message-format=json` output of
+/// `cargo test --no-run`: artifacts built with the test harness that have an executable. Each
+/// package is found by its manifest path in `metadata` (`cargo metadata` output).
+pub fn test_executables(messages: &str, metadata: &Value, packages: &[&str]) -> Vec<TestExe> {
+    let manifests: Vec<(&str, &str)> = metadata["packages"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+        .iter()
+        .filter_map(|p| Some((p["name"].as_str()?, p["manifest_path"].as_str()?)))
+        .filter(|(name, _)| packages.contains(name))
+        .collect();
+    messages
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["profile"]["test"] == true)
+        .filter_map(|m| {
+            let manifest = m["manifest_path"].as_str()?;
+            let (package, _) = manifests.iter().find(|(_, path)| *path == manifest)?;
+            Some(TestExe {
+                package: package.to_string(),
+                target: m["target"]["name"].as_str().unwrap_or_default().to_string(),
+                exe: PathBuf::from(m["executable"].as_str()?),
+                dir: PathBuf::from(manifest).parent()?.to_path_buf(),
+            })
+        })
+        .collect()
+}
+
+/// Builds (normally: finds already built) the workspace's test executables with the features of
+/// `cargo test --workspace`, and returns those of [`ISA_PACKAGES`].
+fn isa_test_executables(metadata: &Value) -> Result<Vec<TestExe>> {
+    let out = run_capture(cargo().args([
+        "test",
+        "--workspace",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ]))?;
+    let exes = test_executables(&out, metadata, &ISA_PACKAGES);
+    for package in ISA_PACKAGES {
+        if !exes.iter().any(|e| e.package == package) {
+            return Err(XtaskError::Other(format!(
+                "cargo built no test executable for `{package}`"
+            )));
+        }
+    }
+    Ok(exes)
+}
+
+/// Runs every executable of `exes` with `CORE_BLAS_ISA=isa` in its package's directory; all of
+/// them run, and the error names those that failed.
+fn run_isa_tests(exes: &[TestExe], isa: &str) -> Result<()> {
+    let mut failed = Vec::new();
+    for t in exes {
+        let mut cmd = Command::new(&t.exe);
+        cmd.current_dir(&t.dir).env("CORE_BLAS_ISA", isa);
+        if let Err(e) = run(&mut cmd) {
+            eprintln!("{}::{}: {e}", t.package, t.target);
+            failed.push(format!("{}::{}", t.package, t.target));
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(XtaskError::Other(format!(
+            "CORE_BLAS_ISA={isa}: {} failed",
+            failed.join(", ")
+        )))
+    }
+}
 
 /// The ISA values to test: all of [`host_isas`], or only `$CORE_BLAS_ISA` when it is set (a CI
 /// matrix entry), which must then be one the host supports.
@@ -457,21 +547,30 @@ pub fn test() -> Result<()> {
         run(cargo().args(["test", "--workspace"]))
     });
 
-    match isa_matrix() {
-        Ok(isas) => {
+    let isas = isa_matrix().and_then(|isas| {
+        let meta = meta
+            .as_ref()
+            .map_err(|e| XtaskError::Other(format!("cargo metadata: {e}")))?;
+        Ok((isas, meta))
+    });
+    match isas {
+        Ok((isas, meta)) => {
             println!("ISA matrix for {}: {isas:?}", ISA_PACKAGES.join(", "));
-            for isa in isas {
-                let mut args = vec!["test"];
-                for package in ISA_PACKAGES {
-                    args.extend(["-p", package]);
+            let mut exes = Vec::new();
+            let found = p.step("ISA matrix: the workspace build's test executables", || {
+                exes = isa_test_executables(meta)?;
+                Ok(())
+            });
+            if found {
+                for isa in isas {
+                    p.step(
+                        &format!(
+                            "tests of {} (unit, integration), CORE_BLAS_ISA={isa}",
+                            ISA_PACKAGES.join(", ")
+                        ),
+                        || run_isa_tests(&exes, &isa),
+                    );
                 }
-                p.step(
-                    &format!(
-                        "cargo test -p {}, CORE_BLAS_ISA={isa}",
-                        ISA_PACKAGES.join(" -p ")
-                    ),
-                    || run(cargo().args(&args).env("CORE_BLAS_ISA", &isa)),
-                );
             }
         }
         Err(e) => p.skipped_failure("ISA matrix", &e.to_string()),
@@ -564,6 +663,49 @@ mod tests {
         );
         assert_eq!(executable_from_messages(msgs, "other", "test"), None);
         assert_eq!(executable_from_messages(msgs, "mpi_allreduce", "bin"), None);
+    }
+
+    #[test]
+    fn finds_test_executables_of_the_given_packages() {
+        let meta: Value = serde_json::json!({
+            "packages": [
+                { "name": "core-blas", "manifest_path": "/w/crates/core-blas/Cargo.toml" },
+                { "name": "nn", "manifest_path": "/w/crates/nn/Cargo.toml" }
+            ]
+        });
+        let msgs = concat!(
+            r#"{"reason":"compiler-artifact","manifest_path":"/w/crates/core-blas/Cargo.toml","target":{"name":"core_blas","kind":["lib"]},"profile":{"test":false},"executable":null}"#,
+            "\n",
+            r#"{"reason":"compiler-artifact","manifest_path":"/w/crates/core-blas/Cargo.toml","target":{"name":"core_blas","kind":["lib"]},"profile":{"test":true},"executable":"/t/deps/core_blas-1"}"#,
+            "\n",
+            r#"{"reason":"compiler-artifact","manifest_path":"/w/crates/core-blas/Cargo.toml","target":{"name":"gemm","kind":["test"]},"profile":{"test":true},"executable":"/t/deps/gemm-2"}"#,
+            "\n",
+            r#"{"reason":"compiler-artifact","manifest_path":"/w/crates/core-blas/Cargo.toml","target":{"name":"peak","kind":["example"]},"profile":{"test":false},"executable":"/t/examples/peak-3"}"#,
+            "\n",
+            r#"{"reason":"compiler-artifact","manifest_path":"/w/crates/nn/Cargo.toml","target":{"name":"nn","kind":["lib"]},"profile":{"test":true},"executable":"/t/deps/nn-4"}"#,
+            "\n",
+            r#"{"reason":"build-finished","success":true}"#,
+        );
+        let exes = test_executables(msgs, &meta, &["core-blas"]);
+        let dir = PathBuf::from("/w/crates/core-blas");
+        assert_eq!(
+            exes,
+            vec![
+                TestExe {
+                    package: "core-blas".into(),
+                    target: "core_blas".into(),
+                    exe: "/t/deps/core_blas-1".into(),
+                    dir: dir.clone(),
+                },
+                TestExe {
+                    package: "core-blas".into(),
+                    target: "gemm".into(),
+                    exe: "/t/deps/gemm-2".into(),
+                    dir,
+                },
+            ]
+        );
+        assert!(test_executables(msgs, &meta, &["fastconv"]).is_empty());
     }
 
     #[test]
