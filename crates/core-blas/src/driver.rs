@@ -20,7 +20,7 @@ use rayon::prelude::*;
 use crate::blocking::Exact;
 use crate::crew::{self, Crew, Member};
 use crate::kernel::convpack::ConvRows;
-use crate::kernel::{Kernel, RowPrefetch};
+use crate::kernel::{Kernel, RowCopy, RowPrefetch};
 use crate::pack::{PackA, PackB, Workspace, with_workspace};
 use crate::store::{BiasRaw, DirectRaw, Store, Tile};
 use crate::{BlockSizes, ConvPanel};
@@ -48,6 +48,17 @@ const PAR_MIN_MNK_PER_THREAD: usize = 1 << 20;
 /// 94.8/95.3, 95.6/95.4%); 2 threads level. Hence 12; shorter shares (not measured) keep the
 /// burst.
 pub(crate) const SPREAD_MIN_ROWS: usize = 12;
+
+/// Rows ahead of the row it copies that a copying tile prefetches into L1 (`serial`'s
+/// `copy_ahead`).
+pub(crate) const COPY_AHEAD_ROWS: usize = 2;
+
+/// Rows ahead of the row it copies that a copying tile prefetches toward L2.
+pub(crate) const COPY_FAR_ROWS: usize = 16;
+
+/// The fewest tiles of an A block whose panels' tiles copy the next panel (`copy_ahead`): with
+/// fewer, each tile copies more rows than its k-loop has rounds.
+pub(crate) const COPY_MIN_TILES: usize = 4;
 
 /// Largest register tile (`MR · NR`) of any family: the size of the tile buffer for custom stores.
 const MAX_TILE: usize = 1024;
@@ -369,6 +380,29 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     let fuse = b.row_major().filter(|&(data, ld)| {
         K::PACKS_B && tune::fuse() && rows_inside(data.len(), ld, k, b.cols())
     });
+    // The tiles of each panel copy the next panel's source rows (`Kernel::run_copying`: one
+    // row every few rounds of their k-loops, each tile its share of the rows, after an L1
+    // prefetch a few rows ahead) into the other slot of a two-panel ring, instead of the next
+    // panel's first tile packing all of them at once: the source's reads spread over all the
+    // tiles' FMAs. One pass over k, one A block of enough tiles, the dense store, Intel, and
+    // source rows a multiple of 4 KiB apart (where the panel-ahead prefetch below is dropped;
+    // at other strides that prefetch did better: 64×50192×576 in process 1.16 without copies,
+    // 1.01 with them, against 50176 without). Session 42 (PERFORMANCE.md), Emerald Rapids,
+    // 64×50176×576: `case_ab` in process, copies (L1 2 rows ahead, L2 16) / none, quiet
+    // 21:27:18 and 21:36:44 UTC: `Vec` 1.000, 1.030, 1.015, 1.003; 2 MiB pages 1.110, 1.178;
+    // `gemm_ratio 64 50176 576 1 9` main / this, ABBA twice, quiet 21:48:44: `Vec` 59.6/68.9,
+    // 59.4/53.7, 60.6/68.1, 55.9/68.3%; 2 MiB pages 57.6/74.9, 55.8/76.2, 65.8/73.6, 55.0/66.4%.
+    let copy_ahead = tune::copy_ahead().filter(|_| {
+        K::COPIES_AHEAD
+            && K::PACK_GROUP == 1
+            && crate::isa::intel()
+            && k <= kc_max
+            && fuse.is_some_and(|(_, ld)| ld.is_multiple_of(1024))
+            && m_len <= mc_max
+            && m_len.div_ceil(mr) >= COPY_MIN_TILES
+            && sink.direct.is_some()
+            && tune::ring()
+    });
     let mut nc_max = bs.nc.div_ceil(nr) * nr;
     if m_len <= mc_max && !exact.nc {
         // One A block only: the B block is not reused across ic, so keep it in L2 (the budget
@@ -383,7 +417,10 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
         // once for all of k, exceeds L2 on 256×3136×2304: 2.4 MB). Single-pass products keep
         // the L2 width (nothing to reuse across blocks).
         let ring_only = fuse.is_some() && K::PACK_GROUP == 1 && tune::ring() && k > kc_max;
-        if !ring_only {
+        // Copies ahead take three panels of L2 (the ring's two slots and a partial last
+        // panel) whatever the block's width: the blocks keep the table's NC, so that few
+        // panels (each block's first) are packed by their first tiles.
+        if !ring_only && copy_ahead.is_none() {
             nc_max = nc_max.min(l2_cols);
         }
         // With fused packing in groups of several panels (AVX2: 3), blocks of whole groups: a
@@ -409,6 +446,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     // this size would not stay in L2 anyway. Session 41 (PERFORMANCE.md), Emerald Rapids,
     // `case_ab 64 50176 576` in process, main / streamed interleaved per repetition.
     let stream = K::STREAMS_C
+        && tune::STREAM_PROBE.load(Ordering::Relaxed) == 0
         && crate::isa::intel()
         && k > 0
         && k <= kc_max
@@ -428,6 +466,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     let panel_ahead = !(crate::isa::intel()
         && k <= kc_max
         && fuse.is_some_and(|(_, ld)| ld.is_multiple_of(1024)));
+    let panel_ahead = panel_ahead && copy_ahead.is_none();
     // When B is packed up front, the next B block is prefetched (`PackB::prefetch_b`) only when
     // a block fits the L2 budget of the A block (the case just above): a larger one would evict
     // the A block from L2. (Fused packing prefetches one panel or group ahead instead, for every block.)
@@ -444,6 +483,12 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
             * nr,
     );
     let b_len = nc_blk.min((cols.1 - cols.0).div_ceil(nr) * nr) * kc_max;
+    // With copies ahead the B buffer holds the ring's two slots and the partial last panel.
+    let b_len = if copy_ahead.is_some() {
+        b_len.min(3 * nr * kc_max)
+    } else {
+        b_len
+    };
     // One A block and several B blocks: pack A once for all of k and reuse it for every jc
     // (instead of re-packing the same block per jc), unless the source hands over its own panels.
     let m_pad = m_len.div_ceil(mr) * mr;
@@ -589,7 +634,8 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
                 // rest (the partial last panel, full panels past the last whole group).
                 let full = nc / (nr * K::PACK_GROUP) * (nr * K::PACK_GROUP);
                 if full < nc {
-                    b.pack_b(pc, kc, jc + full, nc - full, nr, &mut bc[full * kc..]);
+                    let at = partial_slot(copy_ahead.is_some(), full, nr);
+                    b.pack_b(pc, kc, jc + full, nc - full, nr, &mut bc[at * kc..]);
                 }
             } else if handed.is_none() {
                 b.pack_b(pc, kc, jc, nc, nr, bc);
@@ -671,6 +717,7 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
                     handed,
                     src,
                     m_len <= mc_max && tune::ring(),
+                    copy_ahead,
                     conv_src,
                     first,
                     last,
@@ -699,6 +746,14 @@ fn serial<K: Kernel, A: PackA, B: PackB, S: Store>(
     }
 }
 
+/// Where in the B buffer the columns past a block's last whole group (`full` of them before)
+/// are packed: right after those groups, or with copies ahead (`serial`'s `copy_ahead`: a
+/// two-panel ring) after the ring's slots.
+#[inline]
+fn partial_slot(copy_ahead: bool, full: usize, nr: usize) -> usize {
+    if copy_ahead { full.min(2 * nr) } else { full }
+}
+
 /// Scratch of the fused im2col packing: the source's panel description and its rows
 /// resolved and checked ([`ConvRows::resolve`]).
 #[derive(Default)]
@@ -712,7 +767,8 @@ pub(crate) mod tune {
     /// 0: normal; 1: no prefetch of the next B block; 2: that prefetch in one burst per jr step;
     /// 3: a single A block re-packed per jc block; 4: a row-major B packed up front, not in the
     /// first tiles; 5: the table's block sizes also with several A blocks; 6: one A block's
-    /// packing groups each at its place in the B buffer.
+    /// packing groups each at its place in the B buffer; 7: no copies ahead (each panel packed
+    /// by its first tile).
     #[cfg(test)]
     pub(crate) static MODE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
@@ -788,6 +844,29 @@ pub(crate) mod tune {
         true
     }
 
+    /// How many rows ahead the copying tiles prefetch into L1 and toward L2, or `None`: no
+    /// copies ahead (probe switch [`COPY_PROBE`]: 0 the default, 1 none, `2 + near + 256 · far`).
+    #[inline]
+    pub(crate) fn copy_ahead() -> Option<(usize, usize)> {
+        #[cfg(test)]
+        if MODE.load(std::sync::atomic::Ordering::Relaxed) == 7 {
+            return None;
+        }
+        match COPY_PROBE.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => Some((super::COPY_AHEAD_ROWS, super::COPY_FAR_ROWS)),
+            1 => None,
+            d => Some(((d - 2) % 256, (d - 2) / 256)),
+        }
+    }
+
+    /// Probes only (`crate::__set_stream_probe`): 1 never streams C.
+    pub(crate) static STREAM_PROBE: std::sync::atomic::AtomicUsize =
+        std::sync::atomic::AtomicUsize::new(0);
+
+    /// Probes only (`crate::__set_copy_probe`): see [`copy_ahead`].
+    pub(crate) static COPY_PROBE: std::sync::atomic::AtomicUsize =
+        std::sync::atomic::AtomicUsize::new(0);
+
     /// Whether a jr step's prefetch is spread over its tiles.
     #[inline]
     pub(crate) fn spread() -> bool {
@@ -855,6 +934,7 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
     packed: Option<(&[f32], usize)>,
     src: Option<(&[f32], usize)>,
     ring: bool,
+    copy_ahead: Option<(usize, usize)>,
     mut conv: Option<(&B, usize, &mut ConvBufs)>,
     first: bool,
     last: bool,
@@ -903,11 +983,23 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
         // ring, alternating in both orders, quiet 08:26:03, 08:36:53 and 08:42:49 UTC: `Vec`
         // 9 of 12 pairs up (e.g. 87.4/87.6, 86.1/86.7, 85.3/86.1%), 2 MiB pages 8 of 12 up,
         // 1 level (e.g. 88.3/88.8, 87.5/88.3, 88.0/88.7%): median +0.3-0.4 points.
-        let at = if ring && src.is_some() && jr < grouped {
-            jr % (K::PACK_PANELS * nr)
-        } else {
-            jr
+        // With copies ahead (`serial`'s `copy_ahead`), panels alternate between two slots: the
+        // tiles of one panel copy the next panel into the other.
+        let copy = copy_ahead.filter(|_| ring && src.is_some());
+        let slot = |j: usize| {
+            if ring && src.is_some() && j < grouped {
+                if copy.is_some() {
+                    (j / nr % 2) * nr
+                } else {
+                    j % (K::PACK_PANELS * nr)
+                }
+            } else if j >= grouped {
+                partial_slot(copy_ahead.is_some(), j, nr)
+            } else {
+                j
+            }
         };
+        let at = slot(jr);
         // SAFETY: at <= jr < nc and bc holds ceil(nc / nr) · nr · kc values (asserted above).
         let bdst = unsafe { bc_ptr.add(at * kc) };
         // The source's own panels are read in place (then nothing is packed into bc: `serial`
@@ -923,6 +1015,7 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
         let pw = K::PACK_PANELS * nr;
         let mut pending = src
             .filter(|_| jr < grouped && (jr / nr).is_multiple_of(K::PACK_PANELS))
+            .filter(|_| copy.is_none() || jr == 0)
             .map(|(data, ld)| {
                 debug_assert!(data.len() >= (kc - 1) * ld + jr + pw);
                 (data[jr..].as_ptr(), ld)
@@ -1027,8 +1120,32 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
             Some(Prefetch::Panels(b, _)) if sink.direct.is_some() => b.row_major(),
             _ => None,
         };
+        // The next panel, when this panel's tiles copy it (every full panel after the first
+        // is copied by the tiles of the one before): tile t's share of its rows, the packing
+        // first tile left out.
+        let copy_next = copy.filter(|_| jr + nr < grouped).and_then(|ahead| {
+            let (data, ld) = src?;
+            let jn = jr + nr;
+            Some((data[jn..].as_ptr(), ld, slot(jn), ahead.0, ahead.1))
+        });
+        let copiers0 = usize::from(pending.is_some());
+        let copiers = tiles.saturating_sub(copiers0).max(1);
         let mut ir = 0;
         while ir < mc {
+            // This tile's share of the copy (`copy_next`).
+            let row_copy = copy_next.and_then(|(sp, ld, at2, ahead, far)| {
+                let t = (ir / mr).checked_sub(copiers0)?;
+                let (r0, r1) = (kc * t / copiers, kc * (t + 1) / copiers);
+                (r0 < r1).then(|| RowCopy {
+                    src: sp.wrapping_add(r0 * ld),
+                    ld,
+                    // SAFETY: at2 <= jn < nc: rows r0..r1 of that panel lie in bc.
+                    dst: unsafe { bc_ptr.add(at2 * kc + r0 * nr) },
+                    rows: r1 - r0,
+                    ahead,
+                    far,
+                })
+            });
             // This tile's share of the prefetch: up front, or (long shares on normal tiles of a
             // row-major source) inside the kernel's k-loop.
             let mut in_kernel = None;
@@ -1132,6 +1249,10 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
                     kern.run_packing_b(
                         kc, d.alpha, ap, sp, ld, bdst, beta, cp, d.rs, d.cs, m, stream,
                     );
+                } else if let Some(rc) = row_copy {
+                    // The next panel's rows (inside the matrix, `serial` checked) into the
+                    // other slot of the ring, which no tile of this panel reads.
+                    kern.run_copying(kc, d.alpha, ap, bp, beta, cp, d.rs, d.cs, m, nn, rc, stream);
                 } else if let Some(pf) = in_kernel {
                     kern.run_prefetching(
                         kc, d.alpha, ap, bp, beta, cp, d.rs, d.cs, m, nn, pf, stream,
@@ -1274,6 +1395,47 @@ mod tests {
                 assert_eq!(run(6, beta), fused, "in place, m {m} n {n} k {k} ldb {ldb}");
                 if beta == 1.0 {
                     assert_eq!(fused, want, "m {m} n {n} k {k} ldb {ldb}");
+                }
+            }
+        }
+    }
+
+    /// Panels copied ahead by the tiles of the panel before (`serial`'s `copy_ahead`: one pass,
+    /// one A block of 4 tiles or more, B's rows a multiple of 4 KiB apart, Intel) against each
+    /// panel packed by its own first tile (mode 7), B packed up front (mode 4) and the naive
+    /// product: bitwise equal (small integers). Shapes: 4, 5 (a last tile of 1 row) and 8
+    /// tiles, one block and several (the table's NC) with a partial last panel, a stride off 4
+    /// KiB (no copies), k below and above the k-loop's copy rounds (a tile's share longer than
+    /// its rounds), k % 4 != 0, beta 0 over NaN and beta 1. On other CPUs or kernels the modes
+    /// coincide.
+    #[test]
+    fn panels_copied_ahead_match_their_first_tiles() {
+        let g = crate::Gemm::global().expect("the process-wide kernel");
+        for (m, n, k, ldb) in [
+            (32usize, 1000usize, 288usize, 1024usize),
+            (33, 1000, 37, 1024),
+            (64, 1040, 130, 2048),
+            (64, 97, 9, 1024),
+            (40, 500, 203, 1024),
+            (32, 4200, 20, 5120),
+            (64, 300, 50, 300),
+        ] {
+            let p = IntProduct::new(m, n, k, ldb);
+            let run = |mode: usize, beta: f32| p.run(g, mode, beta);
+            for beta in [0.0f32, 1.0] {
+                let copied = run(0, beta);
+                assert_eq!(
+                    copied,
+                    run(7, beta),
+                    "m {m} n {n} k {k} ldb {ldb} beta {beta}"
+                );
+                assert_eq!(
+                    copied,
+                    run(4, beta),
+                    "m {m} n {n} k {k} ldb {ldb} beta {beta}"
+                );
+                if beta == 1.0 {
+                    assert_eq!(copied, p.want, "m {m} n {n} k {k} ldb {ldb}");
                 }
             }
         }

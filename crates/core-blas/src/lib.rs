@@ -139,6 +139,19 @@ pub fn __set_ukr_variant(v: u8) {
     kernel::skx::UKR_VARIANT.store(v, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Probes only: the driver's copies ahead (0 the default, 1 none, `2 + near + 256 · far`: the
+/// rows ahead prefetched into L1 and toward L2).
+#[doc(hidden)]
+pub fn __set_copy_probe(v: usize) {
+    driver::tune::COPY_PROBE.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Probes only: 1 turns the driver's streamed C off.
+#[doc(hidden)]
+pub fn __set_stream_probe(v: usize) {
+    driver::tune::STREAM_PROBE.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// cblas row-major `sgemm` with the process-wide kernel: `C := alpha · op(A) · op(B) + beta · C`,
 /// `op(A)` `m × k`, `op(B)` `k × n`. See [`Gemm::sgemm`].
 #[allow(clippy::too_many_arguments)]

@@ -135,6 +135,37 @@ impl RowPrefetch {
     }
 }
 
+/// Rows of a row-major source for a tile to copy into a packed panel while it runs
+/// ([`Kernel::run_copying`]): `rows` rows of the kernel's `NR` values, row `r` read at
+/// `src + r · ld` and written to `dst + r · NR`; `ahead` / `far`: how many rows ahead of the
+/// row it copies the kernel prefetches the source into L1 / toward L2.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowCopy {
+    pub(crate) src: *const f32,
+    pub(crate) ld: usize,
+    pub(crate) dst: *mut f32,
+    pub(crate) rows: usize,
+    pub(crate) ahead: usize,
+    pub(crate) far: usize,
+}
+
+impl RowCopy {
+    /// Copy every row now (`nr` values each).
+    ///
+    /// # Safety
+    /// `rows` rows of `nr` readable values at `src + r · ld`, `rows · nr` writable values at
+    /// `dst` that do not overlap them.
+    #[inline]
+    pub(crate) unsafe fn copy(self, nr: usize) {
+        for r in 0..self.rows {
+            // SAFETY: the caller's contract.
+            unsafe {
+                std::ptr::copy_nonoverlapping(self.src.add(r * self.ld), self.dst.add(r * nr), nr)
+            };
+        }
+    }
+}
+
 /// A micro-kernel family: register tile `MR × NR`, a name, and one unsafe entry point.
 pub(crate) trait Kernel: Copy + Send + Sync + 'static {
     /// Rows of the register tile (the broadcast side, packed A micro-panels are `MR` wide).
@@ -263,6 +294,46 @@ pub(crate) trait Kernel: Copy + Send + Sync + 'static {
         pf.issue();
         // SAFETY: the caller's contract is `run`'s.
         unsafe { self.run(k, alpha, a, b, beta, c, rs_c, cs_c, m, n) }
+    }
+
+    /// Whether [`Kernel::run_copying`] copies inside the k-loop (the driver then lets the tiles
+    /// of one panel copy the next panel's source rows, when it judges that faster than the
+    /// next panel's first tile packing them).
+    const COPIES_AHEAD: bool = false;
+
+    /// [`Kernel::run`] that also copies `cp` (rows of a row-major B source into a packed panel
+    /// that no tile reads during this call). The default copies the rows up front, then runs;
+    /// the AVX-512 family spreads the copies over its k-loop (one row every few rounds), each
+    /// after prefetches of the rows `cp.ahead` (into L1) and `cp.far` (toward L2) rows further.
+    ///
+    /// `stream` as in [`Kernel::run_packing_b`].
+    ///
+    /// # Safety
+    /// As [`Kernel::run`]; `cp.rows` rows of `NR` readable values at `cp.src + r · cp.ld`, and
+    /// `cp.rows · NR` writable values at `cp.dst` overlapping neither those, `a`, `b` nor the C
+    /// window.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    unsafe fn run_copying(
+        self,
+        k: usize,
+        alpha: f32,
+        a: *const f32,
+        b: *const f32,
+        beta: f32,
+        c: *mut f32,
+        rs_c: usize,
+        cs_c: usize,
+        m: usize,
+        n: usize,
+        cp: RowCopy,
+        _stream: bool,
+    ) {
+        // SAFETY: the caller's contract is `copy`'s and `run`'s.
+        unsafe {
+            cp.copy(Self::NR);
+            self.run(k, alpha, a, b, beta, c, rs_c, cs_c, m, n)
+        }
     }
 
     /// Whether [`Kernel::run_packing_conv`] packs inside the k-loop (the driver then lets the

@@ -376,6 +376,61 @@ macro_rules! kloop_pf {
     };
 }
 
+/// `kloop!` (row forms of variant 0) that also copies rows of a row-major source into a packed
+/// panel: one row every `{per}` rounds from the first round on, its 48 values from `{p}` (three
+/// 512-bit loads into zmm0, zmm1, zmm3, which the round's first step loads again) to `{d}`,
+/// after a `prefetcht0` of the row `{pd}` bytes further (`+0`, `+64`, `+128`, `+188`), then
+/// `{p} += {l}`, `{d} += 192`.
+macro_rules! kloop_cp {
+    ($n:expr, $a:expr, $b:expr, $c:expr, $p:expr, $d:expr, $l:expr, $pd:expr, $pf:expr, $per:expr) => {
+        tile_asm!([
+            "mov {q}, 1",
+            ".p2align 5",
+            "2:",
+            "dec {q}",
+            "jnz 3f",
+            "prefetcht0 byte ptr [{p} + {pd}]",
+            "prefetcht0 byte ptr [{p} + {pd} + 64]",
+            "prefetcht0 byte ptr [{p} + {pd} + 128]",
+            "prefetcht0 byte ptr [{p} + {pd} + 188]",
+            "prefetcht2 byte ptr [{p} + {pf}]",
+            "prefetcht2 byte ptr [{p} + {pf} + 64]",
+            "prefetcht2 byte ptr [{p} + {pf} + 128]",
+            "prefetcht2 byte ptr [{p} + {pf} + 188]",
+            "vmovups zmm0, zmmword ptr [{p}]",
+            "vmovups zmm1, zmmword ptr [{p} + 64]",
+            "vmovups zmm3, zmmword ptr [{p} + 128]",
+            "vmovups zmmword ptr [{d}], zmm0",
+            "vmovups zmmword ptr [{d} + 64], zmm1",
+            "vmovups zmmword ptr [{d} + 128], zmm3",
+            "add {p}, {l}",
+            "add {d}, 192",
+            "mov {q}, {per}",
+            "3:",
+            step!(0, 0, 1, 3, [row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_eb]),
+            step!(1, 4, 5, 6, [row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_eb]),
+            step!(2, 0, 1, 3, [row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_eb]),
+            step!(3, 4, 5, 6, [row_bc, row_bc, row_eb, row_bc, row_bc, row_eb, row_bc, row_eb]),
+            "add {a}, 128",
+            "add {b}, 768",
+            "dec {n}",
+            "jnz 2b",
+            n = inout(reg) $n => _,
+            a = inout(reg) $a,
+            b = inout(reg) $b,
+            p = inout(reg) $p,
+            d = inout(reg) $d,
+            q = out(reg) _,
+            l = in(reg) $l,
+            pd = in(reg) $pd,
+            pf = in(reg) $pf,
+            per = in(reg) $per,
+        ],
+        $c,
+        options(nostack))
+    };
+}
+
 /// Prefetches (`prefetcht0`) the `m × n` C tile at `c` (row stride `rs_c`) before the last
 /// rounds of a k-loop, when its rows are contiguous (`cs_c == 1`): each row's 3 cache lines (4
 /// when it straddles a 64-byte boundary). The tiles of this family and of `skx_conv` call it.
@@ -601,6 +656,98 @@ pub(crate) unsafe fn avx512_ukr_asm_pf(
                 ..pf
             }
             .issue();
+        }
+        let nt = streams(stream, beta, c, rs_c, cs_c, m, n);
+        if !nt {
+            prefetch_c(c, rs_c, cs_c, m, n);
+        }
+        if tail > 0 {
+            kloop_variant!(0, tail, ap, bp, c24);
+        }
+        let mut acc: [[__m512; 3]; 8] = core::mem::transmute(c24);
+        for _ in 0..k % 4 {
+            super::step::<V512, 8, 3>(&mut acc, ap, bp);
+            ap = ap.add(8);
+            bp = bp.add(48);
+        }
+        if nt {
+            store_stream(&acc, alpha, c, rs_c);
+        } else {
+            super::store_acc::<V512, 8, 3>(&acc, alpha, beta, c, rs_c, cs_c, m, n);
+        }
+    }
+}
+
+/// [`avx512_ukr_asm`] (row forms of variant 0) that also copies `cp`'s rows
+/// ([`super::Kernel::run_copying`]): one source row every `ceil(head / rows)` rounds of the
+/// k-loop's rounds before the C prefetch (`head`), each after a `prefetcht0` of the row
+/// `cp.ahead` rows further (the first `cp.ahead` rows are prefetched up front); the rows left
+/// over are copied right after those rounds.
+///
+/// # Safety
+/// As [`avx512_ukr_asm`]; `cp.rows` source rows of 48 readable values at `cp.src + r · cp.ld`
+/// and `cp.rows · 48` writable values at `cp.dst`, overlapping neither the source, `a`, `b`
+/// nor the C window.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn avx512_ukr_asm_cp(
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    b: *const f32,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+    cs_c: usize,
+    m: usize,
+    n: usize,
+    cp: super::RowCopy,
+    stream: bool,
+) {
+    debug_assert!(m == 8 && n <= 48);
+    // SAFETY: avx512f per the caller. The asm reads 4 · rounds <= k steps of the panels (8 and
+    // 48 values per step, unaligned loads) and at most `cp.rows` source rows (one per copy,
+    // `ceil(head / per) <= rows` copies), writes as many rows of the copy's destination (the
+    // caller's exclusive buffer), only the registers it declares, and touches no stack;
+    // prefetches never fault (any address); the C window is the caller's.
+    unsafe {
+        let mut c24 = [_mm512_setzero_ps(); 24];
+        let (mut ap, mut bp) = (a, b);
+        let (mut sp, mut dp) = (cp.src, cp.dst);
+        for r in 0..cp.far.min(cp.rows) {
+            let row = sp.wrapping_add(r * cp.ld);
+            for j in [0, 16, 32, 47] {
+                _mm_prefetch::<_MM_HINT_T2>(row.wrapping_add(j).cast());
+            }
+        }
+        for r in 0..cp.ahead.min(cp.rows) {
+            let row = sp.wrapping_add(r * cp.ld);
+            for j in [0, 16, 32, 47] {
+                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(j).cast());
+            }
+        }
+        let rounds = k / 4;
+        let tail = c_prefetch_tail(rounds, beta);
+        let head = rounds - tail;
+        let mut done = 0;
+        if head > 0 && cp.rows > 0 {
+            let per = head.div_ceil(cp.rows);
+            // Rounds 1, 1 + per, … <= head copy one row each: ceil(head / per) <= rows.
+            done = head.div_ceil(per);
+            let l = cp.ld.wrapping_mul(4);
+            let pd = cp.ahead.wrapping_mul(l);
+            let pf = cp.far.wrapping_mul(l);
+            kloop_cp!(head, ap, bp, c24, sp, dp, l, pd, pf, per);
+        } else if head > 0 {
+            kloop_variant!(0, head, ap, bp, c24);
+        }
+        for _ in done..cp.rows {
+            for v in 0..3 {
+                _mm512_storeu_ps(dp.add(16 * v), _mm512_loadu_ps(sp.add(16 * v)));
+            }
+            // Past the last row this leaves the source's storage: wrapping, never dereferenced.
+            sp = sp.wrapping_add(cp.ld);
+            dp = dp.add(48);
         }
         let nt = streams(stream, beta, c, rs_c, cs_c, m, n);
         if !nt {
@@ -881,6 +1028,72 @@ mod tests {
                     );
                 },
             );
+        }
+    }
+
+    /// The copying kernel against the naive product, and its copied rows against the source
+    /// (row stride 61, off any 64-byte boundary): no rows, fewer rows than the k-loop's rounds
+    /// before the C prefetch, more (the rest copied after them), depths around the unroll and
+    /// the C-prefetch split, prefetch distances 0 and past the rows.
+    #[test]
+    fn asm_copying_tile_matches_naive() {
+        if !is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        let ld = 61;
+        for k in [0usize, 1, 4, 5, 33, 36, 37, 64, 96, 97, 100, 385] {
+            for (rows, ahead, far) in [
+                (0usize, 4usize, 0usize),
+                (3, 0, 0),
+                (40, 4, 16),
+                (97, 2, 32),
+            ] {
+                let src: Vec<f32> = (0..rows * ld + 48).map(|i| (i % 23) as f32).collect();
+                super::super::assert_tile_matches_naive(
+                    (8, 48),
+                    k,
+                    48,
+                    50,
+                    &format!("copying rows {rows} ahead {ahead} far {far} "),
+                    |ap, bp, alpha, beta, c, rs, cs| {
+                        let mut dst = vec![f32::NAN; rows * 48];
+                        let cp = crate::kernel::RowCopy {
+                            src: src[1..].as_ptr(),
+                            ld,
+                            dst: dst.as_mut_ptr(),
+                            rows,
+                            ahead,
+                            far,
+                        };
+                        // SAFETY: avx512f checked above; k steps of 8 / 48 values behind ap /
+                        // bp; the 8 × 48 window with strides (rs, cs) lies inside `c`; `rows`
+                        // rows of 48 values (stride ld) in src[1..], rows · 48 values in dst.
+                        unsafe {
+                            avx512_ukr_asm_cp(
+                                k,
+                                alpha,
+                                ap.as_ptr(),
+                                bp.as_ptr(),
+                                beta,
+                                c.as_mut_ptr(),
+                                rs,
+                                cs,
+                                8,
+                                48,
+                                cp,
+                                false,
+                            )
+                        };
+                        for r in 0..rows {
+                            assert_eq!(
+                                dst[r * 48..][..48],
+                                src[1 + r * ld..][..48],
+                                "copied row {r} of {rows}, k {k}"
+                            );
+                        }
+                    },
+                );
+            }
         }
     }
 

@@ -1153,6 +1153,41 @@ impl Kernel for Avx512 {
         }
     }
 
+    const COPIES_AHEAD: bool = true;
+
+    #[inline]
+    unsafe fn run_copying(
+        self,
+        k: usize,
+        alpha: f32,
+        a: *const f32,
+        b: *const f32,
+        beta: f32,
+        c: *mut f32,
+        rs_c: usize,
+        cs_c: usize,
+        m: usize,
+        n: usize,
+        cp: super::RowCopy,
+        stream: bool,
+    ) {
+        // SAFETY: holding `Avx512` proves avx512f+avx2+fma; memory per `run_copying`'s contract
+        // (the full tile as in `run`, the copy's rows of 48 values).
+        unsafe {
+            if m == AVX512_MR
+                && n > 32
+                && super::skx::UKR_VARIANT.load(std::sync::atomic::Ordering::Relaxed) == 0
+            {
+                super::skx::avx512_ukr_asm_cp(
+                    k, alpha, a, b, beta, c, rs_c, cs_c, m, n, cp, stream,
+                );
+            } else {
+                cp.copy(AVX512_NR);
+                self.run(k, alpha, a, b, beta, c, rs_c, cs_c, m, n);
+            }
+        }
+    }
+
     #[inline]
     unsafe fn run_packing_b(
         self,
