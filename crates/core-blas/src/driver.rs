@@ -951,7 +951,15 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
     };
     let (mr, nr) = (K::MR, K::NR);
     debug_assert!(ac.len() >= (mc.div_ceil(mr) - 1) * a_stride + mr * kc);
-    debug_assert!(bc.len() >= nc.div_ceil(nr) * nr * kc);
+    // bc holds every panel of the block, or with copies ahead (`serial`'s `copy_ahead`) the
+    // ring's two slots and the partial last panel: every panel's slot (`slot` below) lies
+    // inside the first `b_panels`.
+    let b_panels = if copy_ahead.is_some() {
+        nc.div_ceil(nr).min(3)
+    } else {
+        nc.div_ceil(nr)
+    };
+    debug_assert!(bc.len() >= b_panels * nr * kc);
     // The tile buffer exists only for custom stores (the dense store writes from registers).
     let mut tile_buf: Option<[f32; MAX_TILE]> = None;
     debug_assert!(mr * nr <= MAX_TILE);
@@ -1000,7 +1008,8 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
             }
         };
         let at = slot(jr);
-        // SAFETY: at <= jr < nc and bc holds ceil(nc / nr) · nr · kc values (asserted above).
+        // SAFETY: `slot` puts every panel inside the first `b_panels` panels of bc (at <= jr,
+        // and with copies ahead at <= 2 · nr), which bc holds (asserted above).
         let bdst = unsafe { bc_ptr.add(at * kc) };
         // The source's own panels are read in place (then nothing is packed into bc: `serial`
         // hands them over only without fused packing, so `src` and `conv` are None).
@@ -1046,8 +1055,8 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
         if let Some((b, pc, bufs)) = conv.as_mut()
             && jr + nr <= nc
         {
-            // SAFETY: the full panel at jr: `nr · kc` values of bc from `bdst` (bc holds
-            // ceil(nc / nr) · nr · kc, asserted above); no other reference to them is live.
+            // SAFETY: the full panel at jr: `nr · kc` values of bc from `bdst` (its slot lies
+            // inside bc, asserted above); no other reference to them is live.
             let panel = unsafe { std::slice::from_raw_parts_mut(bdst, nr * kc) };
             let ConvBufs { panel: desc, rows } = &mut **bufs;
             if (sink.direct.is_some() || sink.store.windows_everywhere())
@@ -1139,7 +1148,8 @@ fn macro_kernel<K: Kernel, S: Store, B: PackB>(
                 (r0 < r1).then(|| RowCopy {
                     src: sp.wrapping_add(r0 * ld),
                     ld,
-                    // SAFETY: at2 <= jn < nc: rows r0..r1 of that panel lie in bc.
+                    // SAFETY: at2 is the next panel's slot (nr or 0: inside the ring's two
+                    // slots, which bc holds): rows r0..r1 of that panel lie in bc.
                     dst: unsafe { bc_ptr.add(at2 * kc + r0 * nr) },
                     rows: r1 - r0,
                     ahead,
